@@ -1,0 +1,126 @@
+package stage
+
+import (
+	"context"
+
+	"github.com/tandem-llm/tandem/collective"
+)
+
+// Stage runs the forward pass of one contiguous layer range [Lo, Hi) of a
+// model. The first stage embeds token ids; the last applies the final norm
+// and the LM head and samples.
+type Stage interface {
+	// Info describes the stage.
+	Info() Info
+	// Input is the persistent buffer the previous stage's activations for
+	// the next Forward must be received into (nil on the first stage). It
+	// holds up to Info().MaxTokens rows of Info().Hidden elements of
+	// Info().ActDType.
+	Input() collective.Buffer
+	// Forward runs one batch. On a stage other than the first, the batch's
+	// activations must already be in Input(). The returned Output (and the
+	// buffer it points at) is valid until the next call of Forward.
+	Forward(ctx context.Context, b *Batch) (*Output, error)
+	// Free drops a sequence's KV cache.
+	Free(seq uint64)
+	// Close releases everything the stage holds.
+	Close() error
+}
+
+// Info describes a stage.
+type Info struct {
+	Backend   string // "cpu" or "cuda"
+	Lo, Hi    int    // layer range [Lo, Hi)
+	First     bool   // embeds tokens
+	Last      bool   // produces logits and samples
+	Hidden    int
+	Vocab     int
+	MaxTokens int // most tokens one batch may carry
+	MaxSeqs   int // most sequences one batch may carry
+	// ActDType is the element type of activations this stage receives and
+	// sends.
+	ActDType collective.DType
+}
+
+// Batch is one step's work: chunks of several sequences, each at its own
+// position. Prefill chunks and single-token decodes mix freely.
+type Batch struct {
+	ID   uint64
+	Seqs []Seq
+}
+
+// NumTokens is the number of token rows in the batch.
+func (b *Batch) NumTokens() int {
+	n := 0
+	for i := range b.Seqs {
+		n += len(b.Seqs[i].Tokens)
+	}
+	return n
+}
+
+// Seq is one sequence's chunk in a batch.
+type Seq struct {
+	ID uint64
+	// Pos is the position of Tokens[0]: the number of tokens of this
+	// sequence already in the KV cache.
+	Pos int
+	// Tokens are the chunk's token ids. Only the first stage reads the
+	// values; every stage uses the length.
+	Tokens []int32
+	// Sample asks the last stage to sample a token from the chunk's last
+	// position (the final prefill chunk, or a decode).
+	Sample   bool
+	Sampling Sampling
+	// Index is how many tokens this sequence has sampled before this one;
+	// with Sampling.Seed it makes seeded sampling independent of batching.
+	Index int
+	// Logits asks the last stage to return the logits of every position of
+	// the chunk (tests and verification; costly).
+	Logits bool
+}
+
+// Sampling parameters of one request.
+type Sampling struct {
+	// Temperature 0 is greedy.
+	Temperature float32
+	TopK        int     // 0: off
+	TopP        float32 // 0 or 1: off
+	Seed        uint64
+	// Logprobs is how many top alternatives to report with each sampled
+	// token (0: only the sampled token's log-probability).
+	Logprobs int
+}
+
+// Output is what Forward produces.
+type Output struct {
+	// Activations for the next stage (every stage but the last), described
+	// by Header.
+	Header      collective.Header
+	Activations collective.Buffer
+	// Sampled tokens, one per Seq with Sample set, in batch order (last
+	// stage only).
+	Sampled []Sampled
+	// Logits of every position of every Seq with Logits set, in batch
+	// order: Logits[k] is one row of Vocab values (last stage only).
+	Logits []SeqLogits
+}
+
+// Sampled is a token sampled for a sequence.
+type Sampled struct {
+	Seq     uint64
+	Token   int32
+	Logprob float32
+	Top     []TokenLogprob // the Sampling.Logprobs most likely tokens
+}
+
+// TokenLogprob is a token with its log-probability.
+type TokenLogprob struct {
+	Token   int32
+	Logprob float32
+}
+
+// SeqLogits are the logits of one sequence's chunk, row by row.
+type SeqLogits struct {
+	Seq  uint64
+	Rows [][]float32
+}
