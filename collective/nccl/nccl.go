@@ -1,0 +1,255 @@
+package nccl
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"time"
+
+	"github.com/tandem-llm/tandem/collective"
+	"github.com/tandem-llm/tandem/gpu"
+)
+
+// DeviceBuffer is device memory a transfer reads or writes. gpu.Mem
+// implements it.
+type DeviceBuffer interface {
+	collective.Buffer
+	// Ptr is the device address of the buffer.
+	Ptr() gpu.DevicePtr
+}
+
+// Config says which communicator, peer and stream a Sender or Receiver uses.
+type Config struct {
+	// Device is the device the communicator and the stream belong to.
+	Device *gpu.Device
+	// Comm is this rank's communicator handle.
+	Comm *gpu.NCCLComm
+	// Peer is the rank sent to or received from.
+	Peer int
+	// Stream orders the transfers after the caller's work.
+	Stream gpu.Stream
+	// MaxPoll caps the sleep between completion polls (default 100 µs).
+	MaxPoll time.Duration
+}
+
+// endpoint is what Sender and Receiver share.
+type endpoint struct {
+	cfg    Config
+	done   gpu.Event
+	closed bool
+	verb   string // "send" or "recv", for messages
+}
+
+func newEndpoint(cfg Config, verb string) (*endpoint, error) {
+	if cfg.Device == nil || cfg.Comm == nil {
+		return nil, fmt.Errorf("nccl %s: Config needs Device and Comm", verb)
+	}
+	if cfg.Peer < 0 || cfg.Peer >= cfg.Comm.Ranks() || cfg.Peer == cfg.Comm.Rank() {
+		return nil, fmt.Errorf("nccl %s: peer %d is not another rank of a %d-rank communicator (this is rank %d)", verb, cfg.Peer, cfg.Comm.Ranks(), cfg.Comm.Rank())
+	}
+	if cfg.MaxPoll <= 0 {
+		cfg.MaxPoll = 100 * time.Microsecond
+	}
+	e := &endpoint{cfg: cfg, verb: verb}
+	err := cfg.Device.Do(func() (err error) {
+		e.done, err = gpu.NewEvent()
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("nccl %s: create completion event: %w", verb, err)
+	}
+	return e, nil
+}
+
+// transfer orders one send or receive of h.Bytes() bytes of b and waits for
+// it to complete.
+func (e *endpoint) transfer(ctx context.Context, h collective.Header, b collective.Buffer) error {
+	what := fmt.Sprintf("nccl %s batch %d (%dx%d %s) peer %d", e.verb, h.Batch, h.Rows, h.Cols, h.DType, e.cfg.Peer)
+	if e.closed {
+		return fmt.Errorf("%s: closed", what)
+	}
+	db, ok := b.(DeviceBuffer)
+	if !ok {
+		return fmt.Errorf("%s: buffer %T is not device memory", what, b)
+	}
+	n := h.Bytes()
+	if h.Rows < 0 || h.Cols < 0 || h.DType.Size() == 0 {
+		return fmt.Errorf("%s: invalid header", what)
+	}
+	if n > db.Len() {
+		return fmt.Errorf("%s: %d bytes do not fit the %d-byte buffer", what, n, db.Len())
+	}
+	if n == 0 {
+		return nil
+	}
+	comm, s := e.cfg.Comm, e.cfg.Stream
+	err := e.cfg.Device.Do(func() error {
+		if err := gpu.NCCLGroupStart(); err != nil {
+			return err
+		}
+		var opErr error
+		if e.verb == "send" {
+			opErr = comm.Send(db.Ptr(), n, gpu.NCCLUint8, e.cfg.Peer, s)
+		} else {
+			opErr = comm.Recv(db.Ptr(), n, gpu.NCCLUint8, e.cfg.Peer, s)
+		}
+		if err := gpu.NCCLGroupEnd(); opErr == nil {
+			opErr = err
+		}
+		if opErr != nil {
+			return opErr
+		}
+		return e.done.Record(s)
+	})
+	if err != nil {
+		return fmt.Errorf("%s: %w", what, e.fail(err))
+	}
+	if err := e.wait(ctx); err != nil {
+		return fmt.Errorf("%s: %w", what, err)
+	}
+	return nil
+}
+
+// wait polls the completion event and the communicator's asynchronous
+// error until the transfer is done, an error shows, or ctx ends.
+func (e *endpoint) wait(ctx context.Context) error {
+	var timer *time.Timer
+	delay := time.Duration(0)
+	for polls := 0; ; polls++ {
+		var done bool
+		err := e.cfg.Device.Do(func() (err error) {
+			done, err = e.done.Done()
+			return err
+		})
+		if err != nil {
+			return e.fail(err)
+		}
+		if done {
+			return nil
+		}
+		if err := e.cfg.Comm.AsyncError(); err != nil {
+			return e.fail(err)
+		}
+		if err := ctx.Err(); err != nil {
+			return e.fail(fmt.Errorf("waiting for peer: %w", err))
+		}
+		// Spin briefly (transfers of a decode step take microseconds),
+		// then back off up to MaxPoll.
+		if polls < 16 {
+			runtime.Gosched()
+			continue
+		}
+		delay = min(max(2*delay, 5*time.Microsecond), e.cfg.MaxPoll)
+		if timer == nil {
+			timer = time.NewTimer(delay)
+			defer timer.Stop()
+		} else {
+			timer.Reset(delay)
+		}
+		select {
+		case <-timer.C:
+		case <-ctx.Done():
+			return e.fail(fmt.Errorf("waiting for peer: %w", ctx.Err()))
+		}
+	}
+}
+
+// fail aborts the communicator after err, so that no transfer stays stuck
+// on the device, and returns err with what happened to the communicator.
+func (e *endpoint) fail(err error) error {
+	if errors.Is(err, gpu.ErrCommAborted) {
+		return err
+	}
+	if aerr := e.cfg.Comm.Abort(); aerr != nil {
+		return fmt.Errorf("%w (abort communicator: %v)", err, aerr)
+	}
+	return fmt.Errorf("%w (communicator aborted)", err)
+}
+
+func (e *endpoint) close() error {
+	if e.closed {
+		return nil
+	}
+	e.closed = true
+	err := e.cfg.Device.Do(func() error { return e.done.Destroy() })
+	if err != nil {
+		return fmt.Errorf("nccl %s: close: %w", e.verb, err)
+	}
+	return nil
+}
+
+// Sender sends activations to one peer. It implements collective.Sender.
+type Sender struct{ e *endpoint }
+
+// NewSender makes a Sender to cfg.Peer.
+func NewSender(cfg Config) (*Sender, error) {
+	e, err := newEndpoint(cfg, "send")
+	if err != nil {
+		return nil, err
+	}
+	return &Sender{e: e}, nil
+}
+
+// Send sends h.Bytes() bytes of b, which must be a DeviceBuffer, after the
+// work already ordered on the stream, and waits until the peer has them.
+func (s *Sender) Send(ctx context.Context, h collective.Header, b collective.Buffer) error {
+	return s.e.transfer(ctx, h, b)
+}
+
+// Close releases the Sender; the communicator and stream stay the caller's.
+func (s *Sender) Close() error { return s.e.close() }
+
+// Receiver receives activations from one peer. It implements
+// collective.Receiver.
+type Receiver struct{ e *endpoint }
+
+// NewReceiver makes a Receiver from cfg.Peer.
+func NewReceiver(cfg Config) (*Receiver, error) {
+	e, err := newEndpoint(cfg, "recv")
+	if err != nil {
+		return nil, err
+	}
+	return &Receiver{e: e}, nil
+}
+
+// Recv receives the message h describes into b, which must be a
+// DeviceBuffer, and waits until it is there. NCCL carries no header: h is
+// trusted.
+func (r *Receiver) Recv(ctx context.Context, h collective.Header, b collective.Buffer) error {
+	return r.e.transfer(ctx, h, b)
+}
+
+// Close releases the Receiver; the communicator and stream stay the
+// caller's.
+func (r *Receiver) Close() error { return r.e.close() }
+
+// NewUniqueID makes the id of a new communicator (on rank 0).
+func NewUniqueID() (gpu.NCCLUniqueID, error) {
+	id, err := gpu.NewNCCLUniqueID()
+	if err != nil {
+		return id, fmt.Errorf("nccl unique id: %w", err)
+	}
+	return id, nil
+}
+
+// EncodeUniqueID is the id's 128 bytes, for the control plane.
+func EncodeUniqueID(id gpu.NCCLUniqueID) []byte {
+	return append([]byte(nil), id.Internal[:]...)
+}
+
+// DecodeUniqueID parses bytes made by EncodeUniqueID.
+func DecodeUniqueID(b []byte) (gpu.NCCLUniqueID, error) {
+	var id gpu.NCCLUniqueID
+	if len(b) != len(id.Internal) {
+		return id, fmt.Errorf("nccl unique id: %d bytes, want %d", len(b), len(id.Internal))
+	}
+	copy(id.Internal[:], b)
+	return id, nil
+}
+
+var (
+	_ collective.Sender   = (*Sender)(nil)
+	_ collective.Receiver = (*Receiver)(nil)
+	_ DeviceBuffer        = gpu.Mem{}
+)
