@@ -1,0 +1,497 @@
+package tokenizer
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"unicode/utf8"
+
+	"golang.org/x/text/unicode/norm"
+)
+
+// fileJSON is the layout of a Hugging Face tokenizer.json.
+type fileJSON struct {
+	AddedTokens   []addedTokenJSON `json:"added_tokens"`
+	Normalizer    json.RawMessage  `json:"normalizer"`
+	PreTokenizer  json.RawMessage  `json:"pre_tokenizer"`
+	Model         json.RawMessage  `json:"model"`
+	PostProcessor json.RawMessage  `json:"post_processor"`
+	Decoder       json.RawMessage  `json:"decoder"`
+}
+
+type addedTokenJSON struct {
+	ID         *int32  `json:"id"`
+	Content    *string `json:"content"`
+	SingleWord bool    `json:"single_word"`
+	LStrip     bool    `json:"lstrip"`
+	RStrip     bool    `json:"rstrip"`
+	// Normalized defaults to true, as in the reference.
+	Normalized *bool `json:"normalized"`
+	Special    bool  `json:"special"`
+}
+
+// isNull reports whether a component is absent or JSON null.
+func isNull(raw json.RawMessage) bool {
+	raw = bytes.TrimSpace(raw)
+	return len(raw) == 0 || string(raw) == "null"
+}
+
+// componentType reads the "type" field of a component.
+func componentType(raw json.RawMessage) (string, error) {
+	var c struct {
+		Type string `json:"type"`
+	}
+	if err := json.Unmarshal(raw, &c); err != nil {
+		return "", err
+	}
+	return c.Type, nil
+}
+
+// patternJSON is a Split or Replace pattern: exactly one of the two is set.
+type patternJSON struct {
+	String *string `json:"String"`
+	Regex  *string `json:"Regex"`
+}
+
+func (p patternJSON) matcher() (matcher, error) {
+	switch {
+	case p.String != nil && p.Regex == nil:
+		return newStringMatcher(*p.String)
+	case p.Regex != nil && p.String == nil:
+		return newRegexMatcher(*p.Regex)
+	}
+	return nil, fmt.Errorf("pattern must have exactly one of String and Regex")
+}
+
+// decodeInto unmarshals a component's fields, naming the component on error.
+func decodeInto(raw json.RawMessage, typ string, v any) error {
+	if err := json.Unmarshal(raw, v); err != nil {
+		return fmt.Errorf("%s: %w", typ, err)
+	}
+	return nil
+}
+
+func parseNormalizer(raw json.RawMessage) (normalizer, error) {
+	typ, err := componentType(raw)
+	if err != nil {
+		return nil, err
+	}
+	switch typ {
+	case "NFC":
+		return unicodeNorm{norm.NFC}, nil
+	case "NFD":
+		return unicodeNorm{norm.NFD}, nil
+	case "NFKC":
+		return unicodeNorm{norm.NFKC}, nil
+	case "NFKD":
+		return unicodeNorm{norm.NFKD}, nil
+	case "Lowercase":
+		return lowercaseNorm{}, nil
+	case "Sequence":
+		var c struct {
+			Normalizers []json.RawMessage `json:"normalizers"`
+		}
+		if err := decodeInto(raw, typ, &c); err != nil {
+			return nil, err
+		}
+		seq := make(sequenceNorm, 0, len(c.Normalizers))
+		for i, r := range c.Normalizers {
+			n, err := parseNormalizer(r)
+			if err != nil {
+				return nil, fmt.Errorf("Sequence item %d: %w", i, err)
+			}
+			seq = append(seq, n)
+		}
+		return seq, nil
+	case "Prepend":
+		var c struct {
+			Prepend string `json:"prepend"`
+		}
+		if err := decodeInto(raw, typ, &c); err != nil {
+			return nil, err
+		}
+		return prependNorm{c.Prepend}, nil
+	case "Replace":
+		var c struct {
+			Pattern patternJSON `json:"pattern"`
+			Content string      `json:"content"`
+		}
+		if err := decodeInto(raw, typ, &c); err != nil {
+			return nil, err
+		}
+		m, err := c.Pattern.matcher()
+		if err != nil {
+			return nil, fmt.Errorf("Replace: %w", err)
+		}
+		return replaceNorm{m, c.Content}, nil
+	case "Strip":
+		var c struct {
+			Left  bool `json:"strip_left"`
+			Right bool `json:"strip_right"`
+		}
+		if err := decodeInto(raw, typ, &c); err != nil {
+			return nil, err
+		}
+		return stripNorm{c.Left, c.Right}, nil
+	}
+	return nil, fmt.Errorf("unsupported normalizer type %q", typ)
+}
+
+// metaspaceJSON holds the fields shared by the Metaspace pre-tokenizer and
+// decoder, with the reference's reading of the legacy add_prefix_space.
+type metaspaceJSON struct {
+	Replacement    string  `json:"replacement"`
+	PrependScheme  *string `json:"prepend_scheme"`
+	Split          *bool   `json:"split"`
+	AddPrefixSpace *bool   `json:"add_prefix_space"`
+}
+
+func (c metaspaceJSON) resolve() (rune, prependScheme, bool, error) {
+	r, n := utf8.DecodeRuneInString(c.Replacement)
+	if n == 0 || n != len(c.Replacement) {
+		return 0, 0, false, fmt.Errorf("Metaspace replacement %q is not one character", c.Replacement)
+	}
+	scheme := prependAlways
+	if c.PrependScheme != nil {
+		switch *c.PrependScheme {
+		case "always":
+			scheme = prependAlways
+		case "first":
+			scheme = prependFirst
+		case "never":
+			scheme = prependNever
+		default:
+			return 0, 0, false, fmt.Errorf("Metaspace prepend_scheme %q is not always, first or never", *c.PrependScheme)
+		}
+	}
+	if c.AddPrefixSpace != nil && !*c.AddPrefixSpace {
+		if c.PrependScheme != nil && scheme != prependNever {
+			return 0, 0, false, fmt.Errorf("Metaspace add_prefix_space false contradicts prepend_scheme %q", *c.PrependScheme)
+		}
+		scheme = prependNever
+	}
+	split := c.Split == nil || *c.Split
+	return r, scheme, split, nil
+}
+
+func parsePreTokenizer(raw json.RawMessage) (preTokenizer, error) {
+	typ, err := componentType(raw)
+	if err != nil {
+		return nil, err
+	}
+	switch typ {
+	case "Sequence":
+		var c struct {
+			PreTokenizers []json.RawMessage `json:"pretokenizers"`
+		}
+		if err := decodeInto(raw, typ, &c); err != nil {
+			return nil, err
+		}
+		seq := make(sequencePre, 0, len(c.PreTokenizers))
+		for i, r := range c.PreTokenizers {
+			p, err := parsePreTokenizer(r)
+			if err != nil {
+				return nil, fmt.Errorf("Sequence item %d: %w", i, err)
+			}
+			seq = append(seq, p)
+		}
+		return seq, nil
+	case "Split":
+		var c struct {
+			Pattern  patternJSON `json:"pattern"`
+			Behavior string      `json:"behavior"`
+			Invert   bool        `json:"invert"`
+		}
+		if err := decodeInto(raw, typ, &c); err != nil {
+			return nil, err
+		}
+		m, err := c.Pattern.matcher()
+		if err != nil {
+			return nil, fmt.Errorf("Split: %w", err)
+		}
+		b, ok := splitBehaviors[c.Behavior]
+		if !ok {
+			return nil, fmt.Errorf("Split: unsupported behavior %q", c.Behavior)
+		}
+		return splitPre{m, b, c.Invert}, nil
+	case "ByteLevel":
+		c := struct {
+			AddPrefixSpace bool `json:"add_prefix_space"`
+			UseRegex       bool `json:"use_regex"`
+		}{true, true}
+		if err := decodeInto(raw, typ, &c); err != nil {
+			return nil, err
+		}
+		p := byteLevelPre{addPrefixSpace: c.AddPrefixSpace}
+		if c.UseRegex {
+			p.split = scanMatcher{gpt2Scanner{}}
+		}
+		return p, nil
+	case "Metaspace":
+		var c metaspaceJSON
+		if err := decodeInto(raw, typ, &c); err != nil {
+			return nil, err
+		}
+		r, scheme, split, err := c.resolve()
+		if err != nil {
+			return nil, err
+		}
+		return metaspacePre{string(r), scheme, split}, nil
+	}
+	return nil, fmt.Errorf("unsupported pre_tokenizer type %q", typ)
+}
+
+func parseDecoder(raw json.RawMessage) (decoder, error) {
+	typ, err := componentType(raw)
+	if err != nil {
+		return nil, err
+	}
+	switch typ {
+	case "ByteLevel":
+		return byteLevelDec{}, nil
+	case "ByteFallback":
+		return byteFallbackDec{}, nil
+	case "Fuse":
+		return fuseDec{}, nil
+	case "Sequence":
+		var c struct {
+			Decoders []json.RawMessage `json:"decoders"`
+		}
+		if err := decodeInto(raw, typ, &c); err != nil {
+			return nil, err
+		}
+		seq := make(sequenceDec, 0, len(c.Decoders))
+		for i, r := range c.Decoders {
+			d, err := parseDecoder(r)
+			if err != nil {
+				return nil, fmt.Errorf("Sequence item %d: %w", i, err)
+			}
+			seq = append(seq, d)
+		}
+		return seq, nil
+	case "Replace":
+		var c struct {
+			Pattern patternJSON `json:"pattern"`
+			Content string      `json:"content"`
+		}
+		if err := decodeInto(raw, typ, &c); err != nil {
+			return nil, err
+		}
+		m, err := c.Pattern.matcher()
+		if err != nil {
+			return nil, fmt.Errorf("Replace: %w", err)
+		}
+		return replaceDec{m, c.Content}, nil
+	case "Strip":
+		var c struct {
+			Content string `json:"content"`
+			Start   int    `json:"start"`
+			Stop    int    `json:"stop"`
+		}
+		if err := decodeInto(raw, typ, &c); err != nil {
+			return nil, err
+		}
+		r, n := utf8.DecodeRuneInString(c.Content)
+		if n == 0 || n != len(c.Content) {
+			return nil, fmt.Errorf("Strip content %q is not one character", c.Content)
+		}
+		if c.Start < 0 || c.Stop < 0 {
+			return nil, fmt.Errorf("Strip start %d, stop %d: negative", c.Start, c.Stop)
+		}
+		return stripDec{r, c.Start, c.Stop}, nil
+	case "Metaspace":
+		var c metaspaceJSON
+		if err := decodeInto(raw, typ, &c); err != nil {
+			return nil, err
+		}
+		r, scheme, _, err := c.resolve()
+		if err != nil {
+			return nil, err
+		}
+		return metaspaceDec{r, scheme}, nil
+	}
+	return nil, fmt.Errorf("unsupported decoder type %q", typ)
+}
+
+func parsePostProcessor(raw json.RawMessage) (postProcessor, error) {
+	typ, err := componentType(raw)
+	if err != nil {
+		return nil, err
+	}
+	switch typ {
+	case "ByteLevel":
+		return identityPost{}, nil
+	case "Sequence":
+		var c struct {
+			Processors []json.RawMessage `json:"processors"`
+		}
+		if err := decodeInto(raw, typ, &c); err != nil {
+			return nil, err
+		}
+		seq := make(sequencePost, 0, len(c.Processors))
+		for i, r := range c.Processors {
+			p, err := parsePostProcessor(r)
+			if err != nil {
+				return nil, fmt.Errorf("Sequence item %d: %w", i, err)
+			}
+			seq = append(seq, p)
+		}
+		return seq, nil
+	case "TemplateProcessing":
+		return parseTemplate(raw)
+	case "RobertaProcessing", "BertProcessing":
+		var c struct {
+			Sep *tokenRefJSON `json:"sep"`
+			Cls *tokenRefJSON `json:"cls"`
+		}
+		if err := decodeInto(raw, typ, &c); err != nil {
+			return nil, err
+		}
+		if c.Sep == nil || c.Cls == nil {
+			return nil, fmt.Errorf("%s: sep and cls are required", typ)
+		}
+		return templatePost{before: []int32{c.Cls.id}, after: []int32{c.Sep.id}}, nil
+	}
+	return nil, fmt.Errorf("unsupported post_processor type %q", typ)
+}
+
+// tokenRefJSON is a [token, id] pair.
+type tokenRefJSON struct {
+	token string
+	id    int32
+}
+
+func (r *tokenRefJSON) UnmarshalJSON(data []byte) error {
+	var pair []json.RawMessage
+	if err := json.Unmarshal(data, &pair); err != nil {
+		return err
+	}
+	if len(pair) != 2 {
+		return fmt.Errorf("want [token, id], got %d items", len(pair))
+	}
+	if err := json.Unmarshal(pair[0], &r.token); err != nil {
+		return err
+	}
+	return json.Unmarshal(pair[1], &r.id)
+}
+
+// parseTemplate reads the single-sequence template of TemplateProcessing.
+func parseTemplate(raw json.RawMessage) (postProcessor, error) {
+	var c struct {
+		Single []struct {
+			SpecialToken *struct {
+				ID string `json:"id"`
+			} `json:"SpecialToken"`
+			Sequence *struct {
+				ID string `json:"id"`
+			} `json:"Sequence"`
+		} `json:"single"`
+		SpecialTokens map[string]struct {
+			IDs []int32 `json:"ids"`
+		} `json:"special_tokens"`
+	}
+	if err := decodeInto(raw, "TemplateProcessing", &c); err != nil {
+		return nil, err
+	}
+	var p templatePost
+	seen := false
+	for i, piece := range c.Single {
+		switch {
+		case piece.Sequence != nil && piece.SpecialToken == nil:
+			if piece.Sequence.ID != "A" || seen {
+				return nil, fmt.Errorf("TemplateProcessing single item %d: want one sequence A, got %q", i, piece.Sequence.ID)
+			}
+			seen = true
+		case piece.SpecialToken != nil && piece.Sequence == nil:
+			st, ok := c.SpecialTokens[piece.SpecialToken.ID]
+			if !ok {
+				return nil, fmt.Errorf("TemplateProcessing single item %d: special token %q is not in special_tokens", i, piece.SpecialToken.ID)
+			}
+			if seen {
+				p.after = append(p.after, st.IDs...)
+			} else {
+				p.before = append(p.before, st.IDs...)
+			}
+		default:
+			return nil, fmt.Errorf("TemplateProcessing single item %d: want SpecialToken or Sequence", i)
+		}
+	}
+	if !seen {
+		return nil, fmt.Errorf("TemplateProcessing single template has no sequence")
+	}
+	return p, nil
+}
+
+// bpeJSON is the BPE model section.
+type bpeJSON struct {
+	Type                    string           `json:"type"`
+	Dropout                 *float64         `json:"dropout"`
+	UnkToken                *string          `json:"unk_token"`
+	ContinuingSubwordPrefix *string          `json:"continuing_subword_prefix"`
+	EndOfWordSuffix         *string          `json:"end_of_word_suffix"`
+	FuseUnk                 bool             `json:"fuse_unk"`
+	ByteFallback            bool             `json:"byte_fallback"`
+	IgnoreMerges            bool             `json:"ignore_merges"`
+	Vocab                   map[string]int32 `json:"vocab"`
+	Merges                  []mergeJSON      `json:"merges"`
+}
+
+// mergeJSON is one merge, written "left right" or ["left", "right"].
+type mergeJSON [2]string
+
+func (m *mergeJSON) UnmarshalJSON(data []byte) error {
+	if len(data) > 0 && data[0] == '"' {
+		var s string
+		if bytes.IndexByte(data, '\\') < 0 && len(data) >= 2 && utf8.Valid(data) {
+			s = string(data[1 : len(data)-1])
+		} else if err := json.Unmarshal(data, &s); err != nil {
+			return err
+		}
+		left, right, ok := strings.Cut(s, " ")
+		if !ok || strings.Contains(right, " ") {
+			return fmt.Errorf("merge %q is not two tokens separated by one space", s)
+		}
+		m[0], m[1] = left, right
+		return nil
+	}
+	var pair []string
+	if err := json.Unmarshal(data, &pair); err != nil {
+		return err
+	}
+	if len(pair) != 2 {
+		return fmt.Errorf("merge has %d parts, want 2", len(pair))
+	}
+	m[0], m[1] = pair[0], pair[1]
+	return nil
+}
+
+func parseModel(raw json.RawMessage) (*bpe, error) {
+	var c bpeJSON
+	if err := json.Unmarshal(raw, &c); err != nil {
+		return nil, err
+	}
+	if c.Type != "BPE" && !(c.Type == "" && c.Merges != nil) {
+		return nil, fmt.Errorf("unsupported model type %q", c.Type)
+	}
+	if c.Dropout != nil && *c.Dropout != 0 {
+		return nil, fmt.Errorf("BPE dropout %v: unsupported (encoding would be random)", *c.Dropout)
+	}
+	merges := make([][2]string, len(c.Merges))
+	for i, m := range c.Merges {
+		merges[i] = m
+	}
+	var prefix, suffix string
+	if c.ContinuingSubwordPrefix != nil {
+		prefix = *c.ContinuingSubwordPrefix
+	}
+	if c.EndOfWordSuffix != nil {
+		suffix = *c.EndOfWordSuffix
+	}
+	m, err := newBPE(c.Vocab, merges, c.UnkToken, prefix, suffix)
+	if err != nil {
+		return nil, fmt.Errorf("BPE: %w", err)
+	}
+	m.fuseUnk, m.byteFallback, m.ignoreMerges = c.FuseUnk, c.ByteFallback, c.IgnoreMerges
+	return m, nil
+}
