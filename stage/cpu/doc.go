@@ -1,0 +1,60 @@
+// Package cpu is the pure-Go CPU backend of a pipeline stage: it runs the
+// forward pass of layers [Lo, Hi) of a Llama-family model (Llama, Mistral,
+// Qwen2) in float32 and, on the last stage, samples.
+//
+// The math follows Hugging Face transformers in float32: RMSNorm with the
+// variance computed in float32, rotary embeddings in the "rotate_half" layout
+// (dimension i pairs with i+head_dim/2) with optional llama3 frequency
+// scaling, grouped-query causal attention scaled by 1/sqrt(head_dim), a
+// SwiGLU MLP and, for Qwen2, q/k/v biases. Two choices differ from a literal
+// float32 transcription, both towards the exact result: rotary angles
+// (position × inverse frequency) and their cosines and sines are computed in
+// float64 and then rounded to float32 (float32 angles lose whole digits at
+// long positions), and softmax exponentials are evaluated in float64.
+//
+// Weights are converted to float32 once, in New; only the tensors of the
+// stage's layers are loaded, plus the token embedding on the first stage and
+// the final norm and LM head on the last (the embedding again when the model
+// ties them). Every buffer a Forward needs whose size depends on the model or
+// on MaxTokens is allocated in New, except the rows of logits asked for with
+// Seq.Logits beyond MaxSeqs of them and the KV caches, which grow with the
+// sequences (each sequence's cache is contiguous per layer and doubles when it
+// fills, up to Model.MaxPositions).
+//
+// Sampling (last stage) works on the float32 logits of a sequence's last
+// position. Log-probabilities are a float64 log-softmax of the raw logits.
+// Temperature 0 is greedy (ties go to the lowest token id). Otherwise the
+// logits are divided by the temperature, filtered by top-k and then by top-p
+// (the smallest set of most likely tokens whose probability reaches p, at
+// least one token; ties are ordered by token id) and one token is drawn with a
+// PCG generator seeded from Sampling.Seed and Seq.Index only, so a seed gives
+// the same tokens however requests are batched. The reported Logprob of the
+// chosen token and the Top alternatives are log-probabilities of the raw,
+// untempered and unfiltered distribution.
+//
+// # Usage
+//
+//	st, err := cpu.New(cpu.Config{
+//		Model: cfg, Lo: 0, Hi: cfg.NumLayers, Weights: checkpoint,
+//		MaxTokens: 512, MaxSeqs: 16,
+//	})
+//	if err != nil { ... }
+//	defer st.Close()
+//	out, err := st.Forward(ctx, &stage.Batch{ID: 1, Seqs: []stage.Seq{{
+//		ID: 7, Pos: 0, Tokens: prompt, Sample: true,
+//	}}})
+//
+// A stage other than the first reads its activations from Input(), which the
+// previous stage's Output().Activations bytes are copied or received into.
+// Activations are float32 rows of Hidden elements in host (little-endian)
+// byte order.
+//
+// # Concurrency
+//
+// A Stage is driven by one goroutine: none of its methods may be called
+// concurrently with another, and the Output of a Forward (with the buffers it
+// points at) is valid only until the next Forward. Internally Forward spreads
+// matrix products over output rows and attention over (sequence, head) pairs
+// across Config.Threads goroutines that it starts and joins before returning;
+// nothing runs in the background between calls.
+package cpu

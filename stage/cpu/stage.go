@@ -1,0 +1,233 @@
+package cpu
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"runtime"
+	"unsafe"
+
+	"github.com/tandem-llm/tandem/collective"
+	"github.com/tandem-llm/tandem/model"
+	"github.com/tandem-llm/tandem/model/safetensors"
+	"github.com/tandem-llm/tandem/stage"
+)
+
+// Weights gives access to a checkpoint's tensors by their Hugging Face name.
+// The tensors are only read during New.
+type Weights interface {
+	Tensor(name string) (*safetensors.Tensor, error)
+}
+
+// Config describes the stage to build.
+type Config struct {
+	Model   *model.Config
+	Lo, Hi  int // layer range [Lo, Hi)
+	Weights Weights
+	// MaxTokens and MaxSeqs bound one batch.
+	MaxTokens, MaxSeqs int
+	// Threads is how many goroutines a Forward uses (0: GOMAXPROCS).
+	Threads int
+}
+
+// Stage is a CPU pipeline stage. It implements stage.Stage.
+type Stage struct {
+	m            model.Config
+	lo, hi       int
+	first, last  bool
+	maxTokens    int
+	maxSeqs      int
+	threads      int
+	qDim, kvDim  int // NumHeads·HeadDim and NumKVHeads·HeadDim
+	qkvDim       int // qDim + 2·kvDim: one row of the fused q/k/v projection
+	attnScale    float32
+	invFreq      []float64 // rotary inverse frequencies, HeadDim/2 of them
+	layers       []layer
+	embed        []float32 // [Vocab × Hidden], first stage
+	norm         []float32 // final norm, last stage
+	lmHead       []float32 // [Vocab × Hidden], last stage (aliases embed when tied)
+	caches       map[uint64]*kvCache
+	closed       bool
+	sampler      sampler
+	buf          buffers
+	runs         []seqRun
+	created      []uint64
+	sampleRows   []int
+	inputBuffer  collective.Host // byte view of buf.in
+	outputBuffer collective.Host // byte view of buf.x
+}
+
+// layer holds one transformer layer's weights in float32, row-major as
+// Hugging Face stores them ([out × in]). The q, k and v projections are fused
+// into one [qkvDim × Hidden] matrix, gate and up into one [2·Intermediate ×
+// Hidden] matrix.
+type layer struct {
+	inNorm, postNorm []float32
+	qkv              []float32
+	qkvBias          []float32 // nil without attention bias
+	o                []float32
+	gateUp           []float32
+	down             []float32
+}
+
+// buffers are the activation and scratch buffers, sized for MaxTokens rows.
+type buffers struct {
+	in       []float32 // [MaxTokens × Hidden] received activations (not first)
+	x        []float32 // [MaxTokens × Hidden] residual stream, sent to the next stage
+	xn       []float32 // [MaxTokens × Hidden] normalised rows
+	qkv      []float32 // [MaxTokens × qkvDim]
+	attn     []float32 // [MaxTokens × qDim]
+	gateUp   []float32 // [MaxTokens × 2·Intermediate]
+	act      []float32 // [MaxTokens × Intermediate]
+	cos, sin []float32 // [MaxTokens × HeadDim/2]
+	scores   []float32 // [Threads × MaxPositions] attention scores per worker
+	logits   []float32 // [MaxSeqs × Vocab] (last)
+}
+
+// New loads the weights of a stage and allocates its buffers.
+func New(cfg Config) (*Stage, error) {
+	if err := checkConfig(&cfg); err != nil {
+		return nil, fmt.Errorf("cpu stage: %w", err)
+	}
+	m := *cfg.Model
+	s := &Stage{
+		m:         m,
+		lo:        cfg.Lo,
+		hi:        cfg.Hi,
+		first:     cfg.Lo == 0,
+		last:      cfg.Hi == m.NumLayers,
+		maxTokens: cfg.MaxTokens,
+		maxSeqs:   cfg.MaxSeqs,
+		threads:   cfg.Threads,
+		qDim:      m.NumHeads * m.HeadDim,
+		kvDim:     m.NumKVHeads * m.HeadDim,
+		attnScale: float32(1 / math.Sqrt(float64(m.HeadDim))),
+		invFreq:   ropeInvFreq(&m),
+		caches:    make(map[uint64]*kvCache),
+		runs:      make([]seqRun, 0, cfg.MaxSeqs),
+		created:   make([]uint64, 0, cfg.MaxSeqs),
+	}
+	if s.threads == 0 {
+		s.threads = runtime.GOMAXPROCS(0)
+	}
+	s.qkvDim = s.qDim + 2*s.kvDim
+	if err := s.load(cfg.Weights); err != nil {
+		return nil, fmt.Errorf("cpu stage [%d,%d): %w", s.lo, s.hi, err)
+	}
+	s.allocate()
+	return s, nil
+}
+
+func checkConfig(cfg *Config) error {
+	m := cfg.Model
+	if m == nil {
+		return errors.New("no model config")
+	}
+	if cfg.Weights == nil {
+		return errors.New("no weights")
+	}
+	switch {
+	case m.NumLayers <= 0:
+		return fmt.Errorf("model has %d layers", m.NumLayers)
+	case cfg.Lo < 0 || cfg.Lo >= cfg.Hi || cfg.Hi > m.NumLayers:
+		return fmt.Errorf("layer range [%d,%d) is not a non-empty part of the model's %d layers", cfg.Lo, cfg.Hi, m.NumLayers)
+	case m.HiddenSize <= 0 || m.IntermediateSize <= 0 || m.VocabSize <= 0:
+		return fmt.Errorf("hidden size %d, intermediate size %d, vocab size %d: all must be positive", m.HiddenSize, m.IntermediateSize, m.VocabSize)
+	case m.NumHeads <= 0 || m.NumKVHeads <= 0 || m.NumHeads%m.NumKVHeads != 0:
+		return fmt.Errorf("%d attention heads are not a positive multiple of %d key/value heads", m.NumHeads, m.NumKVHeads)
+	case m.HeadDim <= 0 || m.HeadDim%2 != 0:
+		return fmt.Errorf("head dim %d is not positive and even", m.HeadDim)
+	case m.MaxPositions <= 0:
+		return fmt.Errorf("max positions %d is not positive", m.MaxPositions)
+	case !(m.RopeTheta > 0):
+		return fmt.Errorf("rope theta %v is not positive", m.RopeTheta)
+	case !(m.RMSNormEps >= 0):
+		return fmt.Errorf("rms norm eps %v is negative", m.RMSNormEps)
+	case cfg.MaxTokens <= 0 || cfg.MaxSeqs <= 0:
+		return fmt.Errorf("max tokens %d and max seqs %d must be positive", cfg.MaxTokens, cfg.MaxSeqs)
+	case cfg.Threads < 0:
+		return fmt.Errorf("threads %d is negative", cfg.Threads)
+	}
+	if rs := m.RopeScaling; rs != nil {
+		if rs.Type != "llama3" {
+			return fmt.Errorf("rope scaling type %q is not supported (only llama3)", rs.Type)
+		}
+		if !(rs.Factor > 0) || !(rs.LowFreqFactor > 0) || !(rs.HighFreqFactor > rs.LowFreqFactor) || rs.OriginalMaxPositions <= 0 {
+			return fmt.Errorf("llama3 rope scaling %+v: need factor > 0, 0 < low_freq_factor < high_freq_factor and original_max_position_embeddings > 0", *rs)
+		}
+	}
+	return nil
+}
+
+func (s *Stage) allocate() {
+	h, t := s.m.HiddenSize, s.maxTokens
+	b := &s.buf
+	if !s.first {
+		b.in = make([]float32, t*h)
+		s.inputBuffer = hostBytes(b.in)
+	}
+	b.x = make([]float32, t*h)
+	s.outputBuffer = hostBytes(b.x)
+	b.xn = make([]float32, t*h)
+	b.qkv = make([]float32, t*s.qkvDim)
+	b.attn = make([]float32, t*s.qDim)
+	b.gateUp = make([]float32, t*2*s.m.IntermediateSize)
+	b.act = make([]float32, t*s.m.IntermediateSize)
+	b.cos = make([]float32, t*s.m.HeadDim/2)
+	b.sin = make([]float32, t*s.m.HeadDim/2)
+	b.scores = make([]float32, s.threads*s.m.MaxPositions)
+	if s.last {
+		b.logits = make([]float32, s.maxSeqs*s.m.VocabSize)
+		s.sampler = newSampler(s.m.VocabSize)
+		s.sampleRows = make([]int, 0, s.maxTokens)
+	}
+}
+
+// hostBytes views a float32 slice as its bytes in host order.
+func hostBytes(f []float32) collective.Host {
+	return collective.Host(unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(f))), 4*len(f)))
+}
+
+// Info implements stage.Stage.
+func (s *Stage) Info() stage.Info {
+	return stage.Info{
+		Backend:   "cpu",
+		Lo:        s.lo,
+		Hi:        s.hi,
+		First:     s.first,
+		Last:      s.last,
+		Hidden:    s.m.HiddenSize,
+		Vocab:     s.m.VocabSize,
+		MaxTokens: s.maxTokens,
+		MaxSeqs:   s.maxSeqs,
+		ActDType:  collective.F32,
+	}
+}
+
+// Input implements stage.Stage: MaxTokens rows of Hidden float32 values, nil
+// on the first stage.
+func (s *Stage) Input() collective.Buffer {
+	if s.first || s.closed {
+		return nil
+	}
+	return s.inputBuffer
+}
+
+// Free implements stage.Stage. Freeing an unknown sequence does nothing.
+func (s *Stage) Free(seq uint64) {
+	delete(s.caches, seq)
+}
+
+// Close implements stage.Stage: it drops the weights, buffers and caches.
+// Forward fails afterwards.
+func (s *Stage) Close() error {
+	s.closed = true
+	s.layers, s.embed, s.norm, s.lmHead = nil, nil, nil, nil
+	s.caches = nil
+	s.buf = buffers{}
+	s.sampler = sampler{}
+	s.inputBuffer, s.outputBuffer = nil, nil
+	return nil
+}
+
+var _ stage.Stage = (*Stage)(nil)

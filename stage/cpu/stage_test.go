@@ -1,0 +1,24 @@
+package cpu
+
+import (
+	"testing"
+
+	"github.com/tandem-llm/tandem/stage"
+	"github.com/tandem-llm/tandem/stage/stagetest"
+)
+
+// newTestStage builds a CPU stage for the conformance suite with an uneven
+// number of threads, closed when t ends.
+func newTestStage(t *testing.T, s stagetest.Spec) stage.Stage {
+	t.Helper()
+	st, err := New(Config{Model: s.Model, Lo: s.Lo, Hi: s.Hi, Weights: s.Weights, MaxTokens: s.MaxTokens, MaxSeqs: s.MaxSeqs, Threads: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	return st
+}
+
+func TestConformance(t *testing.T) {
+	stagetest.Run(t, stagetest.Backend{New: newTestStage, Tol: 1e-5, SplitTol: 1e-6})
+}
