@@ -1,0 +1,79 @@
+// Package cuda is the CUDA backend of a pipeline stage: it runs the forward
+// pass of layers [Lo, Hi) of a Llama-family model (Llama, Mistral, Qwen2) on
+// one GPU in bf16, with fp32 accumulation and statistics, and on the last
+// stage samples on the device.
+//
+// # Kernels
+//
+// The kernels are CUDA C sources embedded from kernels/*.cu and compiled
+// with NVRTC in New for the device's compute capability (sm_XY). Compiled
+// images are cached on disk under Config.CacheDir, else
+// $TANDEM_CACHE_DIR/kernels, else the user cache directory's
+// tandem/kernels, one file per SHA-256 of (source, architecture, NVRTC
+// version, options), written atomically (temporary file and rename) and
+// checksummed: an unreadable, damaged or unloadable entry is compiled
+// afresh and replaced. The sources need no CUDA headers (bf16 is handled as
+// raw 16-bit patterns). Matrix products go through cuBLAS (bf16 inputs,
+// fp32 accumulation); q|k|v and gate|up weights are fused so each is one
+// GEMM. Per layer: RMSNorm fused with the residual add; the q|k|v GEMM; one
+// kernel that adds the Qwen2 bias, applies rotary embeddings
+// (rotate_half layout, fp32 angles pos·inv_freq with llama3 scaling of
+// inv_freq precomputed on the host) and writes k and v to the KV cache;
+// causal grouped-query attention with an fp32 online softmax, one block
+// per (token, head); the o GEMM; RMSNorm with the residual add; the
+// gate|up GEMM; SiLU-and-multiply; the down GEMM. The last stage normalises
+// only the rows it needs logits for and computes them in fp32.
+//
+// # Memory
+//
+// New uploads the stage's weights (its layers, plus the embedding on the
+// first stage and the final norm and LM head on the last; the embedding
+// again when tied) converted to bf16 into one allocation, and allocates
+// every buffer a Forward uses once: activations for MaxTokens rows, fp32
+// logits for MaxLogitRows rows, the packed batch description, a cuBLAS
+// workspace, pinned host buffers for results, and the KV cache. Forward
+// allocates no device memory. The KV cache is contiguous per sequence slot:
+// per layer, [slot × MaxSeqLen rows][kv heads][head dim] for K and again for
+// V. Kernels reach it only through row indices in the batch description
+// (the row each token writes, the row of each token's position 0), so a
+// paged cache can replace the slots by changing those indices alone.
+// Memory reports the weight, workspace and KV bytes and the KV capacity.
+//
+// # Sampling
+//
+// Log-probabilities are the log-softmax of the raw fp32 logits (temperature
+// and filters do not apply to them); Top lists the Sampling.Logprobs (at
+// most MaxLogprobs) most likely tokens, descending, ties by id. Temperature
+// 0 (or top-k 1) is greedy, ties to the lowest id. Otherwise logits are
+// divided by the temperature, top-k keeps the tokens whose logit reaches the
+// k-th largest (all tokens tied at the boundary are kept), top-p then keeps
+// the fewest most likely tokens whose renormalised probability reaches p,
+// and the token is drawn with the Gumbel-max trick, its noise a hash of
+// (Sampling.Seed, Seq.Index, token id): the same seed and index give the
+// same token whatever the batch. The CPU backend draws differently, so the
+// two agree on distributions, not on individual seeded draws.
+//
+// # Usage
+//
+//	st, err := cuda.New(cuda.Config{
+//		Model: cfg, Lo: 0, Hi: cfg.NumLayers, Weights: checkpoint,
+//		MaxTokens: 512, MaxSeqs: 32,
+//	})
+//	if errors.Is(err, gpu.ErrNoDriver) { /* use the CPU backend */ }
+//	defer st.Close()
+//	out, err := st.Forward(ctx, batch)
+//
+// A stage other than the first receives bf16 activations, Hidden values per
+// token, into Input(), a gpu.Mem (device memory with a Ptr for NCCL);
+// Output.Activations is likewise a gpu.Mem holding the residual stream.
+// Forward waits for its work before returning, so its output may be read or
+// sent at once.
+//
+// # Concurrency
+//
+// A Stage is driven by one goroutine: none of its methods may be called
+// concurrently with another, and an Output is valid only until the next
+// Forward. Device work runs inside Device.Do on the gpu.Device's own
+// goroutine, ordered on the stage's stream; several stages may share one
+// Device (Config.Device), each with its own stream.
+package cuda

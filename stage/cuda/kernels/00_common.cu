@@ -1,0 +1,128 @@
+// Common definitions for tandem's kernels. The .cu files of this directory
+// are concatenated in name order into one NVRTC program, so this file comes
+// first. No headers are included: bf16 is handled as raw 16-bit patterns,
+// which keeps the program independent of the toolkit's header set.
+
+typedef unsigned short bf16;
+typedef unsigned long long u64;
+
+#define NEG_INF __int_as_float(0xff800000)
+#define POS_INF __int_as_float(0x7f800000)
+
+__device__ __forceinline__ float bf2f(bf16 x) {
+    return __uint_as_float(((unsigned)x) << 16);
+}
+
+// f2bf rounds to nearest even, keeping NaN a NaN.
+__device__ __forceinline__ bf16 f2bf(float f) {
+    unsigned u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) {
+        return (bf16)((u >> 16) | 0x40u);
+    }
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (bf16)(u >> 16);
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) {
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    }
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) {
+        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    }
+    return v;
+}
+
+// block_sum returns the sum of v over the block to every thread. blockDim.x
+// must be a multiple of 32 and every thread must call it; sh holds 32 floats.
+__device__ float block_sum(float v, float* sh) {
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    int nw = blockDim.x >> 5;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0) {
+        sh[w] = v;
+    }
+    __syncthreads();
+    if (w == 0) {
+        v = lane < nw ? sh[lane] : 0.f;
+        v = warp_sum(v);
+        if (lane == 0) {
+            sh[0] = v;
+        }
+    }
+    __syncthreads();
+    return sh[0];
+}
+
+// block_max is block_sum's counterpart for the maximum.
+__device__ float block_max(float v, float* sh) {
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    int nw = blockDim.x >> 5;
+    v = warp_max(v);
+    __syncthreads();
+    if (lane == 0) {
+        sh[w] = v;
+    }
+    __syncthreads();
+    if (w == 0) {
+        v = lane < nw ? sh[lane] : NEG_INF;
+        v = warp_max(v);
+        if (lane == 0) {
+            sh[0] = v;
+        }
+    }
+    __syncthreads();
+    return sh[0];
+}
+
+// better orders (value, index) pairs: larger value first, then lower index.
+__device__ __forceinline__ bool better(float v, int i, float bv, int bi) {
+    return v > bv || (v == bv && i < bi);
+}
+
+// block_argmax reduces (v, i) pairs to the best one by better(), returned to
+// every thread through *v and *i. shv and shi hold 32 entries each.
+__device__ void block_argmax(float* v, int* i, float* shv, int* shi) {
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    int nw = blockDim.x >> 5;
+    float bv = *v;
+    int bi = *i;
+    for (int o = 16; o > 0; o >>= 1) {
+        float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (better(ov, oi, bv, bi)) {
+            bv = ov;
+            bi = oi;
+        }
+    }
+    __syncthreads();
+    if (lane == 0) {
+        shv[w] = bv;
+        shi[w] = bi;
+    }
+    __syncthreads();
+    if (w == 0) {
+        bv = lane < nw ? shv[lane] : NEG_INF;
+        bi = lane < nw ? shi[lane] : 0x7fffffff;
+        for (int o = 16; o > 0; o >>= 1) {
+            float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (better(ov, oi, bv, bi)) {
+                bv = ov;
+                bi = oi;
+            }
+        }
+        if (lane == 0) {
+            shv[0] = bv;
+            shi[0] = bi;
+        }
+    }
+    __syncthreads();
+    *v = shv[0];
+    *i = shi[0];
+}

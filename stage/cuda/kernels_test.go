@@ -1,0 +1,35 @@
+package cuda
+
+import (
+	"fmt"
+	"regexp"
+	"strings"
+	"testing"
+)
+
+func TestKernelSource(t *testing.T) {
+	src, err := kernelSource()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(src, "#line 1 \"kernels/00_common.cu\"\n") {
+		t.Errorf("program does not start with the common definitions:\n%.200s", src)
+	}
+	for _, name := range kernelNames {
+		re := regexp.MustCompile(`extern "C" __global__ void ` + name + `\(`)
+		if n := len(re.FindAllString(src, -1)); n != 1 {
+			t.Errorf("kernel %s defined %d times in the program; want once", name, n)
+		}
+	}
+	// The launch constants must agree with the sources.
+	for _, def := range []string{
+		fmt.Sprintf("#define ATT_THREADS %d\n", attentionThreads),
+		fmt.Sprintf("__shared__ float qs[%d];", maxHeadDim),
+		fmt.Sprintf("#define SAMPLE_THREADS %d\n", sampleThreads),
+		fmt.Sprintf("#define SAMPLE_PARAMS %d\n", sampleParams),
+	} {
+		if !strings.Contains(src, def) {
+			t.Errorf("program lacks %q, which the Go launch constants assume", def)
+		}
+	}
+}

@@ -1,0 +1,122 @@
+package cuda
+
+import (
+	"fmt"
+	"log/slog"
+
+	"github.com/tandem-llm/tandem/gpu"
+)
+
+// compileKey describes the compilation of the kernel program for this
+// device: the source, its options and the cache key over them.
+type compileKey struct {
+	src  string
+	opts []string
+	key  string
+}
+
+func (s *Stage) compileKey() (compileKey, error) {
+	src, err := kernelSource()
+	if err != nil {
+		return compileKey{}, err
+	}
+	major, minor, err := gpu.NVRTCVersion()
+	if err != nil {
+		return compileKey{}, fmt.Errorf("NVRTC: %w", err)
+	}
+	arch := s.dev.Info().Arch()
+	opts := []string{"--gpu-architecture=" + arch}
+	return compileKey{src: src, opts: opts, key: cacheKey(src, arch, fmt.Sprintf("%d.%d", major, minor), opts)}, nil
+}
+
+// kernelImage returns the compiled kernel program, from the disk cache when
+// it holds a sound image for this source, device and NVRTC, else compiled
+// now and stored.
+func (s *Stage) kernelImage(dir string) ([]byte, error) {
+	ck, err := s.compileKey()
+	if err != nil {
+		return nil, err
+	}
+	c, err := openCache(dir)
+	if err != nil {
+		slog.Warn("kernel cache unusable; compiling", "err", err)
+		return compileKernels(ck)
+	}
+	img, err := c.get(ck.key)
+	if err != nil {
+		slog.Warn("kernel cache entry unusable; recompiling", "err", err)
+	}
+	if img != nil {
+		return img, nil
+	}
+	img, err = compileKernels(ck)
+	if err != nil {
+		return nil, err
+	}
+	if err := c.put(ck.key, img); err != nil {
+		slog.Warn("kernel cache not written", "err", err)
+	}
+	return img, nil
+}
+
+func openCache(dir string) (kernelCache, error) {
+	if dir == "" {
+		d, err := defaultCacheDir()
+		if err != nil {
+			return kernelCache{}, err
+		}
+		dir = d
+	}
+	return kernelCache{dir: dir}, nil
+}
+
+func compileKernels(ck compileKey) ([]byte, error) {
+	out, err := gpu.Compile(ck.src, "tandem_kernels.cu", ck.opts...)
+	if err != nil {
+		return nil, fmt.Errorf("compile kernels: %w", err)
+	}
+	if out.Log != "" {
+		slog.Debug("kernel compiler log", "log", out.Log)
+	}
+	img := out.Image
+	if out.PTX && (len(img) == 0 || img[len(img)-1] != 0) {
+		img = append(img, 0)
+	}
+	return img, nil
+}
+
+// loadModule loads img and looks up every kernel. When a cached image does
+// not load (a damaged file with a sound checksum, or a driver that rejects
+// it), the program is compiled afresh and the cache entry replaced.
+// Device goroutine only.
+func (s *Stage) loadModule(img []byte, dir string) error {
+	mod, err := gpu.LoadModule(img)
+	if err != nil {
+		slog.Warn("kernel image did not load; recompiling", "err", err)
+		ck, kerr := s.compileKey()
+		if kerr != nil {
+			return kerr
+		}
+		if img, err = compileKernels(ck); err != nil {
+			return err
+		}
+		if mod, err = gpu.LoadModule(img); err != nil {
+			return fmt.Errorf("load compiled kernels: %w", err)
+		}
+		if c, cerr := openCache(dir); cerr == nil {
+			if err := c.put(ck.key, img); err != nil {
+				slog.Warn("kernel cache not written", "err", err)
+			}
+		}
+	}
+	s.mod = mod
+	s.fn = make(map[string]gpu.Function, len(kernelNames))
+	for _, name := range kernelNames {
+		f, err := mod.Function(name)
+		if err != nil {
+			return fmt.Errorf("kernel %s: %w", name, err)
+		}
+		s.fn[name] = f
+	}
+	return nil
+}
