@@ -202,7 +202,7 @@ func (l *loader) load(spec libSpec) (library, string, []library, error) {
 	for _, n := range spec.names {
 		files = append(files, n.file)
 	}
-	return nil, "", nil, fmt.Errorf("%s: %s %w (searched %s)", spec.what, strings.Join(files, " or "), errNotFound, strings.Join(searched, ", "))
+	return nil, "", nil, fmt.Errorf("%s %w (searched %s)", strings.Join(files, " or "), errNotFound, strings.Join(searched, ", "))
 }
 
 func (l *loader) logLoaded(spec libSpec, path, how string) {

@@ -1,7 +1,6 @@
 package gpu
 
 import (
-	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -58,10 +57,7 @@ func initWith(ld *loader) error {
 func loadDriver(ld *loader) error {
 	lib, path, pre, err := ld.load(specCUDA)
 	if err != nil {
-		if errors.Is(err, errNotFound) {
-			return fmt.Errorf("%w: %v", ErrNoDriver, err)
-		}
-		return fmt.Errorf("%w: load: %v", ErrNoDriver, err)
+		return fmt.Errorf("%w: %v", ErrNoDriver, err)
 	}
 	c := &cudaLib{path: path, lib: lib, pre: pre}
 	if err := resolve(lib, path, c.symbols()); err != nil {
@@ -96,6 +92,9 @@ func loadLazy[T any](l *lazy[T], load func(*loader) (*T, error)) (*T, error) {
 	defer state.mu.Unlock()
 	if !state.done {
 		return nil, ErrNotInitialized
+	}
+	if state.err != nil {
+		return nil, state.err
 	}
 	if !l.done {
 		l.done = true
