@@ -12,7 +12,7 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/tandem-llm/tandem/gpu/internal/mockcuda"
+	"github.com/tandem-llm/tandem/gpu/mockcuda"
 )
 
 // mockPath is the mock CUDA library built for this test run ("" when no C

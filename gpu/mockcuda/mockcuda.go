@@ -1,4 +1,4 @@
-// Package mockcuda builds and drives the mock CUDA library of
+// Package mockcuda is a test helper: it builds and drives the mock CUDA library of
 // gpu/testdata/mockabi.c for GPU-free tests of package gpu and its users.
 //
 // # Usage
@@ -35,7 +35,7 @@ func Build(dir string) (string, error) {
 		return "", ErrNoCompiler
 	}
 	_, self, _, _ := runtime.Caller(0)
-	src := filepath.Join(filepath.Dir(self), "..", "..", "testdata", "mockabi.c")
+	src := filepath.Join(filepath.Dir(self), "..", "testdata", "mockabi.c")
 	out := filepath.Join(dir, "libmockcuda.so")
 	cmd := exec.Command(cc, "-shared", "-fPIC", "-O1", "-Wall", "-o", out, src)
 	if b, err := cmd.CombinedOutput(); err != nil {

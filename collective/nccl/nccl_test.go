@@ -1,0 +1,251 @@
+package nccl
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tandem-llm/tandem/collective"
+	"github.com/tandem-llm/tandem/gpu"
+	"github.com/tandem-llm/tandem/gpu/mockcuda"
+)
+
+var (
+	mock    *mockcuda.Lib
+	mockErr error
+)
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "nccl-mock")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	path, err := mockcuda.Build(dir)
+	if err == nil {
+		mock, err = mockcuda.Open(path)
+	}
+	if err == nil {
+		err = gpu.Init(gpu.Config{LibCUDA: path, NVRTC: path, CUBLAS: path, NCCL: path})
+	}
+	mockErr = err
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// pair is two ranks of a mock communicator on one mock device, with a
+// Sender on rank 0 and a Receiver on rank 1.
+type pair struct {
+	dev        *gpu.Device
+	c0, c1     *gpu.NCCLComm
+	send       *Sender
+	recv       *Receiver
+	src, dst   gpu.Mem
+	stream     gpu.Stream
+	maxMessage int
+}
+
+func newPair(t *testing.T, maxMessage int) *pair {
+	t.Helper()
+	if errors.Is(mockErr, mockcuda.ErrNoCompiler) {
+		t.Skip("skipping: no C compiler to build the mock CUDA library")
+	}
+	if mockErr != nil {
+		t.Fatal(mockErr)
+	}
+	mock.Reset()
+	dev, err := gpu.Open(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &pair{dev: dev, maxMessage: maxMessage}
+	id, err := NewUniqueID()
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = dev.Do(func() (err error) {
+		if p.c0, err = gpu.NCCLInitRank(2, id, 0); err != nil {
+			return err
+		}
+		if p.c1, err = gpu.NCCLInitRank(2, id, 1); err != nil {
+			return err
+		}
+		if p.src, err = gpu.Alloc(maxMessage); err != nil {
+			return err
+		}
+		if p.dst, err = gpu.Alloc(maxMessage); err != nil {
+			return err
+		}
+		p.stream, err = gpu.NewStream()
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.send, err = NewSender(Config{Device: dev, Comm: p.c0, Peer: 1, Stream: p.stream}); err != nil {
+		t.Fatal(err)
+	}
+	if p.recv, err = NewReceiver(Config{Device: dev, Comm: p.c1, Peer: 0, Stream: p.stream}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		mock.SetBusy(false)
+		p.send.Close()
+		p.recv.Close()
+		dev.Do(func() error {
+			p.c0.Destroy()
+			p.c1.Destroy()
+			p.src.Free()
+			p.dst.Free()
+			return p.stream.Destroy()
+		})
+		if err := dev.Close(); err != nil {
+			t.Error(err)
+		}
+	})
+	return p
+}
+
+func TestSendRecvMock(t *testing.T) {
+	p := newPair(t, 1<<16)
+	ctx := context.Background()
+	for batch, rows := range []int{1, 7, 32} {
+		h := collective.Header{Batch: uint64(batch), Rows: rows, Cols: 512, DType: collective.BF16}
+		data := make([]byte, h.Bytes())
+		for i := range data {
+			data[i] = byte(rand.Uint32())
+		}
+		if err := p.dev.Do(func() error { return gpu.CopyHtoD(p.src.Ptr(), data) }); err != nil {
+			t.Fatal(err)
+		}
+		if err := p.send.Send(ctx, h, p.src); err != nil {
+			t.Fatal(err)
+		}
+		if err := p.recv.Recv(ctx, h, p.dst); err != nil {
+			t.Fatal(err)
+		}
+		got := make([]byte, h.Bytes())
+		if err := p.dev.Do(func() error { return gpu.CopyDtoH(got, p.dst.Ptr()) }); err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got, data) {
+			t.Fatalf("batch %d: received data differs", batch)
+		}
+	}
+}
+
+func TestTransferChecks(t *testing.T) {
+	p := newPair(t, 1024)
+	ctx := context.Background()
+	tests := []struct {
+		name string
+		h    collective.Header
+		b    collective.Buffer
+		want string
+	}{
+		{"host buffer", collective.Header{Rows: 1, Cols: 4, DType: collective.F32}, collective.Host(make([]byte, 16)), "collective.Host is not device memory"},
+		{"too large", collective.Header{Rows: 2, Cols: 512, DType: collective.F32}, p.src, "4096 bytes do not fit the 1024-byte buffer"},
+		{"bad dtype", collective.Header{Rows: 1, Cols: 4, DType: 0}, p.src, "invalid header"},
+		{"negative rows", collective.Header{Rows: -1, Cols: 4, DType: collective.BF16}, p.src, "invalid header"},
+	}
+	for _, tc := range tests {
+		err := p.send.Send(ctx, tc.h, tc.b)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: err = %v, want %q", tc.name, err, tc.want)
+		}
+	}
+	if mock.Aborts() != 0 {
+		t.Fatal("a rejected message aborted the communicator")
+	}
+	if err := p.send.Send(ctx, collective.Header{Rows: 0, Cols: 4, DType: collective.BF16}, p.src); err != nil {
+		t.Fatalf("empty message: %v", err)
+	}
+	if _, err := NewSender(Config{Device: p.dev, Comm: p.c0, Peer: 0}); err == nil {
+		t.Fatal("NewSender accepted itself as peer")
+	}
+	if _, err := NewReceiver(Config{Device: p.dev, Comm: p.c0, Peer: 2}); err == nil {
+		t.Fatal("NewReceiver accepted a peer outside the communicator")
+	}
+	p.send.Close()
+	if err := p.send.Send(ctx, collective.Header{Rows: 1, Cols: 4, DType: collective.BF16}, p.src); err == nil || !strings.Contains(err.Error(), "closed") {
+		t.Fatalf("Send after Close: %v", err)
+	}
+}
+
+func TestLostPeerTimesOut(t *testing.T) {
+	p := newPair(t, 1024)
+	mock.SetBusy(true) // the transfer never completes: the peer is gone
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	h := collective.Header{Batch: 9, Rows: 4, Cols: 64, DType: collective.BF16}
+	start := time.Now()
+	err := p.recv.Recv(ctx, h, p.dst)
+	if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "nccl recv batch 9") || !strings.Contains(err.Error(), "communicator aborted") {
+		t.Fatalf("Recv = %v, want a deadline error that aborted the communicator", err)
+	}
+	if el := time.Since(start); el > 2*time.Second {
+		t.Fatalf("Recv returned %v after its 50 ms deadline", el)
+	}
+	if mock.Aborts() != 1 {
+		t.Fatalf("%d aborts, want 1", mock.Aborts())
+	}
+	if err := p.recv.Recv(context.Background(), h, p.dst); !errors.Is(err, gpu.ErrCommAborted) {
+		t.Fatalf("Recv after abort = %v", err)
+	}
+}
+
+func TestAsyncErrorAborts(t *testing.T) {
+	p := newPair(t, 1024)
+	mock.SetBusy(true)
+	mock.SetAsyncError(6) // ncclRemoteError
+	defer mock.SetAsyncError(0)
+	h := collective.Header{Rows: 4, Cols: 64, DType: collective.BF16}
+	err := p.send.Send(context.Background(), h, p.src)
+	var e *gpu.Error
+	if !errors.As(err, &e) || e.Name != "ncclRemoteError" || mock.Aborts() != 1 {
+		t.Fatalf("Send = %v (%d aborts), want ncclRemoteError and an abort", err, mock.Aborts())
+	}
+}
+
+func TestUniqueIDRoundTrip(t *testing.T) {
+	var id gpu.NCCLUniqueID
+	for i := range id.Internal {
+		id.Internal[i] = byte(rand.Uint32())
+	}
+	b := EncodeUniqueID(id)
+	got, err := DecodeUniqueID(b)
+	if err != nil || got != id {
+		t.Fatalf("round trip: %v", err)
+	}
+	b[0] ^= 1
+	if got.Internal[0] != id.Internal[0] {
+		t.Fatal("encoded bytes alias the id")
+	}
+	for _, n := range []int{0, 127, 129} {
+		if _, err := DecodeUniqueID(make([]byte, n)); err == nil {
+			t.Errorf("DecodeUniqueID accepted %d bytes", n)
+		}
+	}
+}
+
+func FuzzDecodeUniqueID(f *testing.F) {
+	f.Add(make([]byte, 128))
+	f.Add([]byte("short"))
+	f.Add(bytes.Repeat([]byte{0xff}, 200))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		id, err := DecodeUniqueID(b)
+		if (err == nil) != (len(b) == 128) {
+			t.Fatalf("len %d: err %v", len(b), err)
+		}
+		if err == nil && !bytes.Equal(EncodeUniqueID(id), b) {
+			t.Fatal("decode/encode changed the bytes")
+		}
+	})
+}
