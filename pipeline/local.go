@@ -1,0 +1,148 @@
+package pipeline
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"sync"
+
+	"github.com/tandem-llm/tandem/collective"
+	"github.com/tandem-llm/tandem/stage"
+)
+
+// StartLocal runs stages, in pipeline order, as one pipeline inside this
+// process: one worker goroutine per stage, activations over in-memory
+// pipes. The returned Driver's Close stops the workers and waits for them.
+func StartLocal(ctx context.Context, stages []stage.Stage) (*Driver, error) {
+	if len(stages) == 0 {
+		return nil, fmt.Errorf("local pipeline: no stages")
+	}
+	links := make([]Link, len(stages))
+	workers := make([]*Worker, len(stages))
+	var prev collective.Receiver
+	for i, st := range stages {
+		l := newMemLink()
+		links[i] = l
+		w := &Worker{Index: i, Stage: st, Ctl: l, Prev: prev}
+		if i < len(stages)-1 {
+			w.Next, prev = collective.Pipe(2)
+		}
+		workers[i] = w
+	}
+	for i, w := range workers {
+		l := links[i].(*memLink)
+		go func() {
+			err := w.Serve(ctx)
+			if w.Prev != nil {
+				w.Prev.Close()
+			}
+			if w.Next != nil {
+				w.Next.Close()
+			}
+			l.finish(err)
+		}()
+	}
+	return NewDriver(links)
+}
+
+// memLink is both ends of an in-process control link: the leader's Link and
+// the worker's Control.
+type memLink struct {
+	steps   chan *Step
+	results chan *Result
+	closed  chan struct{} // closed by the leader's Close
+	once    sync.Once
+
+	mu  sync.Mutex
+	err error
+}
+
+func newMemLink() *memLink {
+	return &memLink{
+		steps:   make(chan *Step, 8),
+		results: make(chan *Result, 8),
+		closed:  make(chan struct{}),
+	}
+}
+
+// Send implements Link.
+func (l *memLink) Send(ctx context.Context, s *Step) error {
+	select {
+	case l.steps <- s:
+		return nil
+	case <-l.closed:
+		return fmt.Errorf("link closed")
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Results implements Link.
+func (l *memLink) Results() <-chan *Result { return l.results }
+
+// Err implements Link.
+func (l *memLink) Err() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.err
+}
+
+// Close implements Link.
+func (l *memLink) Close() error {
+	l.once.Do(func() { close(l.closed) })
+	return nil
+}
+
+// Next implements Control. Steps already sent are served before io.EOF.
+func (l *memLink) Next(ctx context.Context) (*Step, error) {
+	select {
+	case s := <-l.steps:
+		return s, nil
+	default:
+	}
+	select {
+	case s := <-l.steps:
+		return s, nil
+	case <-l.closed:
+		return nil, io.EOF
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// Report implements Control. The result is copied: the stage reuses its
+// output buffers on the next step.
+func (l *memLink) Report(ctx context.Context, r *Result) error {
+	select {
+	case l.results <- cloneResult(r):
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// finish records why the worker stopped and ends the result stream.
+func (l *memLink) finish(err error) {
+	l.mu.Lock()
+	l.err = err
+	l.mu.Unlock()
+	close(l.results)
+}
+
+func cloneResult(r *Result) *Result {
+	c := *r
+	c.Sampled = make([]stage.Sampled, len(r.Sampled))
+	for i, s := range r.Sampled {
+		s.Top = append([]stage.TokenLogprob(nil), s.Top...)
+		c.Sampled[i] = s
+	}
+	c.Logits = make([]stage.SeqLogits, len(r.Logits))
+	for i, sl := range r.Logits {
+		rows := make([][]float32, len(sl.Rows))
+		for j, row := range sl.Rows {
+			rows[j] = append([]float32(nil), row...)
+		}
+		c.Logits[i] = stage.SeqLogits{Seq: sl.Seq, Rows: rows}
+	}
+	return &c
+}

@@ -1,0 +1,49 @@
+package pipeline
+
+import (
+	"context"
+
+	"github.com/tandem-llm/tandem/stage"
+)
+
+// Step is what the leader sends every stage for one step of the pipeline.
+type Step struct {
+	Batch stage.Batch
+	// Free lists sequences whose KV caches the stage drops before running
+	// the batch (finished or cancelled requests).
+	Free []uint64
+}
+
+// Result is what a stage reports for a step. The last stage reports every
+// step with its sampled tokens; the others report only failures.
+type Result struct {
+	Batch   uint64
+	Stage   int // index of the reporting stage
+	Sampled []stage.Sampled
+	Logits  []stage.SeqLogits
+	// Err is the stage's failure, as text (it crosses process boundaries).
+	Err string
+}
+
+// Control is a stage's link to the leader.
+type Control interface {
+	// Next blocks until the next step arrives. It returns io.EOF when the
+	// leader has closed the pipeline.
+	Next(ctx context.Context) (*Step, error)
+	// Report sends a result to the leader.
+	Report(ctx context.Context, r *Result) error
+}
+
+// Link is the leader's link to one stage.
+type Link interface {
+	// Send sends a step to the stage.
+	Send(ctx context.Context, s *Step) error
+	// Results delivers the stage's reports; it is closed when the link
+	// ends, after which Err says why.
+	Results() <-chan *Result
+	// Err is the reason the link ended (nil while it is up, or after a
+	// clean Close).
+	Err() error
+	// Close ends the link: the stage sees io.EOF from Next.
+	Close() error
+}
