@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 )
 
 // Driver is the leader's side of a pipeline: it sends every step to every
@@ -59,24 +60,53 @@ func (d *Driver) Submit(ctx context.Context, s *Step) error {
 // failure reported by any stage, or a lost link, is an error naming the
 // stage; the pipeline is then unusable.
 func (d *Driver) Wait(ctx context.Context) (*Result, error) {
-	last := len(d.links) - 1
 	select {
 	case rep := <-d.reports:
-		switch {
-		case rep.r == nil:
-			err := d.links[rep.stage].Err()
-			if err == nil {
-				err = errors.New("link closed")
-			}
-			return nil, fmt.Errorf("stage %d: %w", rep.stage, err)
-		case rep.r.Err != "":
-			return nil, fmt.Errorf("stage %d failed: %s", rep.r.Stage, rep.r.Err)
-		case rep.stage != last:
-			return nil, fmt.Errorf("stage %d reported batch %d, but only the last stage reports results", rep.stage, rep.r.Batch)
+		if err := d.failure(rep); err != nil {
+			return nil, d.rootCause(rep.stage, err)
 		}
 		return rep.r, nil
 	case <-ctx.Done():
 		return nil, ctx.Err()
+	}
+}
+
+// failure turns a report that is not a result into an error.
+func (d *Driver) failure(rep report) error {
+	switch {
+	case rep.r == nil:
+		err := d.links[rep.stage].Err()
+		if err == nil {
+			err = errors.New("link closed")
+		}
+		return fmt.Errorf("stage %d: %w", rep.stage, err)
+	case rep.r.Err != "":
+		return fmt.Errorf("stage %d failed: %s", rep.stage, rep.r.Err)
+	case rep.stage != len(d.links)-1:
+		return fmt.Errorf("stage %d reported batch %d, but only the last stage reports results", rep.stage, rep.r.Batch)
+	}
+	return nil
+}
+
+// failureGrace is how long Wait, having seen one stage fail, gathers the
+// others' reports to find the cause.
+const failureGrace = 200 * time.Millisecond
+
+// rootCause picks, among the failures reported within a short grace, the
+// one of the earliest stage: a stage that fails closes its data links, so
+// the stages after it fail as a consequence.
+func (d *Driver) rootCause(stage int, err error) error {
+	t := time.NewTimer(failureGrace)
+	defer t.Stop()
+	for {
+		select {
+		case rep := <-d.reports:
+			if ferr := d.failure(rep); ferr != nil && rep.stage < stage {
+				stage, err = rep.stage, ferr
+			}
+		case <-t.C:
+			return err
+		}
 	}
 }
 
