@@ -44,3 +44,9 @@ type RopeScaling struct {
 	HighFreqFactor       float64
 	OriginalMaxPositions int
 }
+
+// QDim is the width of the query projection, NumHeads × HeadDim.
+func (c *Config) QDim() int { return c.NumHeads * c.HeadDim }
+
+// KVDim is the width of the key and value projections, NumKVHeads × HeadDim.
+func (c *Config) KVDim() int { return c.NumKVHeads * c.HeadDim }

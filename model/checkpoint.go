@@ -1,0 +1,200 @@
+package model
+
+import (
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+
+	"github.com/tandem-llm/tandem/model/safetensors"
+)
+
+// WeightsName is the file name of a single-file checkpoint's weights.
+const WeightsName = "model.safetensors"
+
+// tensorSource is where a checkpoint's tensors come from: one mapped file or
+// a lazily mapped sharded set.
+type tensorSource interface {
+	Tensor(name string) (*safetensors.Tensor, error)
+	Names() []string
+	Close() error
+}
+
+// Checkpoint is a Hugging Face checkpoint directory: config.json and
+// safetensors weights, one file or shards behind an index.
+type Checkpoint struct {
+	dir      string
+	config   *Config
+	single   *safetensors.File // set for a single-file checkpoint
+	set      *safetensors.Set  // set for a sharded one
+	src      tensorSource
+	identity string
+}
+
+// Open opens the checkpoint in dir: it parses config.json and opens
+// model.safetensors (mapped at once) or, when there is none,
+// model.safetensors.index.json (shards are only stat'ed here and mapped when
+// first used).
+func Open(dir string) (*Checkpoint, error) {
+	cfgBytes, err := os.ReadFile(filepath.Join(dir, ConfigName))
+	if err != nil {
+		return nil, fmt.Errorf("open checkpoint: %w", err)
+	}
+	cfg, err := ParseConfig(cfgBytes)
+	if err != nil {
+		return nil, fmt.Errorf("open checkpoint %s: %s: %w", dir, ConfigName, err)
+	}
+	c := &Checkpoint{dir: dir, config: cfg}
+	h := sha256.New()
+	writeField(h.Write, cfgBytes)
+
+	single := filepath.Join(dir, WeightsName)
+	if _, err := os.Stat(single); err == nil {
+		f, err := safetensors.Open(single)
+		if err != nil {
+			return nil, fmt.Errorf("open checkpoint %s: %w", dir, err)
+		}
+		c.single, c.src = f, f
+		writeField(h.Write, f.Header().Raw)
+	} else if errors.Is(err, os.ErrNotExist) {
+		indexPath := filepath.Join(dir, safetensors.IndexName)
+		indexBytes, err := os.ReadFile(indexPath)
+		if err != nil {
+			return nil, fmt.Errorf("open checkpoint %s: no %s, and %w", dir, WeightsName, err)
+		}
+		s, err := safetensors.OpenIndex(indexPath)
+		if err != nil {
+			return nil, fmt.Errorf("open checkpoint %s: %w", dir, err)
+		}
+		c.set, c.src = s, s
+		writeField(h.Write, indexBytes)
+		for _, shard := range s.Shards() {
+			writeField(h.Write, []byte(shard))
+			writeField(h.Write, binary.LittleEndian.AppendUint64(nil, uint64(s.ShardSize(shard))))
+		}
+	} else {
+		return nil, fmt.Errorf("open checkpoint %s: %w", dir, err)
+	}
+	c.identity = hex.EncodeToString(h.Sum(nil))
+	return c, nil
+}
+
+// writeField hashes b prefixed with its length, so that field boundaries
+// cannot shift between two different inputs.
+func writeField(write func([]byte) (int, error), b []byte) {
+	_, _ = write(binary.LittleEndian.AppendUint64(nil, uint64(len(b))))
+	_, _ = write(b)
+}
+
+// Dir is the checkpoint's directory.
+func (c *Checkpoint) Dir() string { return c.dir }
+
+// Config is the parsed configuration. It must not be modified.
+func (c *Checkpoint) Config() *Config { return c.config }
+
+// Identity is a hex SHA-256 over config.json and the weights' layout (the
+// single file's header, or the index plus each shard's name and size), so
+// hosts holding the same files agree on it without reading the weights. It
+// does not hash tensor contents.
+func (c *Checkpoint) Identity() string { return c.identity }
+
+// Names lists every tensor of the checkpoint in sorted order.
+func (c *Checkpoint) Names() []string { return c.src.Names() }
+
+// Tensor returns the tensor called name; for a sharded checkpoint this maps
+// its shard on first use. The tensor's Data is valid until Close.
+func (c *Checkpoint) Tensor(name string) (*safetensors.Tensor, error) {
+	t, err := c.src.Tensor(name)
+	if err != nil {
+		return nil, fmt.Errorf("checkpoint %s: %w", c.dir, err)
+	}
+	return t, nil
+}
+
+// Mapped lists the weight files mapped so far, in sorted order: the single
+// file, or the shards whose tensors have been asked for.
+func (c *Checkpoint) Mapped() []string {
+	if c.single != nil {
+		return []string{WeightsName}
+	}
+	return c.set.Opened()
+}
+
+// fileOf names the file holding tensor name, for error messages.
+func (c *Checkpoint) fileOf(name string) string {
+	if c.single != nil {
+		return WeightsName
+	}
+	shard, _ := c.set.ShardOf(name)
+	return shard
+}
+
+// Close unmaps the weights. Tensors obtained from the checkpoint must not be
+// used after.
+func (c *Checkpoint) Close() error {
+	if err := c.src.Close(); err != nil {
+		return fmt.Errorf("close checkpoint %s: %w", c.dir, err)
+	}
+	return nil
+}
+
+// CheckLayers checks that the checkpoint holds, with the shapes Config
+// implies, every tensor a stage running layers [lo, hi) needs: each layer's
+// norms, projections and (AttentionBias) q/k/v biases; the embedding when
+// first; the final norm and the LM head (the embedding when tied) when
+// last. Errors name the tensor, its file and both shapes.
+func (c *Checkpoint) CheckLayers(lo, hi int, first, last bool) error {
+	cfg := c.config
+	if lo < 0 || hi > cfg.NumLayers || lo > hi {
+		return fmt.Errorf("checkpoint %s: layer range [%d, %d) outside the model's %d layers", c.dir, lo, hi, cfg.NumLayers)
+	}
+	h, q, kv, inter, vocab := cfg.HiddenSize, cfg.QDim(), cfg.KVDim(), cfg.IntermediateSize, cfg.VocabSize
+	type want struct {
+		name  string
+		shape []int
+	}
+	var wants []want
+	if first || last && cfg.TieEmbedding {
+		wants = append(wants, want{EmbedName, []int{vocab, h}})
+	}
+	for i := lo; i < hi; i++ {
+		wants = append(wants,
+			want{LayerTensor(i, InputNorm), []int{h}},
+			want{LayerTensor(i, QProj), []int{q, h}},
+			want{LayerTensor(i, KProj), []int{kv, h}},
+			want{LayerTensor(i, VProj), []int{kv, h}},
+			want{LayerTensor(i, OProj), []int{h, q}},
+			want{LayerTensor(i, PostNorm), []int{h}},
+			want{LayerTensor(i, GateProj), []int{inter, h}},
+			want{LayerTensor(i, UpProj), []int{inter, h}},
+			want{LayerTensor(i, DownProj), []int{h, inter}},
+		)
+		if cfg.AttentionBias {
+			wants = append(wants,
+				want{LayerTensor(i, QBias), []int{q}},
+				want{LayerTensor(i, KBias), []int{kv}},
+				want{LayerTensor(i, VBias), []int{kv}},
+			)
+		}
+	}
+	if last {
+		wants = append(wants, want{NormName, []int{h}})
+		if !cfg.TieEmbedding {
+			wants = append(wants, want{LMHeadName, []int{vocab, h}})
+		}
+	}
+	for _, w := range wants {
+		t, err := c.Tensor(w.name)
+		if err != nil {
+			return err
+		}
+		if !slices.Equal(t.Shape, w.shape) {
+			return fmt.Errorf("checkpoint %s: tensor %q in %s has shape %v, config.json implies %v", c.dir, w.name, c.fileOf(w.name), t.Shape, w.shape)
+		}
+	}
+	return nil
+}
