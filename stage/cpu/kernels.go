@@ -129,7 +129,7 @@ func dot4(x, w0, w1, w2, w3 []float32) (float32, float32, float32, float32) {
 	w0, w1, w2, w3 = w0[:n], w1[:n], w2[:n], w3[:n]
 	var a0, a1, a2, a3, c0, c1, c2, c3 float32
 	i := 0
-	for ; i+1 < n; i += 2 {
+	for ; i < n-1; i += 2 {
 		x0, x1 := x[i], x[i+1]
 		a0 += x0 * w0[i]
 		c0 += x1 * w0[i+1]
@@ -156,7 +156,7 @@ func dot(x, y []float32) float32 {
 	y = y[:n]
 	var a0, a1, a2, a3 float32
 	i := 0
-	for ; i+3 < n; i += 4 {
+	for ; i < n-3; i += 4 {
 		a0 += x[i] * y[i]
 		a1 += x[i+1] * y[i+1]
 		a2 += x[i+2] * y[i+2]

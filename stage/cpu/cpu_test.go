@@ -1,0 +1,337 @@
+package cpu
+
+import (
+	"context"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/tandem-llm/tandem/model"
+	"github.com/tandem-llm/tandem/model/safetensors"
+	"github.com/tandem-llm/tandem/stage"
+	"github.com/tandem-llm/tandem/stage/stagetest"
+)
+
+func shape(t testing.TB, name string) stagetest.Shape {
+	t.Helper()
+	for _, s := range stagetest.Shapes() {
+		if s.Name == name {
+			return s
+		}
+	}
+	t.Fatalf("no shape %s", name)
+	return stagetest.Shape{}
+}
+
+func TestNewErrors(t *testing.T) {
+	sh := shape(t, "qwen2-bias-gqa7-tied-bf16")
+	good := sh.Model
+	cases := []struct {
+		name   string
+		edit   func(*Config, stagetest.Weights)
+		errHas string
+	}{
+		{"missing tensor", func(c *Config, w stagetest.Weights) { delete(w, "model.layers.1.mlp.up_proj.weight") }, "model.layers.1.mlp.up_proj.weight"},
+		{"missing bias", func(c *Config, w stagetest.Weights) { delete(w, "model.layers.0.self_attn.k_proj.bias") }, "model.layers.0.self_attn.k_proj.bias"},
+		{"wrong shape", func(c *Config, w stagetest.Weights) {
+			w["model.layers.0.self_attn.o_proj.weight"].Shape = []int{112, 111}
+		}, "model.layers.0.self_attn.o_proj.weight"},
+		{"short data", func(c *Config, w stagetest.Weights) {
+			t := w["model.norm.weight"]
+			t.Data = t.Data[:len(t.Data)-2]
+		}, "model.norm.weight"},
+		{"unsupported dtype", func(c *Config, w stagetest.Weights) { w["model.embed_tokens.weight"].DType = "I8" }, "model.embed_tokens.weight"},
+		{"no model", func(c *Config, w stagetest.Weights) { c.Model = nil }, "model config"},
+		{"empty range", func(c *Config, w stagetest.Weights) { c.Lo = 1; c.Hi = 1 }, "layer range"},
+		{"range past the model", func(c *Config, w stagetest.Weights) { c.Hi = 3 }, "layer range"},
+		{"heads not a multiple of kv heads", func(c *Config, w stagetest.Weights) { c.Model.NumKVHeads = 3 }, "key/value heads"},
+		{"odd head dim", func(c *Config, w stagetest.Weights) { c.Model.HeadDim = 7 }, "head dim"},
+		{"unknown rope scaling", func(c *Config, w stagetest.Weights) {
+			c.Model.RopeScaling = &model.RopeScaling{Type: "yarn", Factor: 4}
+		}, "yarn"},
+		{"bad llama3 factors", func(c *Config, w stagetest.Weights) {
+			c.Model.RopeScaling = &model.RopeScaling{Type: "llama3", Factor: 8, LowFreqFactor: 4, HighFreqFactor: 1, OriginalMaxPositions: 32}
+		}, "llama3"},
+		{"no max tokens", func(c *Config, w stagetest.Weights) { c.MaxTokens = 0 }, "max tokens"},
+		{"negative threads", func(c *Config, w stagetest.Weights) { c.Threads = -1 }, "threads"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			m := good
+			w := stagetest.RandomWeights(&m, sh.DType, 1)
+			cfg := Config{Model: &m, Lo: 0, Hi: m.NumLayers, Weights: w, MaxTokens: 8, MaxSeqs: 2}
+			tc.edit(&cfg, w)
+			st, err := New(cfg)
+			if err == nil {
+				st.Close()
+				t.Fatal("New succeeded")
+			}
+			if !strings.Contains(err.Error(), tc.errHas) {
+				t.Errorf("error %q does not mention %q", err, tc.errHas)
+			}
+		})
+	}
+}
+
+// recorder records which tensors a stage reads.
+type recorder struct {
+	stagetest.Weights
+	read []string
+}
+
+func (r *recorder) Tensor(name string) (*safetensors.Tensor, error) {
+	r.read = append(r.read, name)
+	return r.Weights.Tensor(name)
+}
+
+func TestLoadsOnlyItsTensors(t *testing.T) {
+	tied := shape(t, "llama-gqa2-tied-bf16").Model
+	tied.NumLayers = 4
+	untied := shape(t, "llama-4layers").Model
+	layer := func(i int) []string {
+		var names []string
+		for _, s := range []string{model.InputNorm, model.PostNorm, model.QProj, model.KProj, model.VProj, model.OProj, model.GateProj, model.UpProj, model.DownProj} {
+			names = append(names, model.LayerTensor(i, s))
+		}
+		return names
+	}
+	cases := []struct {
+		name   string
+		m      model.Config
+		lo, hi int
+		want   []string
+	}{
+		{"first", untied, 0, 2, slices.Concat(layer(0), layer(1), []string{model.EmbedName})},
+		{"middle", untied, 1, 3, slices.Concat(layer(1), layer(2))},
+		{"last", untied, 3, 4, slices.Concat(layer(3), []string{model.NormName, model.LMHeadName})},
+		{"last tied", tied, 2, 4, slices.Concat(layer(2), layer(3), []string{model.EmbedName, model.NormName})},
+		{"whole tied", tied, 0, 4, slices.Concat(layer(0), layer(1), layer(2), layer(3), []string{model.EmbedName, model.NormName})},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			r := &recorder{Weights: stagetest.RandomWeights(&tc.m, safetensors.BF16, 2)}
+			st, err := New(Config{Model: &tc.m, Lo: tc.lo, Hi: tc.hi, Weights: r, MaxTokens: 4, MaxSeqs: 1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer st.Close()
+			slices.Sort(r.read)
+			slices.Sort(tc.want)
+			if !slices.Equal(r.read, tc.want) {
+				t.Errorf("read %v\nwant %v", r.read, tc.want)
+			}
+		})
+	}
+}
+
+// logitsOf runs one batch on a fresh whole-model stage with the given
+// number of threads and returns every logits row and the samples.
+func logitsOf(t *testing.T, sh stagetest.Shape, w stagetest.Weights, threads int, b *stage.Batch) ([][]float32, []stage.Sampled) {
+	t.Helper()
+	m := sh.Model
+	st, err := New(Config{Model: &m, Lo: 0, Hi: m.NumLayers, Weights: w, MaxTokens: 128, MaxSeqs: 8, Threads: threads})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	out, err := st.Forward(context.Background(), b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rows [][]float32
+	for _, sl := range out.Logits {
+		for _, r := range sl.Rows {
+			rows = append(rows, slices.Clone(r))
+		}
+	}
+	return rows, out.Sampled
+}
+
+// TestThreadsBitIdentical checks that the number of threads does not change
+// a single bit of the logits: every sum is taken in the same order.
+func TestThreadsBitIdentical(t *testing.T) {
+	sh := shape(t, "qwen2-bias-gqa7-tied-bf16")
+	w := stagetest.RandomWeights(&sh.Model, sh.DType, 3)
+	rng := rand.New(rand.NewPCG(3, 3))
+	b := &stage.Batch{ID: 1}
+	for i, n := range []int{70, 3, 1, 20} {
+		toks := make([]int32, n)
+		for j := range toks {
+			toks[j] = int32(rng.IntN(sh.Model.VocabSize))
+		}
+		b.Seqs = append(b.Seqs, stage.Seq{ID: uint64(i), Tokens: toks, Logits: true})
+	}
+	want, _ := logitsOf(t, sh, w, 1, b)
+	for _, threads := range []int{2, 5, 16} {
+		got, _ := logitsOf(t, sh, w, threads, b)
+		for i := range want {
+			if !slices.Equal(got[i], want[i]) {
+				t.Fatalf("threads %d: logits row %d differs from one thread", threads, i)
+			}
+		}
+	}
+}
+
+// TestSamplingIndependentOfBatch checks that a seeded draw depends on the
+// sequence's own logits, seed and index only, not on the other sequences
+// of the batch or on its place in it.
+func TestSamplingIndependentOfBatch(t *testing.T) {
+	sh := shape(t, "llama-mha-f32")
+	w := stagetest.RandomWeights(&sh.Model, sh.DType, 4)
+	prompt := []int32{5, 17, 33, 2, 90}
+	seq := func(id uint64, index int) stage.Seq {
+		return stage.Seq{ID: id, Tokens: prompt, Sample: true, Index: index,
+			Sampling: stage.Sampling{Temperature: 1.3, TopK: 50, TopP: 0.97, Seed: 42, Logprobs: 2}}
+	}
+	for index := range 8 {
+		_, alone := logitsOf(t, sh, w, 2, &stage.Batch{ID: 1, Seqs: []stage.Seq{seq(7, index)}})
+		other := seq(8, index+1)
+		other.Sampling.Seed = 5
+		_, mixed := logitsOf(t, sh, w, 2, &stage.Batch{ID: 2, Seqs: []stage.Seq{
+			{ID: 1, Tokens: []int32{1, 2, 3}, Logits: true}, other, seq(9, index),
+		}})
+		a, m := alone[0], mixed[1]
+		if a.Token != m.Token || a.Logprob != m.Logprob || !slices.Equal(a.Top, m.Top) {
+			t.Errorf("index %d: alone %+v, in a batch %+v", index, a, m)
+		}
+	}
+}
+
+func TestF16ToFloat32(t *testing.T) {
+	cases := []struct {
+		bits uint16
+		want float32
+	}{
+		{0x0000, 0},
+		{0x3c00, 1},
+		{0xc000, -2},
+		{0x3555, 0.333251953125},
+		{0x7bff, 65504},
+		{0x0400, 0x1p-14},        // smallest normal
+		{0x0001, 0x1p-24},        // smallest subnormal
+		{0x03ff, 1023 * 0x1p-24}, // largest subnormal
+		{0x8001, -0x1p-24},       // negative subnormal
+		{0x7c00, float32(math.Inf(1))},
+		{0xfc00, float32(math.Inf(-1))},
+	}
+	for _, tc := range cases {
+		if got := f16ToFloat32(tc.bits); got != tc.want {
+			t.Errorf("f16ToFloat32(%#04x) = %v, want %v", tc.bits, got, tc.want)
+		}
+	}
+	if got := f16ToFloat32(0x8000); got != 0 || !math.Signbit(float64(got)) {
+		t.Errorf("f16ToFloat32(0x8000) = %v, want -0", got)
+	}
+	if got := f16ToFloat32(0x7e00); !math.IsNaN(float64(got)) {
+		t.Errorf("f16ToFloat32(0x7e00) = %v, want NaN", got)
+	}
+}
+
+// FuzzF16ToFloat32 checks the conversion of every half-precision pattern
+// against its defining formula.
+func FuzzF16ToFloat32(f *testing.F) {
+	for _, b := range []uint16{0, 1, 0x3ff, 0x400, 0x3c00, 0x7bff, 0x7c00, 0x7c01, 0x8001, 0xffff} {
+		f.Add(b)
+	}
+	f.Fuzz(func(t *testing.T, b uint16) {
+		got := float64(f16ToFloat32(b))
+		sign := 1 - 2*float64(b>>15)
+		exp, frac := int(b>>10&0x1f), float64(b&0x3ff)
+		var want float64
+		switch exp {
+		case 0:
+			want = sign * math.Ldexp(frac, -24)
+		case 31:
+			want = sign * math.Inf(1)
+			if frac != 0 {
+				if !math.IsNaN(got) {
+					t.Fatalf("%#04x: %v, want NaN", b, got)
+				}
+				return
+			}
+		default:
+			want = sign * math.Ldexp(1+frac/1024, exp-15)
+		}
+		if got != want || math.Signbit(got) != math.Signbit(want) {
+			t.Fatalf("%#04x: %v, want %v", b, got, want)
+		}
+	})
+}
+
+func TestRopeInvFreq(t *testing.T) {
+	plain := model.Config{HeadDim: 8, RopeTheta: 100}
+	scaled := plain
+	// wavelengths 6.28, 19.9, 62.8, 199: below 32/4, between, above 32/1
+	scaled.RopeScaling = &model.RopeScaling{Type: "llama3", Factor: 8, LowFreqFactor: 1, HighFreqFactor: 4, OriginalMaxPositions: 32}
+	cases := []struct {
+		name string
+		m    model.Config
+		want []float64
+	}{
+		{"plain", plain, []float64{1, 0.31622776601683794, 0.1, 0.031622776601683794}},
+		{"llama3", scaled, []float64{1, 0.09583998588296266, 0.0125, 0.003952847075210474}},
+	}
+	for _, tc := range cases {
+		got := ropeInvFreq(&tc.m)
+		for i := range tc.want {
+			if math.Abs(got[i]-tc.want[i]) > 1e-12*tc.want[i] {
+				t.Errorf("%s: inv_freq %v, want %v", tc.name, got, tc.want)
+				break
+			}
+		}
+	}
+}
+
+// bench measures batch-1 decoding at positions 64 to 127 of a model of
+// shape m with random F32 weights.
+func bench(b *testing.B, m *model.Config) {
+	w := stagetest.RandomWeights(m, safetensors.F32, 1)
+	st, err := New(Config{Model: m, Lo: 0, Hi: m.NumLayers, Weights: w, MaxTokens: 64, MaxSeqs: 1})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer st.Close()
+	ctx := context.Background()
+	prompt := make([]int32, 64)
+	for i := range prompt {
+		prompt[i] = int32(i * 7 % m.VocabSize)
+	}
+	var pos int
+	var next int32
+	b.ResetTimer()
+	for i := range b.N {
+		if i%64 == 0 {
+			b.StopTimer()
+			st.Free(1)
+			out, err := st.Forward(ctx, &stage.Batch{Seqs: []stage.Seq{{ID: 1, Tokens: prompt, Sample: true}}})
+			if err != nil {
+				b.Fatal(err)
+			}
+			pos, next = len(prompt), out.Sampled[0].Token
+			b.StartTimer()
+		}
+		out, err := st.Forward(ctx, &stage.Batch{Seqs: []stage.Seq{{ID: 1, Pos: pos, Tokens: []int32{next}, Sample: true}}})
+		if err != nil {
+			b.Fatal(err)
+		}
+		pos, next = pos+1, out.Sampled[0].Token
+	}
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "tokens/s")
+}
+
+func BenchmarkDecodeTiny(b *testing.B) {
+	m := shape(b, "llama-4layers").Model
+	bench(b, &m)
+}
+
+// BenchmarkDecode100M decodes with a ~125M-parameter Llama shape: 75M in
+// the layers, 25M in the embedding and 25M in the untied LM head.
+func BenchmarkDecode100M(b *testing.B) {
+	m := model.Config{
+		Arch: model.ArchLlama, HiddenSize: 768, NumLayers: 12, NumHeads: 12, NumKVHeads: 4, HeadDim: 64,
+		IntermediateSize: 2048, VocabSize: 32000, RMSNormEps: 1e-5, RopeTheta: 10000, MaxPositions: 2048,
+	}
+	bench(b, &m)
+}
