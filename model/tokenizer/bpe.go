@@ -3,6 +3,7 @@ package tokenizer
 import (
 	"fmt"
 	"hash/maphash"
+	"runtime"
 	"strings"
 	"sync"
 	"unicode/utf8"
@@ -54,25 +55,13 @@ func newBPE(vocab map[string]int32, merges [][2]string, unk *string, prefix, suf
 		}
 		m.unk = id
 	}
-	for i, mg := range merges {
-		a, ok := vocab[mg[0]]
-		if !ok {
-			return nil, fmt.Errorf("merge %d (%q %q): %q is not in the vocabulary", i, mg[0], mg[1], mg[0])
-		}
-		b, ok := vocab[mg[1]]
-		if !ok {
-			return nil, fmt.Errorf("merge %d (%q %q): %q is not in the vocabulary", i, mg[0], mg[1], mg[1])
-		}
-		if len(mg[1]) < len(prefix) {
-			return nil, fmt.Errorf("merge %d (%q %q): right side is shorter than the subword prefix %q", i, mg[0], mg[1], prefix)
-		}
-		joined := mg[0] + mg[1][len(prefix):]
-		id, ok := vocab[joined]
-		if !ok {
-			return nil, fmt.Errorf("merge %d (%q %q): result %q is not in the vocabulary", i, mg[0], mg[1], joined)
-		}
+	keys, err := resolveMerges(vocab, merges, prefix)
+	if err != nil {
+		return nil, err
+	}
+	for i, k := range keys {
 		// A pair listed twice keeps its last rank, as the reference does.
-		m.merges[pairKey(a, b)] = mergeRule{rank: int32(i), id: id}
+		m.merges[k.pair] = mergeRule{rank: int32(i), id: k.id}
 	}
 	for b := range m.byteIDs {
 		id, ok := vocab[fmt.Sprintf("<0x%02X>", b)]
@@ -84,6 +73,58 @@ func newBPE(vocab map[string]int32, merges [][2]string, unk *string, prefix, suf
 	m.cache.init()
 	m.scratch.New = func() any { return new(bpeWord) }
 	return m, nil
+}
+
+// resolvedMerge is a merge's pair of token ids and the id of their join.
+type resolvedMerge struct {
+	pair uint64
+	id   int32
+}
+
+// resolveMerges looks up the tokens of every merge, spreading the lookups
+// (most of the cost of loading a large vocabulary) over the CPUs.
+func resolveMerges(vocab map[string]int32, merges [][2]string, prefix string) ([]resolvedMerge, error) {
+	out := make([]resolvedMerge, len(merges))
+	workers := min(runtime.GOMAXPROCS(0), 1+len(merges)/20000)
+	chunk := (len(merges) + workers - 1) / max(workers, 1)
+	errs := make([]error, workers)
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() {
+			var joined []byte
+			for i := w * chunk; i < min(len(merges), (w+1)*chunk); i++ {
+				mg := merges[i]
+				a, ok := vocab[mg[0]]
+				if !ok {
+					errs[w] = fmt.Errorf("merge %d (%q %q): %q is not in the vocabulary", i, mg[0], mg[1], mg[0])
+					return
+				}
+				b, ok := vocab[mg[1]]
+				if !ok {
+					errs[w] = fmt.Errorf("merge %d (%q %q): %q is not in the vocabulary", i, mg[0], mg[1], mg[1])
+					return
+				}
+				if len(mg[1]) < len(prefix) {
+					errs[w] = fmt.Errorf("merge %d (%q %q): right side is shorter than the subword prefix %q", i, mg[0], mg[1], prefix)
+					return
+				}
+				joined = append(append(joined[:0], mg[0]...), mg[1][len(prefix):]...)
+				id, ok := vocab[string(joined)]
+				if !ok {
+					errs[w] = fmt.Errorf("merge %d (%q %q): result %q is not in the vocabulary", i, mg[0], mg[1], joined)
+					return
+				}
+				out[i] = resolvedMerge{pairKey(a, b), id}
+			}
+		})
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
 }
 
 // maxCachedWord is the longest word (in bytes) kept in the cache.

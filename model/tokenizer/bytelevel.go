@@ -12,6 +12,8 @@ var (
 	byteChar [256]rune
 	// charByte inverts byteChar; -1 marks characters outside the table.
 	charByte [byteLevelChars]int16
+	// byteUTF8 holds each byte's character UTF-8 encoded (1 or 2 bytes).
+	byteUTF8 [256][]byte
 )
 
 func init() {
@@ -28,13 +30,14 @@ func init() {
 			next++
 		}
 		charByte[byteChar[b]] = int16(b)
+		byteUTF8[b] = utf8.AppendRune(nil, byteChar[b])
 	}
 }
 
 // appendByteLevel appends the byte-level characters of every byte of s.
 func appendByteLevel(dst []byte, s string) []byte {
 	for i := 0; i < len(s); i++ {
-		dst = utf8.AppendRune(dst, byteChar[s[i]])
+		dst = append(dst, byteUTF8[s[i]]...)
 	}
 	return dst
 }

@@ -4,7 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
-	"strings"
+	"sync"
 	"unicode/utf8"
 
 	"golang.org/x/text/unicode/norm"
@@ -12,12 +12,47 @@ import (
 
 // fileJSON is the layout of a Hugging Face tokenizer.json.
 type fileJSON struct {
-	AddedTokens   []addedTokenJSON `json:"added_tokens"`
-	Normalizer    json.RawMessage  `json:"normalizer"`
-	PreTokenizer  json.RawMessage  `json:"pre_tokenizer"`
-	Model         json.RawMessage  `json:"model"`
-	PostProcessor json.RawMessage  `json:"post_processor"`
-	Decoder       json.RawMessage  `json:"decoder"`
+	AddedTokens   []addedTokenJSON
+	Normalizer    json.RawMessage
+	PreTokenizer  json.RawMessage
+	Model         json.RawMessage
+	PostProcessor json.RawMessage
+	Decoder       json.RawMessage
+}
+
+// readFile splits a tokenizer.json into its sections. The model section is
+// returned unchecked, for parseModel to read in full; everything else is
+// checked to be valid JSON.
+func readFile(data []byte) (fileJSON, error) {
+	var f fileJSON
+	r := &jsonReader{data: data}
+	err := r.readObject(func(key string) error {
+		if key == "model" {
+			var err error
+			f.Model, err = r.rawValue()
+			return err
+		}
+		raw, err := r.skipValue()
+		if err != nil {
+			return fmt.Errorf("%s: %w", key, err)
+		}
+		switch key {
+		case "added_tokens":
+			if err := json.Unmarshal(raw, &f.AddedTokens); err != nil {
+				return fmt.Errorf("added_tokens: %w", err)
+			}
+		case "normalizer":
+			f.Normalizer = raw
+		case "pre_tokenizer":
+			f.PreTokenizer = raw
+		case "post_processor":
+			f.PostProcessor = raw
+		case "decoder":
+			f.Decoder = raw
+		}
+		return nil
+	})
+	return f, err
 }
 
 type addedTokenJSON struct {
@@ -423,63 +458,66 @@ func parseTemplate(raw json.RawMessage) (postProcessor, error) {
 	return p, nil
 }
 
-// bpeJSON is the BPE model section.
+// bpeJSON is the BPE model section apart from the vocabulary and merges.
 type bpeJSON struct {
-	Type                    string           `json:"type"`
-	Dropout                 *float64         `json:"dropout"`
-	UnkToken                *string          `json:"unk_token"`
-	ContinuingSubwordPrefix *string          `json:"continuing_subword_prefix"`
-	EndOfWordSuffix         *string          `json:"end_of_word_suffix"`
-	FuseUnk                 bool             `json:"fuse_unk"`
-	ByteFallback            bool             `json:"byte_fallback"`
-	IgnoreMerges            bool             `json:"ignore_merges"`
-	Vocab                   map[string]int32 `json:"vocab"`
-	Merges                  []mergeJSON      `json:"merges"`
+	Type                    string   `json:"type"`
+	Dropout                 *float64 `json:"dropout"`
+	UnkToken                *string  `json:"unk_token"`
+	ContinuingSubwordPrefix *string  `json:"continuing_subword_prefix"`
+	EndOfWordSuffix         *string  `json:"end_of_word_suffix"`
+	FuseUnk                 bool     `json:"fuse_unk"`
+	ByteFallback            bool     `json:"byte_fallback"`
+	IgnoreMerges            bool     `json:"ignore_merges"`
 }
 
-// mergeJSON is one merge, written "left right" or ["left", "right"].
-type mergeJSON [2]string
-
-func (m *mergeJSON) UnmarshalJSON(data []byte) error {
-	if len(data) > 0 && data[0] == '"' {
-		var s string
-		if bytes.IndexByte(data, '\\') < 0 && len(data) >= 2 && utf8.Valid(data) {
-			s = string(data[1 : len(data)-1])
-		} else if err := json.Unmarshal(data, &s); err != nil {
-			return err
-		}
-		left, right, ok := strings.Cut(s, " ")
-		if !ok || strings.Contains(right, " ") {
-			return fmt.Errorf("merge %q is not two tokens separated by one space", s)
-		}
-		m[0], m[1] = left, right
-		return nil
-	}
-	var pair []string
-	if err := json.Unmarshal(data, &pair); err != nil {
-		return err
-	}
-	if len(pair) != 2 {
-		return fmt.Errorf("merge has %d parts, want 2", len(pair))
-	}
-	m[0], m[1] = pair[0], pair[1]
-	return nil
-}
-
+// parseModel reads the model section: the vocabulary and merges with
+// readVocab and readMerges, the other fields with encoding/json.
 func parseModel(raw json.RawMessage) (*bpe, error) {
-	var c bpeJSON
-	if err := json.Unmarshal(raw, &c); err != nil {
+	var vocabRaw, mergesRaw []byte
+	rest := map[string]json.RawMessage{}
+	r := &jsonReader{data: raw}
+	err := r.readObject(func(key string) error {
+		var err error
+		switch key {
+		case "vocab":
+			vocabRaw, err = r.rawValue()
+		case "merges":
+			mergesRaw, err = r.rawValue()
+		default:
+			rest[key], err = r.skipValue()
+		}
+		if err != nil {
+			return fmt.Errorf("%s: %w", key, err)
+		}
+		return nil
+	})
+	if err != nil {
 		return nil, err
 	}
-	if c.Type != "BPE" && !(c.Type == "" && c.Merges != nil) {
+	// rest holds valid JSON values, so it marshals.
+	others, _ := json.Marshal(rest)
+	var c bpeJSON
+	if err := json.Unmarshal(others, &c); err != nil {
+		return nil, err
+	}
+	if c.Type != "BPE" && !(c.Type == "" && mergesRaw != nil) {
 		return nil, fmt.Errorf("unsupported model type %q", c.Type)
 	}
 	if c.Dropout != nil && *c.Dropout != 0 {
 		return nil, fmt.Errorf("BPE dropout %v: unsupported (encoding would be random)", *c.Dropout)
 	}
-	merges := make([][2]string, len(c.Merges))
-	for i, m := range c.Merges {
-		merges[i] = m
+	// The two largest sections parse side by side.
+	var merges [][2]string
+	var mergesErr error
+	var wg sync.WaitGroup
+	wg.Go(func() { merges, mergesErr = readMerges(mergesRaw) })
+	vocab, err := readVocab(vocabRaw)
+	wg.Wait()
+	if err != nil {
+		return nil, fmt.Errorf("BPE vocab: %w", err)
+	}
+	if mergesErr != nil {
+		return nil, fmt.Errorf("BPE merges: %w", mergesErr)
 	}
 	var prefix, suffix string
 	if c.ContinuingSubwordPrefix != nil {
@@ -488,7 +526,7 @@ func parseModel(raw json.RawMessage) (*bpe, error) {
 	if c.EndOfWordSuffix != nil {
 		suffix = *c.EndOfWordSuffix
 	}
-	m, err := newBPE(c.Vocab, merges, c.UnkToken, prefix, suffix)
+	m, err := newBPE(vocab, merges, c.UnkToken, prefix, suffix)
 	if err != nil {
 		return nil, fmt.Errorf("BPE: %w", err)
 	}

@@ -49,20 +49,14 @@ func (n replaceNorm) normalize(s string) string {
 
 // replaceAll replaces every match of m in s with content.
 func replaceAll(m matcher, s, content string) string {
-	var buf [16]span
-	spans := m.find(buf[:0], s)
-	if len(spans) == 1 && !spans[0].match {
-		return s
-	}
 	var b strings.Builder
-	b.Grow(len(s))
-	for _, sp := range spans {
+	m.find(s, func(sp span) {
 		if sp.match {
 			b.WriteString(content)
 		} else {
 			b.WriteString(s[sp.start:sp.end])
 		}
-	}
+	})
 	return b.String()
 }
 

@@ -17,9 +17,9 @@ type span struct {
 
 // matcher finds the occurrences of a pattern in a string.
 type matcher interface {
-	// find appends to dst spans that cover s in order: the matches and the
-	// stretches between them. An empty s yields one empty unmatched span.
-	find(dst []span, s string) []span
+	// find calls yield, in order, with spans that cover s: the matches and
+	// the stretches between them. An empty s yields one empty unmatched span.
+	find(s string, yield func(span))
 }
 
 // The split expressions of the tokenizers that ship most often. They are
@@ -63,9 +63,10 @@ func newStringMatcher(lit string) (matcher, error) {
 // literalMatcher matches every non-overlapping occurrence of a string.
 type literalMatcher struct{ lit string }
 
-func (m literalMatcher) find(dst []span, s string) []span {
+func (m literalMatcher) find(s string, yield func(span)) {
 	if s == "" {
-		return append(dst, span{})
+		yield(span{})
+		return
 	}
 	prev := 0
 	for prev < len(s) {
@@ -75,23 +76,23 @@ func (m literalMatcher) find(dst []span, s string) []span {
 		}
 		start := prev + k
 		if start > prev {
-			dst = append(dst, span{prev, start, false})
+			yield(span{prev, start, false})
 		}
 		prev = start + len(m.lit)
-		dst = append(dst, span{start, prev, true})
+		yield(span{start, prev, true})
 	}
 	if prev < len(s) {
-		dst = append(dst, span{prev, len(s), false})
+		yield(span{prev, len(s), false})
 	}
-	return dst
 }
 
 // regexMatcher runs a backtracking regular expression (lookahead included).
 type regexMatcher struct{ re *regexp2.Regexp }
 
-func (m regexMatcher) find(dst []span, s string) []span {
+func (m regexMatcher) find(s string, yield func(span)) {
 	if s == "" {
-		return append(dst, span{})
+		yield(span{})
+		return
 	}
 	runes := []rune(s)
 	// regexp2 reports rune positions; byteAt maps them to byte offsets.
@@ -108,16 +109,15 @@ func (m regexMatcher) find(dst []span, s string) []span {
 	for mt != nil {
 		start, end := byteAt[mt.Index], byteAt[mt.Index+mt.Length]
 		if start > prev {
-			dst = append(dst, span{prev, start, false})
+			yield(span{prev, start, false})
 		}
-		dst = append(dst, span{start, end, true})
+		yield(span{start, end, true})
 		prev = end
 		mt, _ = m.re.FindNextMatch(mt)
 	}
 	if prev < len(s) {
-		dst = append(dst, span{prev, len(s), false})
+		yield(span{prev, len(s), false})
 	}
-	return dst
 }
 
 // scanner is a hand-written equivalent of one split expression whose
@@ -129,16 +129,16 @@ type scanner interface {
 
 type scanMatcher struct{ sc scanner }
 
-func (m scanMatcher) find(dst []span, s string) []span {
+func (m scanMatcher) find(s string, yield func(span)) {
 	if s == "" {
-		return append(dst, span{})
+		yield(span{})
+		return
 	}
 	for i := 0; i < len(s); {
 		e := m.sc.next(s, i)
-		dst = append(dst, span{i, e, true})
+		yield(span{i, e, true})
 		i = e
 	}
-	return dst
 }
 
 func isL(r rune) bool { return unicode.IsLetter(r) }

@@ -11,8 +11,8 @@ type segment struct {
 
 // preTokenizer cuts segments into the words the model encodes one by one.
 type preTokenizer interface {
-	// preTokenize appends the pieces of seg to dst, dropping empty ones.
-	preTokenize(dst []segment, seg segment) []segment
+	// preTokenize calls emit with the non-empty pieces of seg, in order.
+	preTokenize(seg segment, emit func(segment))
 }
 
 // splitBehavior says what a split does with the pattern's matches.
@@ -35,89 +35,78 @@ var splitBehaviors = map[string]splitBehavior{
 }
 
 // splitBy cuts seg at the spans m finds, treating the matched spans as
-// behavior says, and appends the non-empty pieces to dst.
-func splitBy(dst []segment, seg segment, m matcher, behavior splitBehavior, invert bool) []segment {
-	var buf [64]span
-	spans := m.find(buf[:0], seg.text)
-	if invert {
-		for i := range spans {
-			spans[i].match = !spans[i].match
+// behavior says, and emits the non-empty pieces:
+//   - Removed drops the matches;
+//   - Isolated keeps each match as a piece of its own;
+//   - MergedWithPrevious appends a match to the piece before it;
+//   - MergedWithNext prepends a match to the piece after it;
+//   - Contiguous joins neighbouring spans that both match or both do not.
+func splitBy(seg segment, m matcher, behavior splitBehavior, invert bool, emit func(segment)) {
+	out := func(start, end int) {
+		if end > start {
+			emit(segment{seg.text[start:end], seg.first && start == 0})
 		}
 	}
-	// keep reports whether a span survives; removed spans are dropped.
-	type piece struct {
-		start, end int
-		drop       bool
-	}
-	var pbuf [64]piece
-	pieces := pbuf[:0]
-	switch behavior {
-	case splitIsolated:
-		for _, sp := range spans {
-			pieces = append(pieces, piece{sp.start, sp.end, false})
+	// pend is a piece that the next span may still extend.
+	var pend span
+	havePend, prevMatch := false, false
+	m.find(seg.text, func(sp span) {
+		if invert {
+			sp.match = !sp.match
 		}
-	case splitRemoved:
-		for _, sp := range spans {
-			pieces = append(pieces, piece{sp.start, sp.end, sp.match})
-		}
-	case splitContiguous:
-		prev := false
-		for i, sp := range spans {
-			if i > 0 && sp.match == prev {
-				pieces[len(pieces)-1].end = sp.end
-			} else {
-				pieces = append(pieces, piece{sp.start, sp.end, false})
+		switch behavior {
+		case splitIsolated:
+			out(sp.start, sp.end)
+		case splitRemoved:
+			if !sp.match {
+				out(sp.start, sp.end)
 			}
-			prev = sp.match
-		}
-	case splitMergedWithPrevious:
-		prev := false
-		for i, sp := range spans {
-			if i > 0 && sp.match && !prev {
-				pieces[len(pieces)-1].end = sp.end
-			} else {
-				pieces = append(pieces, piece{sp.start, sp.end, false})
+		case splitContiguous, splitMergedWithPrevious:
+			extend := sp.match == prevMatch
+			if behavior == splitMergedWithPrevious {
+				extend = sp.match && !prevMatch
 			}
-			prev = sp.match
-		}
-	case splitMergedWithNext:
-		prev := false
-		for i := len(spans) - 1; i >= 0; i-- {
-			sp := spans[i]
-			if i < len(spans)-1 && sp.match && !prev {
-				pieces[len(pieces)-1].start = sp.start
-			} else {
-				pieces = append(pieces, piece{sp.start, sp.end, false})
+			if havePend && extend {
+				pend.end = sp.end
+				break
 			}
-			prev = sp.match
+			if havePend {
+				out(pend.start, pend.end)
+			}
+			pend, havePend = sp, true
+		case splitMergedWithNext:
+			if havePend && pend.match && !sp.match {
+				out(pend.start, sp.end)
+				havePend = false
+				break
+			}
+			if havePend {
+				out(pend.start, pend.end)
+			}
+			pend, havePend = sp, true
 		}
-		for a, b := 0, len(pieces)-1; a < b; a, b = a+1, b-1 {
-			pieces[a], pieces[b] = pieces[b], pieces[a]
-		}
+		prevMatch = sp.match
+	})
+	if havePend {
+		out(pend.start, pend.end)
 	}
-	for _, p := range pieces {
-		if p.drop || p.end == p.start {
-			continue
-		}
-		dst = append(dst, segment{seg.text[p.start:p.end], seg.first && p.start == 0})
-	}
-	return dst
 }
 
 // sequencePre runs pre-tokenizers one after the other.
 type sequencePre []preTokenizer
 
-func (q sequencePre) preTokenize(dst []segment, seg segment) []segment {
-	cur := []segment{seg}
-	var next []segment
-	for _, p := range q {
-		next = next[:0]
-		for _, s := range cur {
-			next = p.preTokenize(next, s)
-		}
-		cur, next = next, cur
+func (q sequencePre) preTokenize(seg segment, emit func(segment)) {
+	// Chain the stages once: stage i emits into stage i+1.
+	next := emit
+	for i := len(q) - 1; i > 0; i-- {
+		p, into := q[i], next
+		next = func(s segment) { p.preTokenize(s, into) }
 	}
-	return append(dst, cur...)
+	if len(q) == 0 {
+		emit(seg)
+		return
+	}
+	q[0].preTokenize(seg, next)
 }
 
 // splitPre is the Split pre-tokenizer.
@@ -127,8 +116,8 @@ type splitPre struct {
 	invert   bool
 }
 
-func (p splitPre) preTokenize(dst []segment, seg segment) []segment {
-	return splitBy(dst, seg, p.m, p.behavior, p.invert)
+func (p splitPre) preTokenize(seg segment, emit func(segment)) {
+	splitBy(seg, p.m, p.behavior, p.invert, emit)
 }
 
 // byteLevelPre is the ByteLevel pre-tokenizer: an optional leading space,
@@ -140,23 +129,26 @@ type byteLevelPre struct {
 	split matcher
 }
 
-func (p byteLevelPre) preTokenize(dst []segment, seg segment) []segment {
+func (p byteLevelPre) preTokenize(seg segment, emit func(segment)) {
 	if seg.text == "" {
-		return dst
+		return
 	}
 	if p.addPrefixSpace && !strings.HasPrefix(seg.text, " ") {
 		seg.text = " " + seg.text
 	}
-	start := len(dst)
 	if p.split != nil {
-		dst = splitBy(dst, seg, p.split, splitIsolated, false)
+		splitBy(seg, p.split, splitIsolated, false, func(s segment) { emit(spellByteLevel(s)) })
 	} else {
-		dst = append(dst, seg)
+		emit(spellByteLevel(seg))
 	}
-	for i := start; i < len(dst); i++ {
-		dst[i].text = string(appendByteLevel(make([]byte, 0, 2*len(dst[i].text)), dst[i].text))
-	}
-	return dst
+}
+
+// spellByteLevel replaces every byte of the segment with its byte-level
+// character.
+func spellByteLevel(s segment) segment {
+	var buf [128]byte
+	s.text = string(appendByteLevel(buf[:0], s.text))
+	return s
 }
 
 // prependScheme says when Metaspace puts a replacement character in front.
@@ -177,9 +169,9 @@ type metaspacePre struct {
 	split       bool
 }
 
-func (p metaspacePre) preTokenize(dst []segment, seg segment) []segment {
+func (p metaspacePre) preTokenize(seg segment, emit func(segment)) {
 	if seg.text == "" {
-		return dst
+		return
 	}
 	seg.text = strings.ReplaceAll(seg.text, " ", p.replacement)
 	if !strings.HasPrefix(seg.text, p.replacement) &&
@@ -187,7 +179,8 @@ func (p metaspacePre) preTokenize(dst []segment, seg segment) []segment {
 		seg.text = p.replacement + seg.text
 	}
 	if !p.split {
-		return append(dst, seg)
+		emit(seg)
+		return
 	}
-	return splitBy(dst, seg, literalMatcher{p.replacement}, splitMergedWithNext, false)
+	splitBy(seg, literalMatcher{p.replacement}, splitMergedWithNext, false, emit)
 }

@@ -1,7 +1,6 @@
 package tokenizer
 
 import (
-	"encoding/json"
 	"fmt"
 	"os"
 	"strings"
@@ -50,8 +49,8 @@ func Load(path string) (*Tokenizer, error) {
 // Parse builds a Tokenizer from the contents of a tokenizer.json. Any
 // component it does not implement is an error naming that component.
 func Parse(data []byte) (*Tokenizer, error) {
-	var f fileJSON
-	if err := json.Unmarshal(data, &f); err != nil {
+	f, err := readFile(data)
+	if err != nil {
 		return nil, fmt.Errorf("parse tokenizer.json: %w", err)
 	}
 	t := &Tokenizer{
@@ -60,7 +59,6 @@ func Parse(data []byte) (*Tokenizer, error) {
 		added:     map[string]int32{},
 		special:   map[string]bool{},
 	}
-	var err error
 	if isNull(f.Model) {
 		return nil, fmt.Errorf("parse tokenizer.json: no model")
 	}
@@ -216,7 +214,7 @@ func (t *Tokenizer) Encode(text string, addSpecial bool) []int32 {
 		text = string(appendLossy(nil, []byte(text)))
 	}
 	ids := make([]int32, 0, len(text)/3+4)
-	var segs []segment
+	encodeWord := func(s segment) { ids = t.model.encode(ids, s.text) }
 	splitAdded(t.rawAdded, text, func(piece string, tok *addedToken, rawStart int) {
 		if tok != nil {
 			ids = append(ids, tok.id)
@@ -233,10 +231,7 @@ func (t *Tokenizer) Encode(text string, addSpecial bool) []int32 {
 			case t.pre == nil:
 				ids = t.model.encode(ids, word)
 			default:
-				segs = t.pre.preTokenize(segs[:0], segment{word, rawStart == 0 && start == 0})
-				for _, s := range segs {
-					ids = t.model.encode(ids, s.text)
-				}
+				t.pre.preTokenize(segment{word, rawStart == 0 && start == 0}, encodeWord)
 			}
 		})
 	})
