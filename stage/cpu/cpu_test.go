@@ -2,6 +2,7 @@ package cpu
 
 import (
 	"context"
+	"errors"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -199,65 +200,33 @@ func TestSamplingIndependentOfBatch(t *testing.T) {
 	}
 }
 
-func TestF16ToFloat32(t *testing.T) {
+func TestToFloat32(t *testing.T) {
 	cases := []struct {
-		bits uint16
-		want float32
+		name  string
+		dtype safetensors.DType
+		data  []byte
+		want  []float32
+		err   bool
 	}{
-		{0x0000, 0},
-		{0x3c00, 1},
-		{0xc000, -2},
-		{0x3555, 0.333251953125},
-		{0x7bff, 65504},
-		{0x0400, 0x1p-14},        // smallest normal
-		{0x0001, 0x1p-24},        // smallest subnormal
-		{0x03ff, 1023 * 0x1p-24}, // largest subnormal
-		{0x8001, -0x1p-24},       // negative subnormal
-		{0x7c00, float32(math.Inf(1))},
-		{0xfc00, float32(math.Inf(-1))},
+		{"F32", safetensors.F32, []byte{0, 0, 0x80, 0x3f, 0, 0, 0, 0xc0, 1, 0, 0, 0}, []float32{1, -2, 0x1p-149}, false},
+		{"BF16", safetensors.BF16, []byte{0x80, 0x3f, 0x00, 0xc0, 0x49, 0x40}, []float32{1, -2, 3.140625}, false},
+		{"F16", safetensors.F16, []byte{0x00, 0x3c, 0x00, 0xc0, 0x01, 0x00, 0xff, 0x7b}, []float32{1, -2, 0x1p-24, 65504}, false},
+		{"short", safetensors.BF16, []byte{0x80, 0x3f, 0x00}, make([]float32, 2), true},
+		{"long", safetensors.F32, make([]byte, 12), make([]float32, 2), true},
+		{"unsupported", "I32", make([]byte, 8), make([]float32, 2), true},
 	}
 	for _, tc := range cases {
-		if got := f16ToFloat32(tc.bits); got != tc.want {
-			t.Errorf("f16ToFloat32(%#04x) = %v, want %v", tc.bits, got, tc.want)
+		got := make([]float32, len(tc.want))
+		err := toFloat32(got, tc.dtype, tc.data)
+		switch {
+		case tc.err && err == nil:
+			t.Errorf("%s: no error", tc.name)
+		case !tc.err && err != nil:
+			t.Errorf("%s: %v", tc.name, err)
+		case !tc.err && !slices.Equal(got, tc.want):
+			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
 		}
 	}
-	if got := f16ToFloat32(0x8000); got != 0 || !math.Signbit(float64(got)) {
-		t.Errorf("f16ToFloat32(0x8000) = %v, want -0", got)
-	}
-	if got := f16ToFloat32(0x7e00); !math.IsNaN(float64(got)) {
-		t.Errorf("f16ToFloat32(0x7e00) = %v, want NaN", got)
-	}
-}
-
-// FuzzF16ToFloat32 checks the conversion of every half-precision pattern
-// against its defining formula.
-func FuzzF16ToFloat32(f *testing.F) {
-	for _, b := range []uint16{0, 1, 0x3ff, 0x400, 0x3c00, 0x7bff, 0x7c00, 0x7c01, 0x8001, 0xffff} {
-		f.Add(b)
-	}
-	f.Fuzz(func(t *testing.T, b uint16) {
-		got := float64(f16ToFloat32(b))
-		sign := 1 - 2*float64(b>>15)
-		exp, frac := int(b>>10&0x1f), float64(b&0x3ff)
-		var want float64
-		switch exp {
-		case 0:
-			want = sign * math.Ldexp(frac, -24)
-		case 31:
-			want = sign * math.Inf(1)
-			if frac != 0 {
-				if !math.IsNaN(got) {
-					t.Fatalf("%#04x: %v, want NaN", b, got)
-				}
-				return
-			}
-		default:
-			want = sign * math.Ldexp(1+frac/1024, exp-15)
-		}
-		if got != want || math.Signbit(got) != math.Signbit(want) {
-			t.Fatalf("%#04x: %v, want %v", b, got, want)
-		}
-	})
 }
 
 func TestRopeInvFreq(t *testing.T) {
@@ -334,4 +303,66 @@ func BenchmarkDecode100M(b *testing.B) {
 		IntermediateSize: 2048, VocabSize: 32000, RMSNormEps: 1e-5, RopeTheta: 10000, MaxPositions: 2048,
 	}
 	bench(b, &m)
+}
+
+// cancelAfter is a context whose Err starts reporting cancellation after a
+// number of calls, to cut a Forward short between layers.
+type cancelAfter struct {
+	context.Context
+	calls, limit int
+}
+
+func (c *cancelAfter) Err() error {
+	c.calls++
+	if c.calls > c.limit {
+		return context.Canceled
+	}
+	return nil
+}
+
+// TestCancelBetweenLayers cuts a Forward short after its first layer and
+// checks that the caches are as before: the new sequence is forgotten and
+// the old one continues where it was, matching the reference.
+func TestCancelBetweenLayers(t *testing.T) {
+	sh := shape(t, "llama-4layers")
+	m := sh.Model
+	w := stagetest.RandomWeights(&m, sh.DType, 5)
+	ref, err := stagetest.NewReference(&m, w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := New(Config{Model: &m, Lo: 0, Hi: m.NumLayers, Weights: w, MaxTokens: 32, MaxSeqs: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	prompt := []int32{9, 8, 7, 6, 5, 4, 3, 2}
+	if _, err := st.Forward(context.Background(), &stage.Batch{Seqs: []stage.Seq{{ID: 1, Tokens: prompt[:4]}}}); err != nil {
+		t.Fatal(err)
+	}
+	batch := &stage.Batch{Seqs: []stage.Seq{
+		{ID: 1, Pos: 4, Tokens: prompt[4:], Logits: true},
+		{ID: 2, Tokens: prompt, Logits: true},
+	}}
+	// Err is asked once on entry and once before each layer: fail at the second layer.
+	_, err = st.Forward(&cancelAfter{Context: context.Background(), limit: 2}, batch)
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("Forward cut short: error %v, want context.Canceled", err)
+	}
+	if len(st.caches) != 1 || st.caches[1].n != 4 {
+		t.Fatalf("after a cancelled Forward: %d caches, seq 1 holds %d tokens; want 1 cache of 4", len(st.caches), st.caches[1].n)
+	}
+	out, err := st.Forward(context.Background(), batch)
+	if err != nil {
+		t.Fatalf("the same batch after the cancelled one: %v", err)
+	}
+	want := ref.Logits(prompt)
+	for i, rows := range [][][]float32{out.Logits[0].Rows, out.Logits[1].Rows} {
+		for j, row := range rows {
+			p := j + len(prompt) - len(rows)
+			if e := stagetest.RelErr(row, want[p]); !(e <= 1e-5) {
+				t.Errorf("seq %d position %d: relative error %.3g against the reference", i+1, p, e)
+			}
+		}
+	}
 }

@@ -119,27 +119,12 @@ func toFloat32(dst []float32, dt safetensors.DType, data []byte) error {
 		}
 	case safetensors.BF16:
 		for i := range dst {
-			dst[i] = math.Float32frombits(uint32(binary.LittleEndian.Uint16(data[2*i:])) << 16)
+			dst[i] = safetensors.BF16ToFloat32(binary.LittleEndian.Uint16(data[2*i:]))
 		}
 	case safetensors.F16:
 		for i := range dst {
-			dst[i] = f16ToFloat32(binary.LittleEndian.Uint16(data[2*i:]))
+			dst[i] = safetensors.F16ToFloat32(binary.LittleEndian.Uint16(data[2*i:]))
 		}
 	}
 	return nil
-}
-
-// f16ToFloat32 converts an IEEE 754 half-precision value exactly.
-func f16ToFloat32(h uint16) float32 {
-	sign := uint32(h>>15) << 31
-	exp := uint32(h>>10) & 0x1f
-	mant := uint32(h) & 0x3ff
-	switch exp {
-	case 0: // zero or subnormal: mant·2⁻²⁴, exact in float32
-		v := float32(mant) * 0x1p-24
-		return math.Float32frombits(math.Float32bits(v) | sign)
-	case 0x1f: // infinity or NaN
-		return math.Float32frombits(sign | 0xff<<23 | mant<<13)
-	}
-	return math.Float32frombits(sign | (exp+127-15)<<23 | mant<<13)
 }
