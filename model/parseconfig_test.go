@@ -2,6 +2,8 @@ package model
 
 import (
 	"encoding/json"
+	"os"
+	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
@@ -415,4 +417,28 @@ func FuzzParseConfig(f *testing.F) {
 			t.Fatalf("accepted architecture %q", c.Arch)
 		}
 	})
+}
+
+func TestLoadConfig(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, ConfigName), []byte(qwen25Config), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	got, err := LoadConfig(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, _ := ParseConfig([]byte(qwen25Config))
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("LoadConfig %+v, ParseConfig %+v", *got, *want)
+	}
+	if err := os.WriteFile(filepath.Join(dir, ConfigName), []byte(mistralV01Config), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := LoadConfig(dir); err == nil || !strings.Contains(err.Error(), filepath.Join(dir, ConfigName)) || !strings.Contains(err.Error(), "sliding_window") {
+		t.Errorf("bad config: %v", err)
+	}
+	if _, err := LoadConfig(t.TempDir()); err == nil || !strings.Contains(err.Error(), "config.json") {
+		t.Errorf("missing config: %v", err)
+	}
 }

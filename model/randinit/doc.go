@@ -5,8 +5,9 @@
 // A checkpoint is config.json (as transformers 5 writes it: "dtype",
 // "rope_parameters"), generation_config.json, tokenizer.json,
 // tokenizer_config.json and safetensors weights, one file or shards behind
-// model.safetensors.index.json. Weights are drawn from a PCG stream keyed by
-// Options.Seed and the tensor's name: projections, embeddings and biases
+// model.safetensors.index.json. Weights are drawn, in parallel, from PCG
+// streams keyed by Options.Seed, the tensor's name and the index of each
+// 65536-element chunk: projections, embeddings and biases
 // from N(0, 0.02) as transformers initialises them, norm weights from
 // 1 + N(0, 0.1) so that a skipped norm changes results. A tensor's values do
 // not depend on sharding.

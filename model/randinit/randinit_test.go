@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"runtime"
 	"strings"
 	"testing"
 
@@ -56,7 +57,20 @@ func TestDeterministic(t *testing.T) {
 			}
 		}
 	}
+	// Chunks are drawn in parallel; the result must not depend on how many
+	// run at once. The embedding spans 3 chunks here.
 	o := DefaultOptions()
+	o.Layers, o.Vocab = 1, 2100
+	prev := runtime.GOMAXPROCS(1)
+	one := readDir(t, writeDir(t, o))
+	runtime.GOMAXPROCS(4)
+	four := readDir(t, writeDir(t, o))
+	runtime.GOMAXPROCS(prev)
+	if !bytes.Equal(one[model.WeightsName], four[model.WeightsName]) {
+		t.Error("weights depend on GOMAXPROCS")
+	}
+
+	o = DefaultOptions()
 	a := readDir(t, writeDir(t, o))
 	o.Seed = 2
 	b := readDir(t, writeDir(t, o))

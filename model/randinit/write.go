@@ -10,6 +10,8 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"runtime"
+	"sync"
 
 	"github.com/tandem-llm/tandem/model"
 	"github.com/tandem-llm/tandem/model/safetensors"
@@ -215,44 +217,59 @@ func tensors(o Options) []tensorSpec {
 	return ts
 }
 
-// writeTensor is the safetensors entry of spec, its values drawn from a PCG
-// stream keyed by the seed and the tensor's name, so a tensor's values do
-// not depend on sharding or on the other tensors.
+// chunkElems is how many elements one PCG stream draws.
+const chunkElems = 1 << 16
+
+// writeTensor is the safetensors entry of spec. Its values come in chunks of
+// chunkElems, each drawn from a PCG stream keyed by the seed, the tensor's
+// name and the chunk's index, so a tensor's values do not depend on
+// sharding or on the other tensors, and chunks are drawn in parallel.
 func writeTensor(spec tensorSpec, o Options) safetensors.WriteTensor {
 	dt := dtypes[o.DType].st
+	n := 1
+	for _, d := range spec.shape {
+		n *= d
+	}
+	fill := func(buf []byte, c int) []byte {
+		h := fnv.New64a()
+		h.Write([]byte(spec.name))
+		h.Write(binary.LittleEndian.AppendUint64(nil, uint64(c)))
+		r := rand.New(rand.NewPCG(o.Seed, h.Sum64()))
+		for i := c * chunkElems; i < min(n, (c+1)*chunkElems); i++ {
+			z := r.NormFloat64()
+			v := float32(z * initStd)
+			if spec.kind == initNorm {
+				v = float32(1 + z*normStd)
+			}
+			switch dt {
+			case safetensors.BF16:
+				buf = binary.LittleEndian.AppendUint16(buf, safetensors.Float32ToBF16(v))
+			case safetensors.F16:
+				buf = binary.LittleEndian.AppendUint16(buf, safetensors.Float32ToF16(v))
+			default:
+				buf = binary.LittleEndian.AppendUint32(buf, math.Float32bits(v))
+			}
+		}
+		return buf
+	}
 	return safetensors.WriteTensor{
 		Name:  spec.name,
 		DType: dt,
 		Shape: spec.shape,
 		Stream: func(w io.Writer) error {
-			h := fnv.New64a()
-			h.Write([]byte(spec.name))
-			r := rand.New(rand.NewPCG(o.Seed, h.Sum64()))
-			n := 1
-			for _, d := range spec.shape {
-				n *= d
-			}
-			const chunk = 4096
-			buf := make([]byte, 0, chunk*dt.Size())
-			for done := 0; done < n; {
-				buf = buf[:0]
-				for k := 0; k < chunk && done < n; k, done = k+1, done+1 {
-					z := r.NormFloat64()
-					v := float32(z * initStd)
-					if spec.kind == initNorm {
-						v = float32(1 + z*normStd)
-					}
-					switch dt {
-					case safetensors.BF16:
-						buf = binary.LittleEndian.AppendUint16(buf, safetensors.Float32ToBF16(v))
-					case safetensors.F16:
-						buf = binary.LittleEndian.AppendUint16(buf, safetensors.Float32ToF16(v))
-					default:
-						buf = binary.LittleEndian.AppendUint32(buf, math.Float32bits(v))
-					}
+			chunks := (n + chunkElems - 1) / chunkElems
+			bufs := make([][]byte, min(runtime.GOMAXPROCS(0), chunks))
+			for first := 0; first < chunks; first += len(bufs) {
+				k := min(len(bufs), chunks-first)
+				var wg sync.WaitGroup
+				for j := range k {
+					wg.Go(func() { bufs[j] = fill(bufs[j][:0], first+j) })
 				}
-				if _, err := w.Write(buf); err != nil {
-					return err
+				wg.Wait()
+				for _, b := range bufs[:k] {
+					if _, err := w.Write(b); err != nil {
+						return err
+					}
 				}
 			}
 			return nil

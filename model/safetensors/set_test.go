@@ -1,10 +1,12 @@
 package safetensors
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 )
 
@@ -180,4 +182,35 @@ func FuzzParseIndex(f *testing.F) {
 			}
 		}
 	})
+}
+
+// Concurrent first uses of a shard map it once and all see the same data.
+func TestSetConcurrent(t *testing.T) {
+	s, err := OpenIndex(writeSet(t, t.TempDir()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	var wg sync.WaitGroup
+	errs := make(chan error, 16)
+	for i := range 16 {
+		wg.Go(func() {
+			name := []string{"a", "b", "c"}[i%3]
+			tt, err := s.Tensor(name)
+			if err == nil && len(tt.Data) == 0 {
+				err = errors.New("empty data")
+			}
+			errs <- err
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := s.Opened(); len(got) != 2 {
+		t.Errorf("Opened = %v", got)
+	}
 }
