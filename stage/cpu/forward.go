@@ -267,7 +267,7 @@ func (s *Stage) attention(li int) {
 // needed, fills out.Logits and samples.
 func (s *Stage) head(b *stage.Batch, out *stage.Output) {
 	h, vocab := s.m.HiddenSize, s.m.VocabSize
-	need := s.sampleRows[:0]
+	need := s.headRows[:0]
 	for i, run := range s.runs {
 		q := &b.Seqs[i]
 		switch {
@@ -279,7 +279,7 @@ func (s *Stage) head(b *stage.Batch, out *stage.Output) {
 			need = append(need, run.row+run.n-1)
 		}
 	}
-	s.sampleRows = need
+	s.headRows = need
 	if len(need) == 0 {
 		return
 	}

@@ -50,9 +50,9 @@ type Stage struct {
 	closed       bool
 	sampler      sampler
 	buf          buffers
-	runs         []seqRun
-	created      []uint64
-	sampleRows   []int
+	runs         []seqRun        // the current batch's chunks, in batch order
+	created      []uint64        // sequences the current Forward added to caches
+	headRows     []int           // rows whose logits the current batch needs
 	inputBuffer  collective.Host // byte view of buf.in
 	outputBuffer collective.Host // byte view of buf.x
 }
@@ -179,7 +179,7 @@ func (s *Stage) allocate() {
 	if s.last {
 		b.logits = make([]float32, s.maxSeqs*s.m.VocabSize)
 		s.sampler = newSampler(s.m.VocabSize)
-		s.sampleRows = make([]int, 0, s.maxTokens)
+		s.headRows = make([]int, 0, s.maxTokens)
 	}
 }
 
