@@ -42,6 +42,12 @@ BPE tokenizer.json) in exactly the Hugging Face layout, deterministic from
 	f.IntVar(&o.KVHeads, "kv-heads", o.KVHeads, "key/value heads")
 	f.IntVar(&o.Intermediate, "intermediate", o.Intermediate, "MLP intermediate size")
 	f.IntVar(&o.Vocab, "vocab", o.Vocab, "vocabulary size")
+	f.IntVar(&o.HeadDim, "head-dim", o.HeadDim, "attention head size (0: hidden / heads)")
+	f.IntVar(&o.MaxPositions, "max-positions", o.MaxPositions, "context length")
+	f.BoolVar(&o.Tied, "tied", o.Tied, "share the embedding with the LM head")
+	f.BoolVar(&o.RopeScaling, "rope-scaling", o.RopeScaling, "llama3 rope scaling")
+	f.Int64Var(&o.ShardBytes, "shard-bytes", o.ShardBytes, "split weights into shards of at most this many bytes (0: one file)")
+	f.StringVar(&o.DType, "dtype", o.DType, "weight type: bf16, f16 or f32")
 	f.Uint64Var(&o.Seed, "seed", o.Seed, "random seed")
 	cmd.MarkFlagRequired("out")
 	return cmd
