@@ -18,18 +18,35 @@ type ncclLib struct {
 	lib  library
 	pre  []library
 
-	getVersion, getUniqueID, commInitRankSym, send, recv, groupStart,
-	groupEnd, commGetAsyncError, commAbort, commDestroy, getErrorString,
-	getLastError proc
+	getVersion, getUniqueID, commInitRankSym, commInitRankConfigSym, send,
+	recv, groupStart, groupEnd, commGetAsyncError, commAbort, commDestroy,
+	getErrorString, getLastError proc
 
-	commInitRank func(comm *uintptr, nranks int32, id NCCLUniqueID, rank int32) int32
+	commInitRank       func(comm *uintptr, nranks int32, id NCCLUniqueID, rank int32) int32
+	commInitRankConfig func(comm *uintptr, nranks int32, id NCCLUniqueID, rank int32, cfg *ncclConfig) int32
 }
+
+// ncclConfig is ncclConfig_t as NCCL 2.14 defined it. NCCL copies
+// min(size, its own sizeof) bytes over its defaults and then resets every
+// field newer than version, so this prefix is valid for later versions; the
+// padding word overlays cgaClusterSize (NCCL 2.17), which is reset.
+type ncclConfig struct {
+	size     uintptr
+	magic    uint32
+	version  uint32
+	blocking int32
+	_        int32
+}
+
+// ncclConfigVersion is NCCL_VERSION(2, 14, 0), the layout of ncclConfig.
+const ncclConfigVersion = 21400
 
 func (l *ncclLib) symbols() []symbol {
 	return []symbol{
 		required(&l.getVersion, "ncclGetVersion"),
 		required(&l.getUniqueID, "ncclGetUniqueId"),
 		required(&l.commInitRankSym, "ncclCommInitRank"),
+		optional(&l.commInitRankConfigSym, "ncclCommInitRankConfig"),
 		required(&l.send, "ncclSend"),
 		required(&l.recv, "ncclRecv"),
 		required(&l.groupStart, "ncclGroupStart"),
@@ -58,6 +75,9 @@ func loadNCCL(ld *loader) (*ncclLib, error) {
 		return nil, fmt.Errorf("load NCCL: %w", err)
 	}
 	purego.RegisterFunc(&l.commInitRank, l.commInitRankSym.addr)
+	if l.commInitRankConfigSym.available() == nil {
+		purego.RegisterFunc(&l.commInitRankConfig, l.commInitRankConfigSym.addr)
+	}
 	return l, nil
 }
 
@@ -125,12 +145,13 @@ const (
 
 // NCCLComm is one rank's handle of an NCCL communicator. Its operations
 // run on the goroutine of the device it was created on (Device.Do), except
-// Abort and AsyncError, which may be called from any goroutine.
+// Abort, AsyncError and Ready, which may be called from any goroutine.
 type NCCLComm struct {
-	lib   *ncclLib
-	h     uintptr
-	rank  int
-	ranks int
+	lib         *ncclLib
+	h           uintptr
+	rank        int
+	ranks       int
+	nonBlocking bool
 
 	mu      sync.Mutex
 	aborted bool
@@ -152,6 +173,58 @@ func NCCLInitRank(nranks int, id NCCLUniqueID, rank int) (*NCCLComm, error) {
 		return nil, fmt.Errorf("join rank %d of %d: %w", rank, nranks, err)
 	}
 	return &NCCLComm{lib: l, h: h, rank: rank, ranks: nranks}, nil
+}
+
+// NCCLInitRankNonBlocking starts joining rank of an nranks communicator
+// identified by id on the current device as a non-blocking communicator
+// (ncclCommInitRankConfig with blocking = 0, NCCL 2.14 or later). It
+// returns at once; the communicator is usable once Ready reports true, and
+// Abort stops a join whose peers never come. Later group ends return before
+// connections are made: poll Ready after each before relying on the
+// stream. Device goroutine only.
+func NCCLInitRankNonBlocking(nranks int, id NCCLUniqueID, rank int) (*NCCLComm, error) {
+	l, err := nccl()
+	if err != nil {
+		return nil, err
+	}
+	if err := l.commInitRankConfigSym.available(); err != nil {
+		return nil, fmt.Errorf("non-blocking NCCL communicator: %w", err)
+	}
+	cfg := ncclConfig{magic: 0xcafebeef, version: ncclConfigVersion, blocking: 0}
+	cfg.size = unsafe.Sizeof(cfg)
+	var h uintptr
+	r := l.commInitRankConfig(&h, int32(nranks), id, int32(rank), &cfg)
+	if r != ncclInProgress {
+		if err := l.check("ncclCommInitRankConfig", r, 0); err != nil {
+			if h != 0 {
+				l.commAbort.status(h)
+			}
+			return nil, fmt.Errorf("join rank %d of %d: %w", rank, nranks, err)
+		}
+	}
+	return &NCCLComm{lib: l, h: h, rank: rank, ranks: nranks, nonBlocking: true}, nil
+}
+
+// NonBlocking reports whether the communicator was made by
+// NCCLInitRankNonBlocking.
+func (c *NCCLComm) NonBlocking() bool { return c.nonBlocking }
+
+// Ready reports whether the communicator has finished its pending work
+// (joining, or issuing a group): ncclCommGetAsyncError is ncclSuccess
+// rather than ncclInProgress. An asynchronous error is returned as such.
+func (c *NCCLComm) Ready() (bool, error) {
+	h, err := c.live()
+	if err != nil {
+		return false, err
+	}
+	var r int32
+	if err := c.lib.check("ncclCommGetAsyncError", c.lib.commGetAsyncError.status(h, uintptr(unsafe.Pointer(&r))), h); err != nil {
+		return false, err
+	}
+	if r == ncclInProgress {
+		return false, nil
+	}
+	return r == ncclSuccess, c.lib.check("ncclCommGetAsyncError", r, h)
 }
 
 // Rank is this rank's index in the communicator.
@@ -177,7 +250,7 @@ func (c *NCCLComm) Send(buf DevicePtr, count int, dt NCCLDataType, peer int, s S
 	if err != nil {
 		return err
 	}
-	return c.lib.check("ncclSend", c.lib.send.status(uintptr(buf), uintptr(count), uintptr(dt), uintptr(peer), h, uintptr(s)), h)
+	return c.lib.check("ncclSend", notInProgress(c.lib.send.status(uintptr(buf), uintptr(count), uintptr(dt), uintptr(peer), h, uintptr(s))), h)
 }
 
 // Recv orders receiving count elements from rank peer into buf on s
@@ -187,7 +260,7 @@ func (c *NCCLComm) Recv(buf DevicePtr, count int, dt NCCLDataType, peer int, s S
 	if err != nil {
 		return err
 	}
-	return c.lib.check("ncclRecv", c.lib.recv.status(uintptr(buf), uintptr(count), uintptr(dt), uintptr(peer), h, uintptr(s)), h)
+	return c.lib.check("ncclRecv", notInProgress(c.lib.recv.status(uintptr(buf), uintptr(count), uintptr(dt), uintptr(peer), h, uintptr(s))), h)
 }
 
 // NCCLGroupStart opens a group of NCCL calls that are issued together at
@@ -201,13 +274,23 @@ func NCCLGroupStart() error {
 }
 
 // NCCLGroupEnd closes a group opened by NCCLGroupStart and issues its
-// calls. Device goroutine only.
+// calls. With non-blocking communicators the calls may still be in
+// progress when it returns (see NCCLComm.Ready). Device goroutine only.
 func NCCLGroupEnd() error {
 	l, err := nccl()
 	if err != nil {
 		return err
 	}
-	return l.check("ncclGroupEnd", l.groupEnd.status(), 0)
+	return l.check("ncclGroupEnd", notInProgress(l.groupEnd.status()), 0)
+}
+
+// notInProgress maps ncclInProgress, which non-blocking communicators return
+// for work under way, to success.
+func notInProgress(r int32) int32 {
+	if r == ncclInProgress {
+		return ncclSuccess
+	}
+	return r
 }
 
 // AsyncError returns the communicator's asynchronous error, if any
@@ -240,7 +323,7 @@ func (c *NCCLComm) Abort() error {
 	c.aborted = true
 	h := c.h
 	c.h = 0
-	return c.lib.check("ncclCommAbort", c.lib.commAbort.status(h), 0)
+	return c.lib.check("ncclCommAbort", notInProgress(c.lib.commAbort.status(h)), 0)
 }
 
 // Destroy frees the communicator once its work has completed
@@ -253,5 +336,5 @@ func (c *NCCLComm) Destroy() error {
 	}
 	h := c.h
 	c.h = 0
-	return c.lib.check("ncclCommDestroy", c.lib.commDestroy.status(h), 0)
+	return c.lib.check("ncclCommDestroy", notInProgress(c.lib.commDestroy.status(h)), 0)
 }

@@ -15,10 +15,7 @@
 //	id, _ := nccl.NewUniqueID()           // rank 0
 //	wire := nccl.EncodeUniqueID(id)       // sent to rank 1
 //	id, err := nccl.DecodeUniqueID(wire)  // rank 1
-//	err = dev.Do(func() (err error) {
-//		comm, err = gpu.NCCLInitRank(2, id, rank)
-//		return err
-//	})
+//	comm, err := nccl.Connect(ctx, dev, 2, id, rank)
 //	s, err := nccl.NewSender(nccl.Config{Device: dev, Comm: comm, Peer: 1, Stream: stream})
 //	err = s.Send(ctx, hdr, activations) // activations: a gpu.Mem
 //
@@ -26,7 +23,10 @@
 // they wait they poll the stream and the communicator's asynchronous error;
 // when that reports an error or ctx ends first, they abort the communicator
 // (it cannot be used again: the control plane must make a new one) and
-// return an error, so a lost peer never hangs the caller.
+// return an error, so a lost peer never hangs the caller. Connect makes a
+// non-blocking communicator, with which joining and connection setup are
+// bounded by ctx too; with a blocking one (gpu.NCCLInitRank) they block
+// inside NCCL until the peer shows up.
 //
 // # Concurrency
 //

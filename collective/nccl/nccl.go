@@ -73,10 +73,10 @@ func (e *endpoint) transfer(ctx context.Context, h collective.Header, b collecti
 	if !ok {
 		return fmt.Errorf("%s: buffer %T is not device memory", what, b)
 	}
-	n := h.Bytes()
 	if h.Rows < 0 || h.Cols < 0 || h.DType.Size() == 0 {
 		return fmt.Errorf("%s: invalid header", what)
 	}
+	n := h.Bytes()
 	if n > db.Len() {
 		return fmt.Errorf("%s: %d bytes do not fit the %d-byte buffer", what, n, db.Len())
 	}
@@ -97,7 +97,7 @@ func (e *endpoint) transfer(ctx context.Context, h collective.Header, b collecti
 		if err := gpu.NCCLGroupEnd(); opErr == nil {
 			opErr = err
 		}
-		if opErr != nil {
+		if opErr != nil || comm.NonBlocking() {
 			return opErr
 		}
 		return e.done.Record(s)
@@ -105,42 +105,55 @@ func (e *endpoint) transfer(ctx context.Context, h collective.Header, b collecti
 	if err != nil {
 		return fmt.Errorf("%s: %w", what, e.fail(err))
 	}
-	if err := e.wait(ctx); err != nil {
-		return fmt.Errorf("%s: %w", what, err)
+	if comm.NonBlocking() {
+		// The group may still be connecting and issuing: the transfer is
+		// on the stream only once the communicator is ready.
+		if err := poll(ctx, e.cfg.MaxPoll, comm.Ready); err != nil {
+			return fmt.Errorf("%s: %w", what, e.fail(err))
+		}
+		if err := e.cfg.Device.Do(func() error { return e.done.Record(s) }); err != nil {
+			return fmt.Errorf("%s: %w", what, e.fail(err))
+		}
 	}
-	return nil
-}
-
-// wait polls the completion event and the communicator's asynchronous
-// error until the transfer is done, an error shows, or ctx ends.
-func (e *endpoint) wait(ctx context.Context) error {
-	var timer *time.Timer
-	delay := time.Duration(0)
-	for polls := 0; ; polls++ {
+	err = poll(ctx, e.cfg.MaxPoll, func() (bool, error) {
 		var done bool
 		err := e.cfg.Device.Do(func() (err error) {
 			done, err = e.done.Done()
 			return err
 		})
+		if err != nil || done {
+			return done, err
+		}
+		return false, comm.AsyncError()
+	})
+	if err != nil {
+		return fmt.Errorf("%s: %w", what, e.fail(err))
+	}
+	return nil
+}
+
+// poll calls check until it reports done or an error, or ctx ends. It spins
+// briefly (transfers of a decode step take microseconds), then sleeps with
+// backoff up to maxSleep between calls.
+func poll(ctx context.Context, maxSleep time.Duration, check func() (bool, error)) error {
+	var timer *time.Timer
+	delay := time.Duration(0)
+	for polls := 0; ; polls++ {
+		done, err := check()
 		if err != nil {
-			return e.fail(err)
+			return err
 		}
 		if done {
 			return nil
 		}
-		if err := e.cfg.Comm.AsyncError(); err != nil {
-			return e.fail(err)
-		}
 		if err := ctx.Err(); err != nil {
-			return e.fail(fmt.Errorf("waiting for peer: %w", err))
+			return fmt.Errorf("waiting for peer: %w", err)
 		}
-		// Spin briefly (transfers of a decode step take microseconds),
-		// then back off up to MaxPoll.
 		if polls < 16 {
 			runtime.Gosched()
 			continue
 		}
-		delay = min(max(2*delay, 5*time.Microsecond), e.cfg.MaxPoll)
+		delay = min(max(2*delay, 5*time.Microsecond), maxSleep)
 		if timer == nil {
 			timer = time.NewTimer(delay)
 			defer timer.Stop()
@@ -150,7 +163,7 @@ func (e *endpoint) wait(ctx context.Context) error {
 		select {
 		case <-timer.C:
 		case <-ctx.Done():
-			return e.fail(fmt.Errorf("waiting for peer: %w", ctx.Err()))
+			return fmt.Errorf("waiting for peer: %w", ctx.Err())
 		}
 	}
 }
@@ -223,6 +236,29 @@ func (r *Receiver) Recv(ctx context.Context, h collective.Header, b collective.B
 // Close releases the Receiver; the communicator and stream stay the
 // caller's.
 func (r *Receiver) Close() error { return r.e.close() }
+
+// Connect joins rank of an nranks communicator identified by id on dev as a
+// non-blocking communicator, and waits until every rank has joined. When
+// ctx ends first it aborts the join and returns an error, so a peer that
+// never comes does not hang the caller. Transfers on the communicator are
+// bounded by their ctx the same way, connection setup included.
+func Connect(ctx context.Context, dev *gpu.Device, nranks int, id gpu.NCCLUniqueID, rank int) (*gpu.NCCLComm, error) {
+	var comm *gpu.NCCLComm
+	err := dev.Do(func() (err error) {
+		comm, err = gpu.NCCLInitRankNonBlocking(nranks, id, rank)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("nccl connect rank %d of %d: %w", rank, nranks, err)
+	}
+	if err := poll(ctx, 10*time.Millisecond, comm.Ready); err != nil {
+		if aerr := comm.Abort(); aerr != nil {
+			err = fmt.Errorf("%w (abort: %v)", err, aerr)
+		}
+		return nil, fmt.Errorf("nccl connect rank %d of %d: %w", rank, nranks, err)
+	}
+	return comm, nil
+}
 
 // NewUniqueID makes the id of a new communicator (on rank 0).
 func NewUniqueID() (gpu.NCCLUniqueID, error) {

@@ -52,7 +52,7 @@ type pair struct {
 	maxMessage int
 }
 
-func newPair(t *testing.T, maxMessage int) *pair {
+func newPair(t *testing.T, maxMessage int, nonBlocking bool) *pair {
 	t.Helper()
 	if errors.Is(mockErr, mockcuda.ErrNoCompiler) {
 		t.Skip("skipping: no C compiler to build the mock CUDA library")
@@ -70,12 +70,26 @@ func newPair(t *testing.T, maxMessage int) *pair {
 	if err != nil {
 		t.Fatal(err)
 	}
-	err = dev.Do(func() (err error) {
-		if p.c0, err = gpu.NCCLInitRank(2, id, 0); err != nil {
-			return err
+	if nonBlocking {
+		ctx := context.Background()
+		if p.c0, err = Connect(ctx, dev, 2, id, 0); err != nil {
+			t.Fatal(err)
 		}
-		if p.c1, err = gpu.NCCLInitRank(2, id, 1); err != nil {
-			return err
+		if p.c1, err = Connect(ctx, dev, 2, id, 1); err != nil {
+			t.Fatal(err)
+		}
+		if got, want := mock.LastConfig(), [4]uint64{24, 0xcafebeef, 21400, 0}; got != want {
+			t.Fatalf("ncclCommInitRankConfig got config %v, want %v", got, want)
+		}
+	}
+	err = dev.Do(func() (err error) {
+		if !nonBlocking {
+			if p.c0, err = gpu.NCCLInitRank(2, id, 0); err != nil {
+				return err
+			}
+			if p.c1, err = gpu.NCCLInitRank(2, id, 1); err != nil {
+				return err
+			}
 		}
 		if p.src, err = gpu.Alloc(maxMessage); err != nil {
 			return err
@@ -114,7 +128,14 @@ func newPair(t *testing.T, maxMessage int) *pair {
 }
 
 func TestSendRecvMock(t *testing.T) {
-	p := newPair(t, 1<<16)
+	for _, nonBlocking := range []bool{false, true} {
+		t.Run(fmt.Sprintf("nonblocking=%v", nonBlocking), func(t *testing.T) {
+			testSendRecv(t, newPair(t, 1<<16, nonBlocking))
+		})
+	}
+}
+
+func testSendRecv(t *testing.T, p *pair) {
 	ctx := context.Background()
 	for batch, rows := range []int{1, 7, 32} {
 		h := collective.Header{Batch: uint64(batch), Rows: rows, Cols: 512, DType: collective.BF16}
@@ -142,7 +163,7 @@ func TestSendRecvMock(t *testing.T) {
 }
 
 func TestTransferChecks(t *testing.T) {
-	p := newPair(t, 1024)
+	p := newPair(t, 1024, false)
 	ctx := context.Background()
 	tests := []struct {
 		name string
@@ -180,29 +201,50 @@ func TestTransferChecks(t *testing.T) {
 }
 
 func TestLostPeerTimesOut(t *testing.T) {
-	p := newPair(t, 1024)
-	mock.SetBusy(true) // the transfer never completes: the peer is gone
+	// The transfer never completes (blocking communicator: the stream
+	// stays busy; non-blocking: the group stays in progress).
+	for _, nonBlocking := range []bool{false, true} {
+		t.Run(fmt.Sprintf("nonblocking=%v", nonBlocking), func(t *testing.T) {
+			p := newPair(t, 1024, nonBlocking)
+			mock.SetBusy(true)
+			ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+			defer cancel()
+			h := collective.Header{Batch: 9, Rows: 4, Cols: 64, DType: collective.BF16}
+			start := time.Now()
+			err := p.recv.Recv(ctx, h, p.dst)
+			if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "nccl recv batch 9") || !strings.Contains(err.Error(), "communicator aborted") {
+				t.Fatalf("Recv = %v, want a deadline error that aborted the communicator", err)
+			}
+			if el := time.Since(start); el > 2*time.Second {
+				t.Fatalf("Recv returned %v after its 50 ms deadline", el)
+			}
+			if mock.Aborts() != 1 {
+				t.Fatalf("%d aborts, want 1", mock.Aborts())
+			}
+			if err := p.recv.Recv(context.Background(), h, p.dst); !errors.Is(err, gpu.ErrCommAborted) {
+				t.Fatalf("Recv after abort = %v", err)
+			}
+		})
+	}
+}
+
+func TestConnectTimesOut(t *testing.T) {
+	p := newPair(t, 64, false)
+	mock.SetBusy(true) // the other rank never joins
+	id, err := NewUniqueID()
+	if err != nil {
+		t.Fatal(err)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()
-	h := collective.Header{Batch: 9, Rows: 4, Cols: 64, DType: collective.BF16}
-	start := time.Now()
-	err := p.recv.Recv(ctx, h, p.dst)
-	if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "nccl recv batch 9") || !strings.Contains(err.Error(), "communicator aborted") {
-		t.Fatalf("Recv = %v, want a deadline error that aborted the communicator", err)
-	}
-	if el := time.Since(start); el > 2*time.Second {
-		t.Fatalf("Recv returned %v after its 50 ms deadline", el)
-	}
-	if mock.Aborts() != 1 {
-		t.Fatalf("%d aborts, want 1", mock.Aborts())
-	}
-	if err := p.recv.Recv(context.Background(), h, p.dst); !errors.Is(err, gpu.ErrCommAborted) {
-		t.Fatalf("Recv after abort = %v", err)
+	_, err = Connect(ctx, p.dev, 2, id, 0)
+	if !errors.Is(err, context.DeadlineExceeded) || mock.Aborts() != 1 {
+		t.Fatalf("Connect = %v (%d aborts), want a deadline error and an abort", err, mock.Aborts())
 	}
 }
 
 func TestAsyncErrorAborts(t *testing.T) {
-	p := newPair(t, 1024)
+	p := newPair(t, 1024, false)
 	mock.SetBusy(true)
 	mock.SetAsyncError(6) // ncclRemoteError
 	defer mock.SetAsyncError(0)

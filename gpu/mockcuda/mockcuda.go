@@ -56,6 +56,7 @@ type Lib struct {
 	lastOptions   func(*byte, int32)
 	lastFuncAttr  func(*[3]int32)
 	uniqueIDSize  func() uintptr
+	lastConfig    func(*[4]uint64)
 }
 
 // Open loads the mock at path (the same handle package gpu gets).
@@ -76,6 +77,7 @@ func Open(path string) (*Lib, error) {
 		"mock_last_options":    &m.lastOptions,
 		"mock_last_func_attr":  &m.lastFuncAttr,
 		"mock_unique_id_size":  &m.uniqueIDSize,
+		"mock_last_config":     &m.lastConfig,
 	} {
 		sym, err := purego.Dlsym(h, name)
 		if err != nil {
@@ -89,8 +91,8 @@ func Open(path string) (*Lib, error) {
 // Reset clears the recorded calls and the injected conditions.
 func (m *Lib) Reset() { m.reset() }
 
-// SetBusy makes streams and events report CUDA_ERROR_NOT_READY forever (a
-// transfer whose peer is gone).
+// SetBusy makes streams and events report CUDA_ERROR_NOT_READY and
+// non-blocking NCCL work stay in progress forever (a peer that is gone).
 func (m *Lib) SetBusy(b bool) {
 	v := int32(0)
 	if b {
@@ -150,3 +152,11 @@ func (m *Lib) LastFuncAttr() [3]int32 {
 
 // UniqueIDSize is sizeof(ncclUniqueId) in C.
 func (m *Lib) UniqueIDSize() int { return int(m.uniqueIDSize()) }
+
+// LastConfig is the ncclConfig_t of the last ncclCommInitRankConfig call:
+// size, magic, version and blocking.
+func (m *Lib) LastConfig() [4]uint64 {
+	var v [4]uint64
+	m.lastConfig(&v)
+	return v
+}

@@ -279,12 +279,19 @@ int cublasGemmEx(void *h, int ta, int tb, int m, int n, int k, const void *alpha
 }
 
 /* ---- NCCL: sends are queued in the process and received in order; while
- * busy, receives stay pending ---- */
+ * busy, receives and non-blocking work stay pending ---- */
 typedef struct { char internal[128]; } ncclUniqueId;
-typedef struct { int nranks, rank; } comm;
+/* ncclConfig_t as of NCCL 2.14, with its tail padding */
+typedef struct { size_t size; unsigned magic, version; int blocking, pad; } ncclConfig;
+/* pending counts the ncclCommGetAsyncError polls a non-blocking comm still
+ * reports ncclInProgress for (forever while busy). */
+typedef struct { int nranks, rank, nonblocking, pending; } comm;
 static char wire[1 << 20];
 static size_t wire_len;
+static unsigned long long last_config[4];
+static comm *group_comm;
 size_t mock_unique_id_size(void) { return sizeof(ncclUniqueId); }
+void mock_last_config(unsigned long long out[4]) { memcpy(out, last_config, sizeof last_config); }
 int ncclGetVersion(int *v) { *v = 22809; return 0; }
 int ncclGetUniqueId(ncclUniqueId *id) { for (int i = 0; i < 128; i++) id->internal[i] = (char)(i * 7 + 3); return 0; }
 /* The id arrives by value: its checksum (FNV-1a) shows whether every byte
@@ -294,27 +301,45 @@ int ncclCommInitRank(comm **c, int nranks, ncclUniqueId id, int rank) {
 	for (int i = 0; i < 128; i++) { h ^= (unsigned char)id.internal[i]; h *= 1099511628211ull; }
 	last_init[0] = (unsigned)nranks; last_init[1] = (unsigned)rank; last_init[2] = h; last_init[3] = 1;
 	if (rank < 0 || rank >= nranks) return 4;
-	*c = malloc(sizeof(comm)); (*c)->nranks = nranks; (*c)->rank = rank; return 0;
+	*c = calloc(1, sizeof(comm)); (*c)->nranks = nranks; (*c)->rank = rank; return 0;
+}
+int ncclCommInitRankConfig(comm **c, int nranks, ncclUniqueId id, int rank, ncclConfig *cfg) {
+	last_config[0] = cfg->size; last_config[1] = cfg->magic; last_config[2] = cfg->version; last_config[3] = (unsigned)cfg->blocking;
+	if (cfg->size != sizeof(ncclConfig) || cfg->magic != 0xcafebeef || cfg->version != 21400) return 4;
+	int r = ncclCommInitRank(c, nranks, id, rank);
+	if (r || cfg->blocking) return r;
+	(*c)->nonblocking = 1; (*c)->pending = 2; return 7;
 }
 static size_t type_size(int dt) { return dt <= 1 ? 1 : dt == 6 || dt == 9 ? 2 : dt == 4 || dt == 5 || dt == 8 ? 8 : 4; }
 int ncclSend(const void *buf, size_t count, int dt, int peer, comm *c, void *s) {
 	(void)s;
 	size_t n = count * type_size(dt);
 	if (peer < 0 || peer >= c->nranks || peer == c->rank || wire_len + n > sizeof wire) return 4;
+	group_comm = c;
 	memcpy(wire + wire_len, buf, n); wire_len += n; return 0;
 }
 int ncclRecv(void *buf, size_t count, int dt, int peer, comm *c, void *s) {
 	(void)s;
 	size_t n = count * type_size(dt);
 	if (peer < 0 || peer >= c->nranks || peer == c->rank) return 4;
+	group_comm = c;
 	if (busy) return 0; /* pending: the stream never completes */
 	if (n > wire_len) return 4;
 	memcpy(buf, wire, n); memmove(wire, wire + n, wire_len - n); wire_len -= n; return 0;
 }
 static int group_depth;
-int ncclGroupStart(void) { group_depth++; return 0; }
-int ncclGroupEnd(void) { return group_depth-- > 0 ? 0 : 5; }
-int ncclCommGetAsyncError(comm *c, int *r) { (void)c; *r = async_error; return 0; }
+int ncclGroupStart(void) { group_depth++; group_comm = NULL; return 0; }
+int ncclGroupEnd(void) {
+	if (group_depth-- <= 0) return 5;
+	if (group_comm && group_comm->nonblocking) { group_comm->pending = 2; return 7; }
+	return 0;
+}
+int ncclCommGetAsyncError(comm *c, int *r) {
+	if (async_error) *r = async_error;
+	else if (c->pending > 0) { *r = 7; if (!busy) c->pending--; }
+	else *r = 0;
+	return 0;
+}
 int ncclCommAbort(comm *c) { aborts++; free(c); return 0; }
 int ncclCommDestroy(comm *c) { free(c); return 0; }
 const char *ncclGetErrorString(int r) { return r == 4 ? "invalid argument (run with NCCL_DEBUG=WARN for details)" : r == 6 ? "remote process exited or there was a network error" : "mock nccl error"; }
