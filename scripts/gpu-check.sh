@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# tandem's GPU check: the CUDA stage against Hugging Face transformers.
+#
+#   bash scripts/gpu-check.sh          here (with Go): builds the test binary
+#                                      into .carry/cuda/ and prints nothing else
+#   bash scripts/gpu-check.sh device   on the GPU machine (python3 with torch and
+#                                      transformers; no Go): runs the check
+#
+# The device part (1) makes random-init checkpoints with transformers and saves
+# them in bf16 (a Llama-3.2-1B shape and a small Qwen2 shape with q/k/v bias),
+# (2) computes the float32 transformers reference on those weights (prefill +
+# 32 teacher-forced decode steps) and times transformers' eager bf16 decode
+# step, (3) runs the stage/cuda GPU tests: the comparison with the reference
+# (relative L2 of logits <= 2e-2 at every position, same top-1 wherever the
+# reference's top-1/top-2 gap exceeds 0.1), (4) CPU backend vs CUDA backend on
+# tiny checkpoints, the conformance suite, the sampler and kernel-cache tests,
+# and (5) decode step times at batch 1 and 32 next to the HBM floor. Logs and
+# summary.json go to $OUT; the summary table is printed last.
+#
+# Run it with the device tool as:
+#   bash scripts/gpu-check.sh   (here), then on the device with carry [".carry"]:
+#   bash scripts/gpu-check.sh device
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+if [ "${1:-}" != device ]; then
+	set -e
+	mkdir -p .carry/cuda
+	CGO_ENABLED=0 go test -c -o .carry/cuda/cuda.test ./stage/cuda
+	exit 0
+fi
+
+export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/tandem-gpu-check}
+WORK=${WORK:-/tmp/tandem-hf}
+RESULTS=$WORK/results
+mkdir -p "$OUT" "$WORK" "$RESULTS"
+LOG=$OUT/check.log
+status=0
+step() { echo "== $*" | tee -a "$LOG"; }
+
+step "environment"
+{
+	date -u
+	nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv
+	python3 -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__, torch.cuda.get_device_name())'
+} 2>&1 | tee -a "$LOG"
+DEVICE=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+
+step "(1, 2) checkpoints and float32 references with transformers"
+# Init std 0.02 (transformers' default) is what tandem is held to; at 0.05
+# the random network is chaotic enough that bf16 inference itself (tandem or
+# transformers) strays past the bounds, so that case is informational.
+python3 scripts/hf_ref.py --shape llama1b --std 0.02 --out "$WORK" --time-batches 1,32 2>&1 | tee -a "$LOG" || status=1
+python3 scripts/hf_ref.py --shape llama1b --std 0.05 --name llama1b-std0.05 --informational --out "$WORK" 2>&1 | tee -a "$LOG" || status=1
+python3 scripts/hf_ref.py --shape qwen2 --std 0.02 --out "$WORK" 2>&1 | tee -a "$LOG" || status=1
+
+step "(3, 4, 5) stage/cuda GPU tests"
+TANDEM_HF_DIR=$WORK TANDEM_BENCH_CHECKPOINT=$WORK/llama1b TANDEM_RESULTS=$RESULTS TANDEM_CACHE_DIR=$WORK/cache \
+	.carry/cuda/cuda.test -test.v -test.timeout 480s 2>&1 | tee -a "$LOG" || status=1
+
+# (6) Two GPUs: the model split over two devices through NCCL must give the
+# same logits as one device. Not run yet: it needs an nvidia-h200-x2 machine
+# and a stage-to-stage NCCL driver in the tests.
+
+step "summary"
+grep -E '^(=== RUN|--- (PASS|FAIL|SKIP)|PASS|FAIL|ok )' "$LOG" | grep -E -- '--- (FAIL|SKIP)' | tail -20
+python3 scripts/hf_summary.py "$WORK" "$RESULTS" "$OUT" "tandem GPU check on $DEVICE, $(date -u +%Y-%m-%d), exit status $status" 2>&1 | tee -a "$LOG"
+exit $status

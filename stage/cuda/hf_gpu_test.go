@@ -1,0 +1,454 @@
+package cuda
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tandem-llm/tandem/gpu"
+	"github.com/tandem-llm/tandem/model"
+	"github.com/tandem-llm/tandem/model/randinit"
+	"github.com/tandem-llm/tandem/stage"
+	"github.com/tandem-llm/tandem/stage/cpu"
+)
+
+// These tests drive the GPU check of scripts/gpu-check.sh through
+// environment variables, and skip without them:
+//
+//	TANDEM_HF_DIR            output of scripts/hf_ref.py: <name>/ checkpoints,
+//	                         <name>.tokens.json and <name>.logits.f32
+//	TANDEM_BENCH_CHECKPOINT  a checkpoint to time decode steps on
+//	TANDEM_RESULTS           a directory for the figures, as JSON
+
+// writeResult stores v as TANDEM_RESULTS/<name>.json when that is set.
+func writeResult(t *testing.T, name string, v any) {
+	t.Helper()
+	dir := os.Getenv("TANDEM_RESULTS")
+	if dir == "" {
+		return
+	}
+	data, err := json.MarshalIndent(v, "", " ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, name+".json"), data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// hfCase is one reference written by scripts/hf_ref.py.
+type hfCase struct {
+	PromptLen int     `json:"prompt_len"`
+	Tokens    []int32 `json:"tokens"`
+	Vocab     int     `json:"vocab"`
+	// Informational cases are compared and reported but not held to the
+	// bounds (a model on which bf16 inference itself strays further).
+	Informational bool `json:"informational"`
+}
+
+// compareStats accumulates the comparison of logits rows with reference
+// rows.
+type compareStats struct {
+	Positions   int       `json:"positions"`
+	MaxRelL2    float64   `json:"max_rel_l2"`
+	MeanRelL2   float64   `json:"mean_rel_l2"`
+	Top1Agree   int       `json:"top1_agree"`
+	Decisive    int       `json:"decisive"` // reference top-1/top-2 gap > 0.1
+	DecisiveBad int       `json:"decisive_disagree"`
+	RelL2       []float64 `json:"rel_l2"`
+}
+
+func (c *compareStats) add(got []float32, want []float32) (rel float64, top1, decisive bool) {
+	var num, den float64
+	for i := range want {
+		d := float64(got[i]) - float64(want[i])
+		num += d * d
+		den += float64(want[i]) * float64(want[i])
+	}
+	rel = math.Sqrt(num / den)
+	if math.IsNaN(rel) {
+		rel = math.Inf(1)
+	}
+	g1 := argmax(got)
+	w1, w2 := top2f(want)
+	top1 = g1 == w1
+	decisive = want[w1]-want[w2] > 0.1
+	c.Positions++
+	c.MaxRelL2 = math.Max(c.MaxRelL2, rel)
+	c.MeanRelL2 += rel
+	c.RelL2 = append(c.RelL2, rel)
+	if top1 {
+		c.Top1Agree++
+	}
+	if decisive {
+		c.Decisive++
+		if !top1 {
+			c.DecisiveBad++
+		}
+	}
+	return rel, top1, decisive
+}
+
+func (c *compareStats) finish() {
+	if c.Positions > 0 {
+		c.MeanRelL2 /= float64(c.Positions)
+	}
+}
+
+func argmax(v []float32) int {
+	b := 0
+	for i, x := range v {
+		if x > v[b] {
+			b = i
+		}
+	}
+	return b
+}
+
+func top2f(v []float32) (int, int) {
+	a, b := -1, -1
+	for i, x := range v {
+		switch {
+		case a < 0 || x > v[a]:
+			a, b = i, a
+		case b < 0 || x > v[b]:
+			b = i
+		}
+	}
+	return a, b
+}
+
+// TestHFReference compares the stage with Hugging Face transformers'
+// float32 logits on the same bf16 checkpoint: a prefill of the prompt and
+// teacher-forced decode steps. Sequence 1 prefills whole; sequence 2, with
+// the same tokens in the same batches, prefills in chunks of 16 and lags
+// behind, so prefill chunks mix with decodes and the slots must stay apart.
+func TestHFReference(t *testing.T) {
+	dir := os.Getenv("TANDEM_HF_DIR")
+	if dir == "" {
+		t.Skip("TANDEM_HF_DIR is not set: no Hugging Face reference to compare with (scripts/gpu-check.sh makes one)")
+	}
+	device(t)
+	files, err := filepath.Glob(filepath.Join(dir, "*.tokens.json"))
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no *.tokens.json in %s (%v)", dir, err)
+	}
+	for _, f := range files {
+		name := strings.TrimSuffix(filepath.Base(f), ".tokens.json")
+		t.Run(name, func(t *testing.T) { testHFCase(t, dir, name) })
+	}
+}
+
+func testHFCase(t *testing.T, dir, name string) {
+	raw, err := os.ReadFile(filepath.Join(dir, name+".tokens.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var hc hfCase
+	if err := json.Unmarshal(raw, &hc); err != nil {
+		t.Fatalf("%s.tokens.json: %v", name, err)
+	}
+	ck, err := model.Open(filepath.Join(dir, name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ck.Close()
+	cfg := ck.Config()
+	L, V, P := len(hc.Tokens), cfg.VocabSize, hc.PromptLen
+	if V != hc.Vocab {
+		t.Fatalf("checkpoint vocab %d, reference %d", V, hc.Vocab)
+	}
+	lraw, err := os.ReadFile(filepath.Join(dir, name+".logits.f32"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(lraw) != L*V*4 {
+		t.Fatalf("%s.logits.f32 holds %d bytes; want %d positions × %d × 4", name, len(lraw), L, V)
+	}
+	ref := make([]float32, L*V)
+	for i := range ref {
+		ref[i] = math.Float32frombits(binary.LittleEndian.Uint32(lraw[4*i:]))
+	}
+	st := newTestStage(t, Config{Model: cfg, Lo: 0, Hi: cfg.NumLayers, Weights: ck,
+		MaxTokens: P + 16, MaxSeqs: 2, MaxSeqLen: L + 8, MaxLogitRows: P + 16})
+	ctx := context.Background()
+	const chunk = 16
+	pos := [2]int{}
+	rows := [2][][]float32{}
+	for step := 0; pos[0] < L || pos[1] < L; step++ {
+		b := &stage.Batch{ID: uint64(step + 1)}
+		for k := 0; k < 2; k++ {
+			if pos[k] >= L {
+				continue
+			}
+			n := 1
+			if pos[k] < P {
+				n = P - pos[k]
+				if k == 1 {
+					n = min(n, chunk)
+				}
+			}
+			b.Seqs = append(b.Seqs, stage.Seq{ID: uint64(k + 1), Pos: pos[k], Tokens: hc.Tokens[pos[k] : pos[k]+n],
+				Logits: true, Sample: pos[k]+n >= P, Index: max(0, pos[k]+n-P)})
+		}
+		out, err := st.Forward(ctx, b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, q := range b.Seqs {
+			k := q.ID - 1
+			for _, r := range out.Logits[i].Rows {
+				rows[k] = append(rows[k], append([]float32(nil), r...))
+			}
+			pos[k] += len(q.Tokens)
+		}
+	}
+	var stats [2]compareStats
+	for k := range stats {
+		for p := 0; p < L; p++ {
+			rel, top1, decisive := stats[k].add(rows[k][p], ref[p*V:(p+1)*V])
+			if hc.Informational {
+				continue
+			}
+			if !(rel <= bf16Tol) {
+				t.Errorf("seq %d position %d: relative L2 error %.4g above %g", k+1, p, rel, bf16Tol)
+			}
+			if decisive && !top1 {
+				t.Errorf("seq %d position %d: top-1 differs where the reference's top-1/top-2 gap exceeds 0.1", k+1, p)
+			}
+		}
+		stats[k].finish()
+	}
+	for k, s := range stats {
+		t.Logf("%s seq %d: %d positions, max rel L2 %.3g, mean %.3g, top-1 agreement %d/%d, decisive %d (disagreeing %d)",
+			name, k+1, s.Positions, s.MaxRelL2, s.MeanRelL2, s.Top1Agree, s.Positions, s.Decisive, s.DecisiveBad)
+	}
+	writeResult(t, "hf_"+name, map[string]any{"whole_prefill": stats[0], "chunked_prefill": stats[1], "prompt_len": P,
+		"layers": cfg.NumLayers, "memory": st.Memory(), "informational": hc.Informational})
+}
+
+// TestCPUAgainstGPU runs the CPU (float32) and CUDA (bf16) backends on the
+// same tiny checkpoints written by randinit and compares their logits over a
+// prefill and teacher-forced decodes.
+func TestCPUAgainstGPU(t *testing.T) {
+	device(t)
+	llama := randinit.DefaultOptions()
+	llama.RopeScaling = true
+	qwen := randinit.DefaultOptions()
+	qwen.Arch, qwen.Heads, qwen.KVHeads, qwen.Hidden, qwen.HeadDim, qwen.Seed = "qwen2", 7, 1, 112, 16, 2
+	results := map[string]compareStats{}
+	for name, o := range map[string]randinit.Options{"llama-tiny": llama, "qwen2-tiny": qwen} {
+		t.Run(name, func(t *testing.T) {
+			dir := t.TempDir()
+			if err := randinit.Write(dir, o); err != nil {
+				t.Fatal(err)
+			}
+			ck, err := model.Open(dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ck.Close()
+			cfg := ck.Config()
+			cs, err := cpu.New(cpu.Config{Model: cfg, Lo: 0, Hi: cfg.NumLayers, Weights: ck, MaxTokens: 64, MaxSeqs: 1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer cs.Close()
+			gs := newTestStage(t, Config{Model: cfg, Lo: 0, Hi: cfg.NumLayers, Weights: ck, MaxTokens: 64, MaxSeqs: 1})
+			rng := rand.New(rand.NewPCG(o.Seed, 9))
+			toks := make([]int32, 40)
+			for i := range toks {
+				toks[i] = int32(rng.IntN(cfg.VocabSize))
+			}
+			var st compareStats
+			ctx := context.Background()
+			for pos, step := 0, 0; pos < len(toks); step++ {
+				n := 1
+				if pos == 0 {
+					n = 32
+				}
+				b := &stage.Batch{ID: uint64(step), Seqs: []stage.Seq{{ID: 5, Pos: pos, Tokens: toks[pos : pos+n], Logits: true}}}
+				co, err := cs.Forward(ctx, b)
+				if err != nil {
+					t.Fatal(err)
+				}
+				want := make([][]float32, n)
+				for i, r := range co.Logits[0].Rows {
+					want[i] = append([]float32(nil), r...)
+				}
+				gout, err := gs.Forward(ctx, b)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for i, r := range gout.Logits[0].Rows {
+					if rel, _, _ := st.add(r, want[i]); !(rel <= bf16Tol) {
+						t.Errorf("position %d: CPU and GPU logits differ by %.3g relative", pos+i, rel)
+					}
+				}
+				pos += n
+			}
+			st.finish()
+			st.RelL2 = nil
+			results[name] = st
+			t.Logf("%s: %d positions, max rel L2 %.3g, mean %.3g, top-1 agreement %d/%d", name, st.Positions, st.MaxRelL2, st.MeanRelL2, st.Top1Agree, st.Positions)
+		})
+	}
+	writeResult(t, "cpu_vs_gpu", results)
+}
+
+// TestDecodeTiming times eager decode steps of the checkpoint in
+// TANDEM_BENCH_CHECKPOINT at batch 1 and 32 (median of 50 steps after 10 of
+// warm-up, each after a 64-token prefill), next to the HBM floor: weight
+// bytes over the device-to-device copy bandwidth measured here.
+func TestDecodeTiming(t *testing.T) {
+	dir := os.Getenv("TANDEM_BENCH_CHECKPOINT")
+	if dir == "" {
+		t.Skip("TANDEM_BENCH_CHECKPOINT is not set: nothing to time")
+	}
+	dev := device(t)
+	bw := copyBandwidth(t, dev)
+	ck, err := model.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ck.Close()
+	cfg := ck.Config()
+	st := newTestStage(t, Config{Model: cfg, Lo: 0, Hi: cfg.NumLayers, Weights: ck, MaxTokens: 512, MaxSeqs: 32, MaxSeqLen: 256})
+	floor := float64(st.Memory().WeightBytes) / bw
+	res := map[string]any{"weight_bytes": st.Memory().WeightBytes, "copy_bw_bytes_per_s": bw, "floor_ms": floor * 1e3,
+		"device": dev.Info().Name}
+	rng := rand.New(rand.NewPCG(1, 1))
+	ctx := context.Background()
+	next := uint64(1)
+	for _, batch := range []int{1, 32} {
+		ids := make([]uint64, batch)
+		last := make([]int32, batch)
+		const prompt = 64
+		for i := 0; i < batch; i += 8 {
+			b := &stage.Batch{ID: next}
+			next++
+			for j := i; j < min(batch, i+8); j++ {
+				ids[j] = next*100 + uint64(j)
+				toks := make([]int32, prompt)
+				for k := range toks {
+					toks[k] = int32(rng.IntN(cfg.VocabSize))
+				}
+				b.Seqs = append(b.Seqs, stage.Seq{ID: ids[j], Tokens: toks, Sample: true})
+			}
+			out, err := st.Forward(ctx, b)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for k, s := range out.Sampled {
+				last[i+k] = s.Token
+			}
+		}
+		var wall, dev []float64
+		for step := 0; step < 60; step++ {
+			b := &stage.Batch{ID: next}
+			next++
+			for j := range ids {
+				b.Seqs = append(b.Seqs, stage.Seq{ID: ids[j], Pos: prompt + step, Tokens: []int32{last[j]}, Sample: true, Index: step + 1})
+			}
+			start := time.Now()
+			out, err := st.Forward(ctx, b)
+			el := time.Since(start)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for k, s := range out.Sampled {
+				last[k] = s.Token
+			}
+			if step >= 10 {
+				wall = append(wall, float64(el)/1e6)
+				dev = append(dev, float64(st.LastStepTime())/1e6)
+			}
+		}
+		for _, id := range ids {
+			st.Free(id)
+		}
+		r := map[string]float64{"wall_ms": median(wall), "gpu_ms": median(dev)}
+		res[fmt.Sprint("batch_", batch)] = r
+		t.Logf("batch %d: decode step %.3f ms wall, %.3f ms GPU (floor %.3f ms)", batch, r["wall_ms"], r["gpu_ms"], floor*1e3)
+	}
+	writeResult(t, "decode", res)
+}
+
+func median(v []float64) float64 {
+	s := append([]float64(nil), v...)
+	sort.Float64s(s)
+	return s[len(s)/2]
+}
+
+// copyBandwidth measures device-to-device copy bandwidth (bytes read plus
+// written per second) with a 1 GiB copy, median of 10 after 2 of warm-up.
+func copyBandwidth(t *testing.T, dev *gpu.Device) float64 {
+	t.Helper()
+	const n = 1 << 30
+	var times []float64
+	err := dev.Do(func() error {
+		a, err := gpu.Alloc(n)
+		if err != nil {
+			return err
+		}
+		defer a.Free()
+		b, err := gpu.Alloc(n)
+		if err != nil {
+			return err
+		}
+		defer b.Free()
+		s, err := gpu.NewStream()
+		if err != nil {
+			return err
+		}
+		defer s.Destroy()
+		if err := gpu.MemsetD32Async(a.Ptr(), 0x3f803f80, n/4, s); err != nil {
+			return err
+		}
+		e0, err := gpu.NewEvent()
+		if err != nil {
+			return err
+		}
+		defer e0.Destroy()
+		e1, err := gpu.NewEvent()
+		if err != nil {
+			return err
+		}
+		defer e1.Destroy()
+		for i := 0; i < 12; i++ {
+			if err := e0.Record(s); err != nil {
+				return err
+			}
+			if err := gpu.CopyDtoDAsync(b.Ptr(), a.Ptr(), n, s); err != nil {
+				return err
+			}
+			if err := e1.Record(s); err != nil {
+				return err
+			}
+			if err := e1.Synchronize(); err != nil {
+				return err
+			}
+			d, err := gpu.Elapsed(e0, e1)
+			if err != nil {
+				return err
+			}
+			if i >= 2 {
+				times = append(times, d.Seconds())
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("copy bandwidth: %v", err)
+	}
+	return 2 * n / median(times)
+}

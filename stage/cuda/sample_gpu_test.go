@@ -1,0 +1,291 @@
+package cuda
+
+import (
+	"math"
+	"math/rand/v2"
+	"sort"
+	"testing"
+
+	"github.com/tandem-llm/tandem/gpu"
+)
+
+// sampleReq is one sampling request for the sample kernel.
+type sampleReq struct {
+	row         int
+	temperature float32
+	topK        int
+	topP        float32
+	seed        uint64
+	index       int
+	logprobs    int
+}
+
+// sampleResult is the kernel's output for one request.
+type sampleResult struct {
+	token   int32
+	logprob float32
+	top     []int32
+	topLP   []float32
+}
+
+// runSampleKernel runs the sample kernel over logits rows (all of one
+// vocabulary size) for reqs.
+func runSampleKernel(t *testing.T, logits [][]float32, reqs []sampleReq) []sampleResult {
+	t.Helper()
+	dev := device(t)
+	s := &Stage{dev: dev}
+	img, err := s.kernelImage(testDev.cache)
+	if err != nil {
+		t.Fatal(err)
+	}
+	vocab := len(logits[0])
+	flat := make([]float32, 0, len(logits)*vocab)
+	for _, r := range logits {
+		flat = append(flat, r...)
+	}
+	params := make([]int32, 0, len(reqs)*sampleParams)
+	for _, q := range reqs {
+		params = append(params, int32(q.row), int32(math.Float32bits(q.temperature)), int32(q.topK),
+			int32(math.Float32bits(q.topP)), int32(uint32(q.seed)), int32(uint32(q.seed>>32)), int32(q.index), int32(q.logprobs))
+	}
+	stride := 2 + 2*MaxLogprobs
+	out := make([]int32, len(reqs)*stride)
+	err = dev.Do(func() error {
+		if err := s.loadModule(img, testDev.cache); err != nil {
+			return err
+		}
+		defer s.mod.Unload()
+		var mems []gpu.Mem
+		defer func() {
+			for _, m := range mems {
+				m.Free()
+			}
+		}()
+		up := func(b []byte) (gpu.DevicePtr, error) {
+			m, err := gpu.Alloc(len(b))
+			if err != nil {
+				return 0, err
+			}
+			mems = append(mems, m)
+			return m.Ptr(), gpu.CopyHtoD(m.Ptr(), b)
+		}
+		lp, err := up(gpu.AsBytes(flat))
+		if err != nil {
+			return err
+		}
+		pp, err := up(gpu.AsBytes(params))
+		if err != nil {
+			return err
+		}
+		op, err := up(gpu.AsBytes(out))
+		if err != nil {
+			return err
+		}
+		var a gpu.KernelArgs
+		a.Ptr(lp).Int32(int32(vocab)).Ptr(pp).Ptr(op).Int32(MaxLogprobs)
+		if err := s.fn[kSample].Launch(gpu.Dim3{X: uint32(len(reqs))}, gpu.Dim3{X: sampleThreads}, 0, 0, &a); err != nil {
+			return err
+		}
+		return gpu.CopyDtoH(gpu.AsBytes(out), op)
+	})
+	if err != nil {
+		t.Fatalf("sample kernel: %v", err)
+	}
+	res := make([]sampleResult, len(reqs))
+	for i, q := range reqs {
+		w := out[i*stride:]
+		r := sampleResult{token: w[0], logprob: math.Float32frombits(uint32(w[1]))}
+		for k := 0; k < q.logprobs; k++ {
+			r.top = append(r.top, w[2+2*k])
+			r.topLP = append(r.topLP, math.Float32frombits(uint32(w[3+2*k])))
+		}
+		res[i] = r
+	}
+	return res
+}
+
+// logSoftmax64 is the float64 log-softmax of a row.
+func logSoftmax64(row []float32) []float64 {
+	m := math.Inf(-1)
+	for _, v := range row {
+		m = math.Max(m, float64(v))
+	}
+	z := 0.0
+	for _, v := range row {
+		z += math.Exp(float64(v) - m)
+	}
+	lz := m + math.Log(z)
+	out := make([]float64, len(row))
+	for i, v := range row {
+		out[i] = float64(v) - lz
+	}
+	return out
+}
+
+// order returns token ids by descending logit, ties by id.
+func order(row []float32) []int {
+	ids := make([]int, len(row))
+	for i := range ids {
+		ids[i] = i
+	}
+	sort.SliceStable(ids, func(a, b int) bool { return row[ids[a]] > row[ids[b]] })
+	return ids
+}
+
+func TestSampleKernelGreedyAndLogprobs(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	const vocab = 128256
+	rows := make([][]float32, 3)
+	for i := range rows {
+		rows[i] = make([]float32, vocab)
+		for j := range rows[i] {
+			rows[i][j] = float32(rng.NormFloat64() * 3)
+		}
+	}
+	// Row 2 has a tie for the maximum at ids 70000 and 900: the lower wins.
+	rows[2][70000], rows[2][900] = 50, 50
+	reqs := []sampleReq{
+		{row: 0, logprobs: MaxLogprobs},
+		{row: 1, logprobs: 5},
+		{row: 2, logprobs: 3},
+		{row: 0, temperature: 1, topK: 1, seed: 9},      // top-k 1 is greedy
+		{row: 1, temperature: 0.7, topP: 1e-6, seed: 9}, // a tiny nucleus is greedy
+	}
+	res := runSampleKernel(t, rows, reqs)
+	for i, q := range reqs {
+		row := rows[q.row]
+		ord := order(row)
+		lp := logSoftmax64(row)
+		r := res[i]
+		if int(r.token) != ord[0] {
+			t.Errorf("request %d: token %d; want the arg-max %d", i, r.token, ord[0])
+		}
+		if d := math.Abs(float64(r.logprob) - lp[r.token]); d > 1e-4 {
+			t.Errorf("request %d: logprob %v; float64 log-softmax %v", i, r.logprob, lp[r.token])
+		}
+		for k := range r.top {
+			if int(r.top[k]) != ord[k] {
+				t.Errorf("request %d: top %d is %d; want %d", i, k, r.top[k], ord[k])
+			}
+			if d := math.Abs(float64(r.topLP[k]) - lp[ord[k]]); d > 1e-4 {
+				t.Errorf("request %d: top %d logprob %v; want %v", i, k, r.topLP[k], lp[ord[k]])
+			}
+		}
+	}
+	if res[2].token != 900 || res[2].top[1] != 70000 {
+		t.Errorf("tie: token %d, second %d; want 900 then 70000", res[2].token, res[2].top[1])
+	}
+}
+
+func TestSampleKernelDistribution(t *testing.T) {
+	probs := []float64{0.5, 0.3, 0.2}
+	row := make([]float32, len(probs))
+	for i, p := range probs {
+		row[i] = float32(math.Log(p)) + 4 // a shift changes nothing
+	}
+	const n = 20000
+	tempered := func(temp float64) []float64 {
+		w := make([]float64, len(probs))
+		sum := 0.0
+		for i, p := range probs {
+			w[i] = math.Pow(p, 1/temp)
+			sum += w[i]
+		}
+		for i := range w {
+			w[i] /= sum
+		}
+		return w
+	}
+	tests := []struct {
+		name string
+		q    sampleReq
+		want []float64
+	}{
+		{"temperature 1", sampleReq{temperature: 1, seed: 42}, probs},
+		{"temperature 2", sampleReq{temperature: 2, seed: 43}, tempered(2)},
+		{"temperature 0.5", sampleReq{temperature: 0.5, seed: 44}, tempered(0.5)},
+		{"top-k 2", sampleReq{temperature: 1, topK: 2, seed: 45}, []float64{0.625, 0.375, 0}},
+		{"top-p 0.6", sampleReq{temperature: 1, topP: 0.6, seed: 46}, []float64{0.625, 0.375, 0}},
+		{"top-p 0.45", sampleReq{temperature: 1, topP: 0.45, seed: 47}, []float64{1, 0, 0}},
+		{"top-k 2 then top-p 0.55", sampleReq{temperature: 1, topK: 2, topP: 0.55, seed: 48}, []float64{1, 0, 0}},
+		{"top-k 2 then top-p 0.7", sampleReq{temperature: 1, topK: 2, topP: 0.7, seed: 49}, []float64{0.625, 0.375, 0}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			reqs := make([]sampleReq, n)
+			for i := range reqs {
+				reqs[i] = tc.q
+				reqs[i].index = i
+			}
+			res := runSampleKernel(t, [][]float32{row}, reqs)
+			counts := make([]float64, len(probs))
+			for _, r := range res {
+				counts[r.token]++
+			}
+			for i := range counts {
+				f := counts[i] / n
+				// Four standard deviations of a binomial frequency.
+				tol := 4*math.Sqrt(tc.want[i]*(1-tc.want[i])/n) + 1e-9
+				if math.Abs(f-tc.want[i]) > tol {
+					t.Errorf("token %d drawn %.4f of the time; want %.4f ± %.4f", i, f, tc.want[i], tol)
+				}
+			}
+			// The same seed and index give the same token.
+			again := runSampleKernel(t, [][]float32{row}, reqs[:200])
+			for i := range again {
+				if again[i].token != res[i].token {
+					t.Fatalf("index %d: token %d, then %d with the same seed", i, res[i].token, again[i].token)
+				}
+			}
+		})
+	}
+}
+
+func TestSampleKernelLargeVocabFilters(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	const vocab = 50000
+	row := make([]float32, vocab)
+	for j := range row {
+		row[j] = float32(rng.NormFloat64() * 2)
+	}
+	ord := order(row)
+	rank := make([]int, vocab)
+	for r, id := range ord {
+		rank[id] = r
+	}
+	// The nucleus of p = 0.5 at temperature 0.8, in float64.
+	lp := make([]float32, vocab)
+	for i, v := range row {
+		lp[i] = v / 0.8
+	}
+	l64 := logSoftmax64(lp)
+	nucleus, mass := 0, 0.0
+	for mass < 0.5 {
+		mass += math.Exp(l64[ord[nucleus]])
+		nucleus++
+	}
+	const n = 500
+	var reqs []sampleReq
+	for i := 0; i < n; i++ {
+		reqs = append(reqs, sampleReq{temperature: 1, topK: 50, seed: 5, index: i})
+	}
+	for i := 0; i < n; i++ {
+		reqs = append(reqs, sampleReq{temperature: 0.8, topP: 0.5, seed: 6, index: i})
+	}
+	res := runSampleKernel(t, [][]float32{row}, reqs)
+	seen := map[int32]bool{}
+	for i, r := range res {
+		limit, what := 50, "top-k 50"
+		if i >= n {
+			limit, what = nucleus, "top-p 0.5"
+		}
+		if rank[r.token] >= limit {
+			t.Fatalf("%s drew token %d of rank %d; the filter keeps %d", what, r.token, rank[r.token], limit)
+		}
+		seen[r.token] = true
+	}
+	if len(seen) < 20 {
+		t.Errorf("only %d distinct tokens in %d draws: the draws look degenerate", len(seen), 2*n)
+	}
+	t.Logf("nucleus of p=0.5 holds %d tokens; %d distinct tokens drawn", nucleus, len(seen))
+}
