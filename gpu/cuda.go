@@ -14,7 +14,7 @@ type cudaLib struct {
 
 	init, driverGetVersion, deviceGetCount, deviceGet, deviceGetName,
 	deviceGetAttribute, deviceTotalMem, primaryCtxRetain, primaryCtxRelease,
-	ctxSetCurrent,
+	ctxSetCurrent, ctxGetCurrent,
 	memAlloc, memFree, memAllocHost, memFreeHost, memcpyHtoD, memcpyDtoH,
 	memcpyHtoDAsync, memcpyDtoHAsync, memcpyDtoDAsync, memsetD32Async,
 	memsetD8Async, memGetInfo,
@@ -43,6 +43,7 @@ func (c *cudaLib) symbols() []symbol {
 		required(&c.primaryCtxRetain, "cuDevicePrimaryCtxRetain"),
 		required(&c.primaryCtxRelease, "cuDevicePrimaryCtxRelease", "cuDevicePrimaryCtxRelease_v2"),
 		required(&c.ctxSetCurrent, "cuCtxSetCurrent"),
+		required(&c.ctxGetCurrent, "cuCtxGetCurrent"),
 		required(&c.memAlloc, "cuMemAlloc", "cuMemAlloc_v2"),
 		required(&c.memFree, "cuMemFree", "cuMemFree_v2"),
 		required(&c.memAllocHost, "cuMemAllocHost", "cuMemAllocHost_v2"),

@@ -143,6 +143,34 @@ func (c *cudaLib) deviceInfo(dev int32) (DeviceInfo, error) {
 	return info, nil
 }
 
+// LockThread locks the calling goroutine to its OS thread and makes the
+// device's primary context current there, so that it may call device
+// functions directly: for loops of cheap calls, such as polling an event,
+// that should not pay a hop to the device goroutine per call. unlock
+// restores the thread's previous context and unlocks it. Work ordered this
+// way is ordered on streams like any other; keep it to queries and other
+// calls that need no serialization with the device goroutine.
+func (d *Device) LockThread() (unlock func(), err error) {
+	c, err := driver()
+	if err != nil {
+		return nil, err
+	}
+	runtime.LockOSThread()
+	var prev uintptr
+	if err := c.check("cuCtxGetCurrent", c.ctxGetCurrent.status(uintptr(unsafe.Pointer(&prev)))); err != nil {
+		runtime.UnlockOSThread()
+		return nil, err
+	}
+	if err := c.check("cuCtxSetCurrent", c.ctxSetCurrent.status(d.ctx)); err != nil {
+		runtime.UnlockOSThread()
+		return nil, err
+	}
+	return func() {
+		c.ctxSetCurrent.status(prev)
+		runtime.UnlockOSThread()
+	}, nil
+}
+
 // Info describes the device.
 func (d *Device) Info() DeviceInfo { return d.info }
 

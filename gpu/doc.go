@@ -61,7 +61,9 @@
 // Device.Do, which serializes calls from several goroutines. Functions
 // documented "device goroutine only" fail with CUDA_ERROR_INVALID_CONTEXT
 // (or act on another device) elsewhere. Do must not be called from inside
-// Do. Init, Probe, DeviceCount, DriverVersion, Compile, NVRTCVersion,
+// Do. Device.LockThread makes the context current on the caller's own
+// thread for loops of cheap queries (polling an event) that should not hop
+// to the device goroutine per call. Init, Probe, DeviceCount, DriverVersion, Compile, NVRTCVersion,
 // NCCLVersion, NewNCCLUniqueID, NCCLComm.Abort and NCCLComm.AsyncError may
 // be called from any goroutine. Handles (Stream, Event, Module, BLAS,
 // NCCLComm) belong to the device they were made on.

@@ -103,6 +103,21 @@ func TestMockDoThread(t *testing.T) {
 	if !errors.As(err, &e) || e.Name != "CUDA_ERROR_INVALID_CONTEXT" || e.Msg != "invalid device context" || e.Lib != "cuda" || e.Op != "cuMemAlloc" {
 		t.Fatalf("Alloc outside Do = %v, want CUDA_ERROR_INVALID_CONTEXT from cuGetErrorName/String", err)
 	}
+	unlock, err := d.LockThread()
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := Alloc(16)
+	if err != nil {
+		t.Fatalf("Alloc with the thread locked: %v", err)
+	}
+	if err := m.Free(); err != nil {
+		t.Fatal(err)
+	}
+	unlock()
+	if _, err := Alloc(16); err == nil {
+		t.Fatal("context still current after unlock")
+	}
 	tids := map[int]bool{}
 	for range 20 {
 		if err := d.Do(func() error {

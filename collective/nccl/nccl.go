@@ -115,30 +115,39 @@ func (e *endpoint) transfer(ctx context.Context, h collective.Header, b collecti
 			return fmt.Errorf("%s: %w", what, e.fail(err))
 		}
 	}
+	// Poll the event on this goroutine's own thread with the context
+	// current: a hop to the device goroutine per poll would cost more than
+	// a small transfer takes.
+	unlock, err := e.cfg.Device.LockThread()
+	if err != nil {
+		return fmt.Errorf("%s: %w", what, e.fail(err))
+	}
 	err = poll(ctx, e.cfg.MaxPoll, func() (bool, error) {
-		var done bool
-		err := e.cfg.Device.Do(func() (err error) {
-			done, err = e.done.Done()
-			return err
-		})
+		done, err := e.done.Done()
 		if err != nil || done {
 			return done, err
 		}
 		return false, comm.AsyncError()
 	})
+	unlock()
 	if err != nil {
 		return fmt.Errorf("%s: %w", what, e.fail(err))
 	}
 	return nil
 }
 
+// spinFor is how long poll calls check back to back before it starts to
+// sleep: transfers of a decode step take tens of microseconds, and a timer
+// sleep costs about as much.
+const spinFor = 200 * time.Microsecond
+
 // poll calls check until it reports done or an error, or ctx ends. It spins
-// briefly (transfers of a decode step take microseconds), then sleeps with
-// backoff up to maxSleep between calls.
+// for spinFor, then sleeps with backoff up to maxSleep between calls.
 func poll(ctx context.Context, maxSleep time.Duration, check func() (bool, error)) error {
 	var timer *time.Timer
 	delay := time.Duration(0)
-	for polls := 0; ; polls++ {
+	start := time.Now()
+	for {
 		done, err := check()
 		if err != nil {
 			return err
@@ -149,11 +158,11 @@ func poll(ctx context.Context, maxSleep time.Duration, check func() (bool, error
 		if err := ctx.Err(); err != nil {
 			return fmt.Errorf("waiting for peer: %w", err)
 		}
-		if polls < 16 {
+		if time.Since(start) < spinFor {
 			runtime.Gosched()
 			continue
 		}
-		delay = min(max(2*delay, 5*time.Microsecond), maxSleep)
+		delay = min(max(2*delay, 20*time.Microsecond), maxSleep)
 		if timer == nil {
 			timer = time.NewTimer(delay)
 			defer timer.Stop()

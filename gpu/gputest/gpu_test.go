@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -676,6 +677,13 @@ func testSendRecv(t *testing.T, nonBlocking bool) {
 		checked += h.Bytes()
 		t.Logf("batch %d: %d x %d bf16 (%d bytes) sent and checked in %v", batch, h.Rows, h.Cols, h.Bytes(), el)
 	}
+	small := collective.Header{Batch: 50, Rows: 1, Cols: 2048, DType: collective.BF16}
+	var lat []time.Duration
+	for range 50 {
+		lat = append(lat, transfer(small))
+	}
+	slices.Sort(lat)
+	t.Logf("4 KiB send+recv round, host-timed over 50: median %v, min %v", lat[len(lat)/2], lat[0])
 	big := collective.Header{Batch: 99, Rows: maxBytes / 2 / 8192, Cols: 8192, DType: collective.BF16}
 	for range 2 {
 		el := transfer(big)

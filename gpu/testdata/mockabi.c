@@ -77,6 +77,7 @@ static char contexts[2];
 CUresult cuDevicePrimaryCtxRetain(void **ctx, int dev) { *ctx = &contexts[dev]; return OK; }
 CUresult cuDevicePrimaryCtxRelease_v2(int dev) { (void)dev; return OK; }
 CUresult cuCtxSetCurrent(void *ctx) { current_ctx = ctx; return OK; }
+CUresult cuCtxGetCurrent(void **ctx) { *ctx = current_ctx; return OK; }
 
 /* ---- memory ---- */
 CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) {
