@@ -64,7 +64,8 @@
 // Do. Device.LockThread makes the context current on the caller's own
 // thread for loops of cheap queries (polling an event) that should not hop
 // to the device goroutine per call. Init, Probe, DeviceCount, DriverVersion, Compile, NVRTCVersion,
-// NCCLVersion, NewNCCLUniqueID, NCCLComm.Abort and NCCLComm.AsyncError may
+// NCCLVersion, NewNCCLUniqueID, NCCLComm.Abort, NCCLComm.AsyncError and
+// NCCLComm.Ready may
 // be called from any goroutine. Handles (Stream, Event, Module, BLAS,
 // NCCLComm) belong to the device they were made on.
 //

@@ -47,15 +47,12 @@ var ErrNotInitialized = errors.New("gpu: not initialized (call gpu.Init)")
 
 // Status codes the package acts on.
 const (
-	cudaSuccess           = 0
-	cudaErrorNoDevice     = 100
-	cudaErrorNotReady     = 600
-	nvrtcSuccess          = 0
-	cublasStatusSuccess   = 0
-	ncclSuccess           = 0
-	ncclInProgress        = 7
-	cublasStatusNotInit   = 1
-	cublasStatusAllocFail = 3
+	cudaSuccess         = 0
+	cudaErrorNotReady   = 600
+	nvrtcSuccess        = 0
+	cublasStatusSuccess = 0
+	ncclSuccess         = 0
+	ncclInProgress      = 7
 )
 
 // IsNotReady reports whether err is CUDA_ERROR_NOT_READY.

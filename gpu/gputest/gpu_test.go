@@ -1,11 +1,3 @@
-// Package gputest checks package gpu and collective/nccl on a real GPU. It
-// is tests only; every test skips when no CUDA driver is found, and the
-// NCCL tests when fewer than two devices are present.
-//
-// Run on a GPU machine (scripts/gpu-bindings-check.sh):
-//
-//	CGO_ENABLED=0 go test -c -o gputest.test ./gpu/gputest
-//	NCCL_NVLS_ENABLE=0 ./gputest.test -test.v
 package gputest
 
 import (
