@@ -28,7 +28,7 @@ def main():
     print(header)
     print("-- tandem CUDA (bf16) vs transformers (fp32, same bf16 weights): logits per position")
     print("   (HF bf16: transformers' own bf16 forward against the same reference)")
-    print(f"{'model/prefill':26} {'pos':>4} {'max relL2':>10} {'mean relL2':>10} {'top1 agree':>11} "
+    print(f"{'model/prefill':26} {'pos':>4} {'max relL2':>10} {'mean relL2':>10} {'>2e-2':>6} {'top1 agree':>11} "
           f"{'gap>0.1 bad':>12} {'HF bf16 max/mean':>17}")
     for name in sorted(k for k in res if k.startswith("hf_")):
         r = res[name]
@@ -38,7 +38,7 @@ def main():
             s = r[mode]
             label = name[3:] + "/" + mode.split("_")[0] + ("*" if r.get("informational") else "")
             print(f"{label:26} {s['positions']:>4} {s['max_rel_l2']:>10.3g} "
-                  f"{s['mean_rel_l2']:>10.3g} {str(s['top1_agree']) + '/' + str(s['positions']):>11} "
+                  f"{s['mean_rel_l2']:>10.3g} {s.get('over_2e-2', 0):>6} {str(s['top1_agree']) + '/' + str(s['positions']):>11} "
                   f"{str(s['decisive_disagree']) + '/' + str(s['decisive']):>12} {base:>17}")
     print("   * informational: reported, not held to the bounds")
     for name, h in sorted(hf.items()):

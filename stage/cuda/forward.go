@@ -48,26 +48,22 @@ func (s *Stage) run() error {
 	if err := s.events[0].Record(st); err != nil {
 		return err
 	}
-	resIn := s.b.in
 	if s.first {
 		a := s.args.Reset().Ptr(tokens).Ptr(s.weights.embed).Ptr(s.b.resid).Int32(int32(H))
 		if err := s.launch(kEmbed, gpu.Dim3{X: uint32(T)}, gpu.Dim3{X: embedThreads}, a); err != nil {
 			return err
 		}
-		resIn = s.b.resid
+	} else if err := gpu.CopyDtoDAsync(s.b.resid, s.b.in, T*H*4, st); err != nil {
+		return fmt.Errorf("copy input activations: %w", err)
 	}
 	scale := float32(1 / math.Sqrt(float64(m.HeadDim)))
 	for i, lw := range s.layers {
 		kc := s.kcache + gpu.DevicePtr(i*s.kvLayer)
 		vc := s.vcache + gpu.DevicePtr(i*s.kvLayer)
-		var delta gpu.DevicePtr
-		if i > 0 {
-			resIn, delta = s.b.resid, s.b.delta
-		}
-		if err := s.rmsnorm(T, resIn, delta, s.b.resid, lw.inNorm, s.b.normed, 0); err != nil {
+		if err := s.rmsnorm(T, lw.inNorm, 0); err != nil {
 			return err
 		}
-		if err := s.blas.LinearBF16(s.b.qkv, s.b.normed, lw.qkv, T, H, s.qkvDim, 0); err != nil {
+		if err := s.linear(s.b.qkv, s.b.normed, lw.qkv, T, H, s.qkvDim, 0); err != nil {
 			return fmt.Errorf("layer %d qkv: %w", s.lo+i, err)
 		}
 		a := s.args.Reset().Ptr(s.b.qkv).Ptr(lw.qkvBias).Ptr(s.b.invFreq).Ptr(pos).Ptr(cacheRow).
@@ -80,13 +76,14 @@ func (s *Stage) run() error {
 		if err := s.launch(kAttention, gpu.Dim3{X: uint32(T), Y: uint32(m.NumHeads)}, gpu.Dim3{X: attentionThreads}, a); err != nil {
 			return err
 		}
-		if err := s.blas.LinearBF16(s.b.delta, s.b.attn, lw.o, T, s.qDim, H, 0); err != nil {
+		// The residual add is the GEMM's own: resid = attn·Woᵀ + 1·resid.
+		if err := s.linear(s.b.resid, s.b.attn, lw.o, T, s.qDim, H, 1); err != nil {
 			return fmt.Errorf("layer %d o_proj: %w", s.lo+i, err)
 		}
-		if err := s.rmsnorm(T, s.b.resid, s.b.delta, s.b.resid, lw.postNorm, s.b.normed, 0); err != nil {
+		if err := s.rmsnorm(T, lw.postNorm, 0); err != nil {
 			return err
 		}
-		if err := s.blas.LinearBF16(s.b.gateUp, s.b.normed, lw.gateUp, T, H, 2*m.IntermediateSize, 0); err != nil {
+		if err := s.linear(s.b.gateUp, s.b.normed, lw.gateUp, T, H, 2*m.IntermediateSize, 0); err != nil {
 			return fmt.Errorf("layer %d gate/up: %w", s.lo+i, err)
 		}
 		a = s.args.Reset().Ptr(s.b.gateUp).Ptr(s.b.act).Int32(int32(m.IntermediateSize))
@@ -94,16 +91,11 @@ func (s *Stage) run() error {
 		if err := s.launch(kSiluMul, grid, gpu.Dim3{X: siluThreads}, a); err != nil {
 			return err
 		}
-		if err := s.blas.LinearBF16(s.b.delta, s.b.act, lw.down, T, m.IntermediateSize, H, 0); err != nil {
+		if err := s.linear(s.b.resid, s.b.act, lw.down, T, m.IntermediateSize, H, 1); err != nil {
 			return fmt.Errorf("layer %d down: %w", s.lo+i, err)
 		}
 	}
-	if !s.last {
-		// The residual stream after the last layer is the stage's output.
-		if err := s.rmsnorm(T, s.b.resid, s.b.delta, s.b.resid, 0, 0, 0); err != nil {
-			return err
-		}
-	} else if p.rows > 0 {
+	if s.last && p.rows > 0 {
 		if err := s.head(); err != nil {
 			return err
 		}
@@ -131,13 +123,10 @@ func (s *Stage) head() error {
 	lay := s.pl.lay
 	st := s.stream
 	rows := s.b.batch + gpu.DevicePtr(4*lay.logitRows())
-	if err := s.rmsnorm(p.rows, s.b.resid, s.b.delta, 0, s.weights.norm, s.b.normed, rows); err != nil {
+	if err := s.rmsnorm(p.rows, s.weights.norm, rows); err != nil {
 		return err
 	}
-	// Row-major logits[rows × vocab] = normed · lm_headᵀ, fp32 output.
-	if err := s.blas.Gemm(gpu.OpT, gpu.OpN, m.VocabSize, p.rows, m.HiddenSize, 1,
-		s.weights.lmHead, gpu.R16BF, m.HiddenSize, s.b.normed, gpu.R16BF, m.HiddenSize,
-		0, s.b.logits, gpu.R32F, m.VocabSize); err != nil {
+	if err := s.linear(s.b.logits, s.b.normed, s.weights.lmHead, p.rows, m.HiddenSize, m.VocabSize, 0); err != nil {
 		return fmt.Errorf("LM head: %w", err)
 	}
 	if p.nSampled > 0 {
@@ -164,12 +153,19 @@ func (s *Stage) head() error {
 	return nil
 }
 
-// rmsnorm orders the rmsnorm kernel over rows rows (see norm.cu); zero
-// pointers are the kernel's nulls.
-func (s *Stage) rmsnorm(rows int, resIn, delta, resOut, w, out, rowmap gpu.DevicePtr) error {
-	a := s.args.Reset().Ptr(resIn).Ptr(delta).Ptr(resOut).Ptr(w).Ptr(out).Ptr(rowmap).
+// rmsnorm normalises rows of the residual stream with weight w into the
+// bf16 buffer normed; rowmap (0: none) selects the rows (see norm.cu).
+func (s *Stage) rmsnorm(rows int, w, rowmap gpu.DevicePtr) error {
+	a := s.args.Reset().Ptr(s.b.resid).Ptr(w).Ptr(s.b.normed).Ptr(rowmap).
 		Int32(int32(s.m.HiddenSize)).Float32(float32(s.m.RMSNormEps))
 	return s.launch(kRMSNorm, gpu.Dim3{X: uint32(rows)}, gpu.Dim3{X: normThreads}, a)
+}
+
+// linear computes the fp32 row-major y[tokens×out] = x·Wᵀ + beta·y for bf16
+// x [tokens×in] and a bf16 Hugging Face weight W [out×in], accumulating in
+// fp32 (beta 1 adds into y, the residual stream).
+func (s *Stage) linear(y, x, w gpu.DevicePtr, tokens, in, out int, beta float32) error {
+	return s.blas.Gemm(gpu.OpT, gpu.OpN, out, tokens, in, 1, w, gpu.R16BF, in, x, gpu.R16BF, in, beta, y, gpu.R32F, out)
 }
 
 func (s *Stage) launch(name string, grid, block gpu.Dim3, a *gpu.KernelArgs) error {
@@ -184,7 +180,7 @@ func (s *Stage) output(b *stage.Batch) *stage.Output {
 	o := &s.out
 	*o = stage.Output{Sampled: o.Sampled[:0], Logits: o.Logits[:0]}
 	if !s.last {
-		o.Header = collective.Header{Batch: b.ID, Rows: s.p.tokens, Cols: s.m.HiddenSize, DType: collective.BF16}
+		o.Header = collective.Header{Batch: b.ID, Rows: s.p.tokens, Cols: s.m.HiddenSize, DType: collective.F32}
 		o.Activations = s.outBuf
 		return o
 	}

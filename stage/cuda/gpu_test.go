@@ -109,7 +109,7 @@ func TestConformance(t *testing.T) {
 		// to bf16 at load, against a float64 reference on the unrounded
 		// weights: up to 3e-2 measured on an H100.
 		Tol: 4e-2,
-		// A split hands the bf16 residual stream over exactly as one
+		// A split hands the fp32 residual stream over exactly as one
 		// stage keeps it between layers: the results are identical.
 		SplitTol: 1e-6,
 	})

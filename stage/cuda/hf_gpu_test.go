@@ -55,6 +55,13 @@ type hfCase struct {
 	Informational bool `json:"informational"`
 }
 
+// hfFigures is what scripts/hf_ref.py measured of transformers' own bf16
+// forward (<name>.hf.json): its relative L2 error against the float32
+// reference at every position.
+type hfFigures struct {
+	BF16RelL2 []float64 `json:"hf_bf16_rel_l2"`
+}
+
 // compareStats accumulates the comparison of logits rows with reference
 // rows.
 type compareStats struct {
@@ -62,7 +69,8 @@ type compareStats struct {
 	MaxRelL2    float64   `json:"max_rel_l2"`
 	MeanRelL2   float64   `json:"mean_rel_l2"`
 	Top1Agree   int       `json:"top1_agree"`
-	Decisive    int       `json:"decisive"` // reference top-1/top-2 gap > 0.1
+	Over2e2     int       `json:"over_2e-2"` // positions above 2e-2
+	Decisive    int       `json:"decisive"`  // reference top-1/top-2 gap > 0.1
 	DecisiveBad int       `json:"decisive_disagree"`
 	RelL2       []float64 `json:"rel_l2"`
 }
@@ -86,6 +94,9 @@ func (c *compareStats) add(got []float32, want []float32) (rel float64, top1, de
 	c.MaxRelL2 = math.Max(c.MaxRelL2, rel)
 	c.MeanRelL2 += rel
 	c.RelL2 = append(c.RelL2, rel)
+	if !(rel <= bf16Tol) {
+		c.Over2e2++
+	}
 	if top1 {
 		c.Top1Agree++
 	}
@@ -132,6 +143,12 @@ func top2f(v []float32) (int, int) {
 // teacher-forced decode steps. Sequence 1 prefills whole; sequence 2, with
 // the same tokens in the same batches, prefills in chunks of 16 and lags
 // behind, so prefill chunks mix with decodes and the slots must stay apart.
+//
+// Bound at each position: relative L2 error ≤ 2e-2, or, where transformers'
+// own bf16 forward already strays further (deep random networks amplify
+// bf16 rounding), ≤ 1.25 × that error; and the same top-1 token wherever the
+// reference's top-1/top-2 gap exceeds 0.1. How many positions exceed 2e-2 is
+// reported.
 func TestHFReference(t *testing.T) {
 	dir := os.Getenv("TANDEM_HF_DIR")
 	if dir == "" {
@@ -173,6 +190,15 @@ func testHFCase(t *testing.T, dir, name string) {
 	}
 	if len(lraw) != L*V*4 {
 		t.Fatalf("%s.logits.f32 holds %d bytes; want %d positions × %d × 4", name, len(lraw), L, V)
+	}
+	var hf hfFigures
+	if raw, err := os.ReadFile(filepath.Join(dir, name+".hf.json")); err != nil {
+		t.Fatal(err)
+	} else if err := json.Unmarshal(raw, &hf); err != nil {
+		t.Fatalf("%s.hf.json: %v", name, err)
+	}
+	if len(hf.BF16RelL2) != L {
+		t.Fatalf("%s.hf.json: %d bf16 errors for %d positions", name, len(hf.BF16RelL2), L)
 	}
 	ref := make([]float32, L*V)
 	for i := range ref {
@@ -219,8 +245,8 @@ func testHFCase(t *testing.T, dir, name string) {
 			if hc.Informational {
 				continue
 			}
-			if !(rel <= bf16Tol) {
-				t.Errorf("seq %d position %d: relative L2 error %.4g above %g", k+1, p, rel, bf16Tol)
+			if bound := max(bf16Tol, 1.25*hf.BF16RelL2[p]); !(rel <= bound) {
+				t.Errorf("seq %d position %d: relative L2 error %.4g above %.4g (transformers bf16: %.4g)", k+1, p, rel, bound, hf.BF16RelL2[p])
 			}
 			if decisive && !top1 {
 				t.Errorf("seq %d position %d: top-1 differs where the reference's top-1/top-2 gap exceeds 0.1", k+1, p)
@@ -229,8 +255,8 @@ func testHFCase(t *testing.T, dir, name string) {
 		stats[k].finish()
 	}
 	for k, s := range stats {
-		t.Logf("%s seq %d: %d positions, max rel L2 %.3g, mean %.3g, top-1 agreement %d/%d, decisive %d (disagreeing %d)",
-			name, k+1, s.Positions, s.MaxRelL2, s.MeanRelL2, s.Top1Agree, s.Positions, s.Decisive, s.DecisiveBad)
+		t.Logf("%s seq %d: %d positions, max rel L2 %.3g, mean %.3g (%d above 2e-2), top-1 agreement %d/%d, decisive %d (disagreeing %d)",
+			name, k+1, s.Positions, s.MaxRelL2, s.MeanRelL2, s.Over2e2, s.Top1Agree, s.Positions, s.Decisive, s.DecisiveBad)
 	}
 	writeResult(t, "hf_"+name, map[string]any{"whole_prefill": stats[0], "chunked_prefill": stats[1], "prompt_len": P,
 		"layers": cfg.NumLayers, "memory": st.Memory(), "informational": hc.Informational})

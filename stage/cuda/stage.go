@@ -62,10 +62,14 @@ type layerW struct {
 }
 
 // bufs points at the persistent activation buffers, sized for MaxTokens
-// rows (logits for MaxLogitRows).
+// rows (logits for MaxLogitRows). The residual stream and the GEMM outputs
+// that feed element-wise kernels are fp32; GEMM inputs, q and the KV cache
+// are bf16.
 type bufs struct {
-	in, resid, normed, qkv, q, attn, delta, gateUp, act gpu.DevicePtr
-	logits, sampleOut, batch, invFreq                   gpu.DevicePtr
+	in, resid, qkv, gateUp   gpu.DevicePtr // fp32
+	normed, q, attn, act     gpu.DevicePtr // bf16
+	logits, sampleOut, batch gpu.DevicePtr
+	invFreq                  gpu.DevicePtr
 }
 
 // Stage is a CUDA pipeline stage. It implements stage.Stage.
@@ -263,20 +267,19 @@ const cublasWorkspace = 32 << 20
 // allocate creates the workspace and KV cache, and the pinned host buffers.
 func (s *Stage) allocate(cfg *Config, lay layout) error {
 	m := &s.m
-	const bf = 2
+	const bf, f32 = 2, 4
 	T, H := cfg.MaxTokens, m.HiddenSize
 	var a arena
 	var in int
 	if !s.first {
-		in = a.take(T * H * bf)
+		in = a.take(T * H * f32)
 	}
-	resid := a.take(T * H * bf)
+	resid := a.take(T * H * f32)
 	normed := a.take(T * H * bf)
-	qkv := a.take(T * s.qkvDim * bf)
+	qkv := a.take(T * s.qkvDim * f32)
 	q := a.take(T * s.qDim * bf)
 	attn := a.take(T * s.qDim * bf)
-	delta := a.take(T * H * bf)
-	gateUp := a.take(T * 2 * m.IntermediateSize * bf)
+	gateUp := a.take(T * 2 * m.IntermediateSize * f32)
 	act := a.take(T * m.IntermediateSize * bf)
 	var logits, sampleOut int
 	if s.last {
@@ -292,14 +295,14 @@ func (s *Stage) allocate(cfg *Config, lay layout) error {
 	}
 	p := func(off int) gpu.DevicePtr { return work.Ptr() + gpu.DevicePtr(off) }
 	s.b = bufs{in: p(in), resid: p(resid), normed: p(normed), qkv: p(qkv), q: p(q), attn: p(attn),
-		delta: p(delta), gateUp: p(gateUp), act: p(act), logits: p(logits), sampleOut: p(sampleOut),
+		gateUp: p(gateUp), act: p(act), logits: p(logits), sampleOut: p(sampleOut),
 		batch: p(batch), invFreq: p(freq)}
 	if s.first {
 		s.b.in = 0
 	} else {
-		s.input = work.Slice(in, T*H*bf)
+		s.input = work.Slice(in, T*H*f32)
 	}
-	s.outBuf = work.Slice(resid, T*H*bf)
+	s.outBuf = work.Slice(resid, T*H*f32)
 	if err := s.blas.SetWorkspace(work.Slice(ws, cublasWorkspace)); err != nil {
 		return fmt.Errorf("cuBLAS workspace: %w", err)
 	}
@@ -347,11 +350,11 @@ func (s *Stage) Info() stage.Info {
 		Vocab:     s.m.VocabSize,
 		MaxTokens: s.pl.lay.maxTokens,
 		MaxSeqs:   s.pl.lay.maxSeqs,
-		ActDType:  collective.BF16,
+		ActDType:  collective.F32,
 	}
 }
 
-// Input is the device buffer (a gpu.Mem) the previous stage's bf16
+// Input is the device buffer (a gpu.Mem) the previous stage's fp32
 // activations are received into; nil on the first stage.
 func (s *Stage) Input() collective.Buffer {
 	if s.first {
