@@ -8,6 +8,9 @@ import (
 
 // Step is what the leader sends every stage for one step of the pipeline.
 type Step struct {
+	// Epoch is the leader epoch the step was sent in: a worker refuses a
+	// step older than the epoch it was assigned in (a stale leader's).
+	Epoch uint64
 	Batch stage.Batch
 	// Free lists sequences whose KV caches the stage drops before running
 	// the batch (finished or cancelled requests).

@@ -21,6 +21,9 @@ type Worker struct {
 	Ctl   Control
 	Prev  collective.Receiver // nil on the first stage
 	Next  collective.Sender   // nil on the last stage
+	// Epoch is the leader epoch the stage was assigned in; steps of an
+	// older epoch are refused (0 accepts every step).
+	Epoch uint64
 }
 
 // Serve runs steps until the leader closes the control link (it then
@@ -40,7 +43,12 @@ func (w *Worker) Serve(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("stage %d: next step: %w", w.Index, err)
 		}
-		res, err := w.step(ctx, info, st)
+		var res *Result
+		if st.Epoch < w.Epoch {
+			err = fmt.Errorf("step of leader epoch %d refused: the stage was assigned in epoch %d", st.Epoch, w.Epoch)
+		} else {
+			res, err = w.step(ctx, info, st)
+		}
 		if err != nil {
 			err = fmt.Errorf("stage %d (layers %d-%d), batch %d: %w", w.Index, info.Lo, info.Hi, st.Batch.ID, err)
 			if rerr := w.Ctl.Report(ctx, &Result{Batch: st.Batch.ID, Stage: w.Index, Err: err.Error()}); rerr != nil {
