@@ -67,6 +67,13 @@ type Seq struct {
 	// Tokens are the chunk's token ids. Only the first stage reads the
 	// values; every stage uses the length.
 	Tokens []int32
+	// Blocks is the sequence's block table: the ids of the KV blocks
+	// covering positions [0, Pos+len(Tokens)); block i holds positions
+	// [i·BlockSize, (i+1)·BlockSize). The leader owns the tables and the
+	// block size (the same on every stage): a block id means the same
+	// block on every stage, each stage storing its own layers' keys and
+	// values in it. Stages without a paged cache ignore it.
+	Blocks []int32
 	// Sample asks the last stage to sample a token from the chunk's last
 	// position (the final prefill chunk, or a decode).
 	Sample   bool
