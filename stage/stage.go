@@ -58,7 +58,15 @@ func (b *Batch) NumTokens() int {
 	return n
 }
 
-// Seq is one sequence's chunk in a batch.
+// Placeholder stands, in Seq.Tokens, for an input token the leader does not
+// know yet: with on-device hand-off, the leader schedules a sequence's next
+// decode before the previous step's sampled token has come back, and the
+// first stage replaces the placeholder by the token the last stage sampled
+// last for that sequence. Stages without on-device hand-off never see it.
+const Placeholder int32 = -1
+
+// Seq is one sequence's chunk in a batch. Stages only read it: its slices
+// may alias the leader's state.
 type Seq struct {
 	ID uint64
 	// Pos is the position of Tokens[0]: the number of tokens of this
