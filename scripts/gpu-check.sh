@@ -5,6 +5,8 @@
 #                                      into .carry/cuda/ and prints nothing else
 #   bash scripts/gpu-check.sh device   on the GPU machine (python3 with torch and
 #                                      transformers; no Go): runs the check
+#   bash scripts/gpu-check.sh device nccl
+#                                      on a machine of two GPUs: only (6)
 #
 # The device part (1) makes random-init checkpoints with transformers and saves
 # them in bf16 (a Llama-3.2-1B shape and a small Qwen2 shape with q/k/v bias),
@@ -14,8 +16,9 @@
 # (relative L2 of logits <= 2e-2 at every position, same top-1 wherever the
 # reference's top-1/top-2 gap exceeds 0.1), (4) CPU backend vs CUDA backend on
 # tiny checkpoints, the conformance suite, the sampler and kernel-cache tests,
-# and (5) decode step times at batch 1 and 32 next to the HBM floor. Logs and
-# summary.json go to $OUT; the summary table is printed last.
+# (5) decode step times at batch 1 and 32 next to the HBM floor, and (6) with
+# two GPUs, a model split over both through NCCL against the same model on
+# one. Logs and summary.json go to $OUT; the summary table is printed last.
 #
 # Run it with the device tool as:
 #   bash scripts/gpu-check.sh   (here), then on the device with carry [".carry"]:
@@ -39,6 +42,13 @@ LOG=$OUT/check.log
 status=0
 step() { echo "== $*" | tee -a "$LOG"; }
 
+if [ "${2:-}" = nccl ]; then
+	step "(6) model split over two GPUs through NCCL"
+	TANDEM_RESULTS=$RESULTS .carry/cuda/cuda.test -test.v -test.run 'TestTwoGPUSplit' -test.timeout 300s 2>&1 | tee -a "$LOG" || status=1
+	python3 scripts/hf_summary.py "$WORK" "$RESULTS" "$OUT" "tandem two-GPU check, $(date -u +%Y-%m-%d), exit status $status" 2>&1 | tee -a "$LOG"
+	exit $status
+fi
+
 step "environment"
 {
 	date -u
@@ -59,9 +69,8 @@ step "(3, 4, 5) stage/cuda GPU tests"
 TANDEM_HF_DIR=$WORK TANDEM_BENCH_CHECKPOINT=$WORK/llama1b TANDEM_RESULTS=$RESULTS TANDEM_CACHE_DIR=$WORK/cache \
 	.carry/cuda/cuda.test -test.v -test.timeout 480s 2>&1 | tee -a "$LOG" || status=1
 
-# (6) Two GPUs: the model split over two devices through NCCL must give the
-# same logits as one device. Not run yet: it needs an nvidia-h200-x2 machine
-# and a stage-to-stage NCCL driver in the tests.
+# (6) runs inside the tests above (TestTwoGPUSplit) when the machine has two
+# GPUs; it skips, saying so, on one.
 
 step "summary"
 grep -E '^(=== RUN|--- (PASS|FAIL|SKIP)|PASS|FAIL|ok )' "$LOG" | grep -E -- '--- (FAIL|SKIP)' | tail -20

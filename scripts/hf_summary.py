@@ -64,6 +64,10 @@ def main():
             hs = f"{h:.3f}" if h is not None else "-"
             print(f"{b:>6} {d['wall_ms']:>15.3f} {d['gpu_ms']:>14.3f} {hs:>12} {dec['floor_ms']:>9.3f} "
                   f"{d['wall_ms'] / dec['floor_ms']:>8.2f}")
+    tg = res.get("two_gpu")
+    if tg:
+        print(f"-- model split over two GPUs through NCCL vs one GPU: {tg['positions']} positions, "
+              f"max relative logits difference {tg['max_rel_diff']:.3g}")
     print("=" * 78)
 
 

@@ -52,10 +52,13 @@ func device(t *testing.T) *gpu.Device {
 	return testDev.dev
 }
 
-// newTestStage builds a stage on the shared device, closed when t ends.
+// newTestStage builds a stage, on the shared device unless cfg names one,
+// closed when t ends.
 func newTestStage(t *testing.T, cfg Config) *Stage {
 	t.Helper()
-	cfg.Device = device(t)
+	if cfg.Device == nil {
+		cfg.Device = device(t)
+	}
 	if cfg.CacheDir == "" {
 		cfg.CacheDir = testDev.cache
 	}
