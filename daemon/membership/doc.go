@@ -1,0 +1,40 @@
+// Package membership keeps a daemon's view of the cluster by gossip
+// (github.com/hashicorp/memberlist): which daemons are alive, and the
+// metadata each announces about itself (backend, device memory, addresses,
+// version, model identity, leader eligibility).
+//
+// Each daemon joins through configured seed addresses; a daemon without
+// seeds starts a cluster. Gossip is encrypted with AES when a secret key is
+// configured, and a daemon with another key (or none) cannot join.
+// memberlist's log lines reach log/slog at their levels. Joins, metadata
+// updates, graceful leaves and failures arrive as Events.
+//
+// Metadata travels in memberlist's node metadata (at most 512 bytes) in a
+// versioned binary encoding (meta.go); peers' metadata is untrusted and
+// checked when decoded. A graceful Leave first gossips a leaving flag, so
+// peers report Leave rather than Fail.
+//
+// # Usage
+//
+//	m, err := membership.New(membership.Config{
+//		NodeName: "gpu0", BindPort: 7946, Seeds: []string{"10.0.0.1:7946"},
+//		Meta: membership.Meta{Backend: "cuda", GRPCAddr: "10.0.0.2:7070"},
+//	})
+//	if err := m.Start(ctx); err != nil { ... }
+//	defer m.Shutdown()
+//	go func() { for ev := range m.Events() { ... } }()
+//	...
+//	m.Leave(5 * time.Second) // on drain, before Shutdown
+//
+// # Concurrency
+//
+// All methods are safe for concurrent use. memberlist calls the delegates
+// (delegate.go, events.go) from its own goroutines with its locks held;
+// they never block: the member table is updated under a short lock and
+// events go to a buffered channel that drops its oldest entry when the
+// consumer falls behind (Dropped counts them). No memberlist method is
+// called with that lock held. Start may leave one goroutine retrying the
+// join; Shutdown stops it, shuts memberlist down and closes Events.
+// memberlist's per-connection handlers may outlive Shutdown by the length
+// of an in-flight exchange.
+package membership

@@ -1,0 +1,351 @@
+package placement
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"math"
+	"math/bits"
+	"slices"
+	"strings"
+)
+
+// Node is a daemon that can run a stage.
+type Node struct {
+	Name string
+	// UsableBytes is the memory the stage may use: weights, workspace and
+	// KV cache.
+	UsableBytes uint64
+	// Backend is the node's stage backend ("cpu" or "cuda"); placement
+	// copies it into the plan.
+	Backend string
+}
+
+// Range assigns the layers [Lo, Hi) to a node in an explicit plan.
+type Range struct {
+	Node   string
+	Lo, Hi int
+}
+
+// Stage is one stage of a plan: a node and its layers [Lo, Hi).
+type Stage struct {
+	Node    string
+	Backend string
+	Lo, Hi  int
+	// WeightBytes is what the stage holds besides its KV cache: its layers,
+	// the embedding (first stage), the LM head (last stage) and the
+	// workspace.
+	WeightBytes uint64
+	// KVTokens is how many tokens of KV cache the stage's remaining memory
+	// holds for its layers.
+	KVTokens int
+}
+
+// Plan assigns every layer to exactly one stage, in pipeline order.
+type Plan struct {
+	Stages []Stage
+	// KVTokens is the pipeline's KV capacity: the minimum over its stages.
+	KVTokens int
+}
+
+// Balance assigns contiguous layer ranges to nodes, ordered by name, so
+// that the pipeline's KV capacity (the minimum over stages of the tokens
+// each stage's free memory holds) is as large as possible. Among the plans
+// that reach it, it takes one where the most loaded stage has the fewest
+// layers (compute balance), and puts the leftover layers on the stages
+// with the most room.
+//
+// Every node gets at least one layer. With more nodes than layers, the
+// plan uses the Layers nodes with the most usable memory (ties broken by
+// name), still in name order.
+//
+// When the model does not fit with at least one token of KV cache, the
+// error names the nodes short of memory and by how much.
+func Balance(nodes []Node, c Cost) (Plan, error) {
+	if err := c.validate(); err != nil {
+		return Plan{}, fmt.Errorf("balance: %w", err)
+	}
+	if err := checkNodes(nodes); err != nil {
+		return Plan{}, fmt.Errorf("balance: %w", err)
+	}
+	ns := slices.Clone(nodes)
+	if len(ns) > c.Layers {
+		slices.SortFunc(ns, func(a, b Node) int {
+			return cmp.Or(cmp.Compare(b.UsableBytes, a.UsableBytes), cmp.Compare(a.Name, b.Name))
+		})
+		ns = ns[:c.Layers]
+	}
+	slices.SortFunc(ns, func(a, b Node) int { return cmp.Compare(a.Name, b.Name) })
+
+	caps := make([]int, len(ns))
+	if !c.feasible(ns, 1, caps) {
+		return Plan{}, fmt.Errorf("balance %d layers over %d nodes: %w", c.Layers, len(ns), c.shortfall(ns, caps))
+	}
+	// Binary search the largest feasible capacity: lo is feasible, hi is
+	// not (no node holds even one layer with hi tokens of KV).
+	var most uint64
+	for _, n := range ns {
+		most = max(most, n.UsableBytes)
+	}
+	lo, hi := uint64(1), most/c.KVBytesPerToken+1
+	for hi-lo > 1 {
+		mid := lo + (hi-lo)/2
+		if c.feasible(ns, mid, caps) {
+			lo = mid
+		} else {
+			hi = mid
+		}
+	}
+	c.feasible(ns, lo, caps)
+	return c.plan(ns, spread(caps, c.Layers))
+}
+
+// spread picks layer counts n[i] in [1, caps[i]] summing to layers (the
+// caller ensures it is possible), keeping the largest count as small as
+// possible; the counts that must exceed the others go to the stages with
+// the largest caps, earlier stages first among equals.
+func spread(caps []int, layers int) []int {
+	// The smallest ceiling such that the capped counts reach layers.
+	ceil := 1
+	for total(caps, ceil) < layers {
+		ceil++
+	}
+	counts := make([]int, len(caps))
+	for i, c := range caps {
+		counts[i] = min(c, ceil)
+	}
+	// Take one layer back from stages at the ceiling until the sum is
+	// exact, the tightest (smallest cap) first, later stages first among
+	// equals; ceil-1 ≥ 1 whenever there is an excess.
+	excess := total(caps, ceil) - layers
+	order := make([]int, len(caps))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortStableFunc(order, func(a, b int) int {
+		return cmp.Or(cmp.Compare(caps[a], caps[b]), cmp.Compare(b, a))
+	})
+	for _, i := range order {
+		if excess == 0 {
+			break
+		}
+		if counts[i] == ceil {
+			counts[i]--
+			excess--
+		}
+	}
+	return counts
+}
+
+// total is the sum of caps capped at ceil.
+func total(caps []int, ceil int) int {
+	s := 0
+	for _, c := range caps {
+		s += min(c, ceil)
+	}
+	return s
+}
+
+// Explicit validates an operator's plan: ranges in pipeline order, each
+// on a distinct known node, contiguous and covering [0, Layers), each
+// stage fitting its node with room for at least one token of KV cache.
+func Explicit(nodes []Node, ranges []Range, c Cost) (Plan, error) {
+	if err := c.validate(); err != nil {
+		return Plan{}, fmt.Errorf("explicit plan: %w", err)
+	}
+	if err := checkNodes(nodes); err != nil {
+		return Plan{}, fmt.Errorf("explicit plan: %w", err)
+	}
+	if len(ranges) == 0 {
+		return Plan{}, errors.New("explicit plan: no ranges")
+	}
+	byName := make(map[string]Node, len(nodes))
+	for _, n := range nodes {
+		byName[n.Name] = n
+	}
+	used := make(map[string]bool, len(ranges))
+	ns := make([]Node, len(ranges))
+	counts := make([]int, len(ranges))
+	next := 0
+	for i, r := range ranges {
+		n, ok := byName[r.Node]
+		switch {
+		case !ok:
+			return Plan{}, fmt.Errorf("explicit plan range %d: node %q is not a member", i, r.Node)
+		case used[r.Node]:
+			return Plan{}, fmt.Errorf("explicit plan range %d: node %q has two ranges", i, r.Node)
+		case r.Lo != next:
+			return Plan{}, fmt.Errorf("explicit plan range %d (%s): starts at layer %d, want %d", i, r.Node, r.Lo, next)
+		case r.Hi <= r.Lo:
+			return Plan{}, fmt.Errorf("explicit plan range %d (%s): empty layer range [%d, %d)", i, r.Node, r.Lo, r.Hi)
+		case r.Hi > c.Layers:
+			return Plan{}, fmt.Errorf("explicit plan range %d (%s): ends at layer %d, model has %d", i, r.Node, r.Hi, c.Layers)
+		}
+		used[r.Node] = true
+		ns[i], counts[i], next = n, r.Hi-r.Lo, r.Hi
+	}
+	if next != c.Layers {
+		return Plan{}, fmt.Errorf("explicit plan: covers layers [0, %d), model has %d", next, c.Layers)
+	}
+	p, err := c.plan(ns, counts)
+	if err != nil {
+		return Plan{}, fmt.Errorf("explicit plan: %w", err)
+	}
+	return p, nil
+}
+
+func checkNodes(nodes []Node) error {
+	if len(nodes) == 0 {
+		return errors.New("no nodes")
+	}
+	seen := make(map[string]bool, len(nodes))
+	for _, n := range nodes {
+		if n.Name == "" {
+			return errors.New("node with an empty name")
+		}
+		if seen[n.Name] {
+			return fmt.Errorf("node %q listed twice", n.Name)
+		}
+		seen[n.Name] = true
+	}
+	return nil
+}
+
+func (c Cost) validate() error {
+	if c.Layers <= 0 {
+		return fmt.Errorf("cost: %d layers", c.Layers)
+	}
+	if c.KVBytesPerToken == 0 {
+		return errors.New("cost: zero KV bytes per token")
+	}
+	return nil
+}
+
+// fixed is what a stage holds besides its layers and KV cache.
+func (c Cost) fixed(first, last bool) uint64 {
+	f := c.WorkspaceBytes
+	switch {
+	case first && last && c.Tied:
+		// One matrix, serving as embedding and head, and the final norm.
+		f = add(f, max(c.EmbedBytes, c.HeadBytes))
+	default:
+		if first {
+			f = add(f, c.EmbedBytes)
+		}
+		if last {
+			f = add(f, c.HeadBytes)
+		}
+	}
+	return f
+}
+
+// maxLayers is how many layers a node at position (first, last) holds
+// with tokens tokens of KV cache for each.
+func (c Cost) maxLayers(n Node, first, last bool, tokens uint64) int {
+	f := c.fixed(first, last)
+	if n.UsableBytes < f {
+		return 0
+	}
+	per := add(c.LayerBytes, mul(tokens, c.KVBytesPerToken))
+	if per == 0 {
+		return math.MaxInt
+	}
+	return int(min((n.UsableBytes-f)/per, math.MaxInt))
+}
+
+// feasible reports whether every node, in order, can hold at least one
+// layer and all of them together every layer, each with tokens tokens of
+// KV cache. It fills caps with each node's most layers.
+func (c Cost) feasible(ns []Node, tokens uint64, caps []int) bool {
+	sum, ok := 0, true
+	for i, n := range ns {
+		caps[i] = c.maxLayers(n, i == 0, i == len(ns)-1, tokens)
+		if caps[i] < 1 {
+			ok = false
+		}
+		sum += min(caps[i], c.Layers)
+	}
+	return ok && sum >= c.Layers
+}
+
+// shortfall explains why nodes cannot hold the model with one token of KV
+// cache; caps holds feasible's counts for one token.
+func (c Cost) shortfall(ns []Node, caps []int) error {
+	per := add(c.LayerBytes, c.KVBytesPerToken)
+	var short []string
+	for i, n := range ns {
+		if caps[i] >= 1 {
+			continue
+		}
+		first, last := i == 0, i == len(ns)-1
+		need := add(c.fixed(first, last), per)
+		short = append(short, fmt.Sprintf("node %q%s has %d bytes usable, one layer needs %d: short by %d",
+			n.Name, role(first, last), n.UsableBytes, need, need-n.UsableBytes))
+	}
+	if len(short) > 0 {
+		return errors.New(strings.Join(short, "; "))
+	}
+	held, parts := 0, make([]string, len(ns))
+	for i, n := range ns {
+		held += caps[i]
+		parts[i] = fmt.Sprintf("%s %d", n.Name, caps[i])
+	}
+	missing := c.Layers - held
+	return fmt.Errorf("the nodes hold at most %d of %d layers (%s): short by %d bytes for %d more layers",
+		held, c.Layers, strings.Join(parts, ", "), mul(uint64(missing), per), missing)
+}
+
+func role(first, last bool) string {
+	switch {
+	case first && last:
+		return " (only stage: embedding and head)"
+	case first:
+		return " (first stage: embedding)"
+	case last:
+		return " (last stage: head)"
+	}
+	return ""
+}
+
+// plan builds the plan giving counts[i] layers to ns[i], in order, and
+// checks each stage fits with at least one token of KV cache.
+func (c Cost) plan(ns []Node, counts []int) (Plan, error) {
+	p := Plan{Stages: make([]Stage, len(ns)), KVTokens: math.MaxInt}
+	lo := 0
+	for i, n := range ns {
+		first, last := i == 0, i == len(ns)-1
+		k := uint64(counts[i])
+		weights := add(c.fixed(first, last), mul(k, c.LayerBytes))
+		kvTokens := 0
+		if n.UsableBytes > weights {
+			kvTokens = int(min((n.UsableBytes-weights)/mul(k, c.KVBytesPerToken), math.MaxInt))
+		}
+		if kvTokens < 1 {
+			need := add(weights, mul(k, c.KVBytesPerToken))
+			return Plan{}, fmt.Errorf("node %q%s with layers [%d, %d) has %d bytes usable, needs %d: short by %d",
+				n.Name, role(first, last), lo, lo+counts[i], n.UsableBytes, need, need-n.UsableBytes)
+		}
+		p.Stages[i] = Stage{Node: n.Name, Backend: n.Backend, Lo: lo, Hi: lo + counts[i], WeightBytes: weights, KVTokens: kvTokens}
+		p.KVTokens = min(p.KVTokens, kvTokens)
+		lo += counts[i]
+	}
+	return p, nil
+}
+
+// add and mul saturate at the largest uint64 instead of wrapping: a
+// saturated size never fits any node.
+func add(a, b uint64) uint64 {
+	s, carry := bits.Add64(a, b, 0)
+	if carry != 0 {
+		return math.MaxUint64
+	}
+	return s
+}
+
+func mul(a, b uint64) uint64 {
+	hi, lo := bits.Mul64(a, b)
+	if hi != 0 {
+		return math.MaxUint64
+	}
+	return lo
+}
