@@ -48,6 +48,14 @@ func newBPE(vocab map[string]int32, merges [][2]string, unk *string, prefix, suf
 		prefix: prefix,
 		suffix: suffix,
 	}
+	// Ids index a table, so they must be dense enough: a file with ids far
+	// beyond its number of tokens is rejected rather than allocated for.
+	limit := 2*len(vocab) + 1024
+	for tok, id := range vocab {
+		if id < 0 || int(id) >= limit {
+			return nil, fmt.Errorf("token %q has id %d, outside [0, %d) for a vocabulary of %d tokens", tok, id, limit, len(vocab))
+		}
+	}
 	if unk != nil {
 		id, ok := vocab[*unk]
 		if !ok {
@@ -147,7 +155,9 @@ func (m *bpe) encode(dst []int32, w string) []int32 {
 	m.split(wd, w)
 	m.mergeAll(wd)
 	start := len(dst)
-	for i := 0; i >= 0; i = int(wd.next[i]) {
+	// A word may have no tokens at all: characters outside the vocabulary
+	// are dropped when there is neither byte fallback nor an unknown token.
+	for i := 0; i < len(wd.id) && i >= 0; i = int(wd.next[i]) {
 		dst = append(dst, wd.id[i])
 	}
 	m.scratch.Put(wd)

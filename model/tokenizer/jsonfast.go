@@ -32,7 +32,8 @@ func (r *jsonReader) skipSpace() {
 	}
 }
 
-// peek returns the next non-space byte, or 0 at the end.
+// peek returns the next non-space byte, or 0 at the end (a 0 byte in the
+// data is never valid where peek is used).
 func (r *jsonReader) peek() byte {
 	r.skipSpace()
 	if r.pos >= len(r.data) {
@@ -51,7 +52,7 @@ func (r *jsonReader) expect(c byte) error {
 
 // end checks that nothing but space follows.
 func (r *jsonReader) end() error {
-	if r.peek() != 0 {
+	if r.skipSpace(); r.pos < len(r.data) {
 		return r.errorf("unexpected data after value")
 	}
 	return nil

@@ -13,9 +13,9 @@ type Tokenizer struct {
 	// rawAdded matches the added tokens that are looked for in the raw
 	// input, normAdded those looked for in normalized input.
 	rawAdded, normAdded *trie
-	norm                normalizer    // nil: none
-	pre                 preTokenizer  // nil: none
-	model               *bpe          //
+	norm                normalizer   // nil: none
+	pre                 preTokenizer // nil: none
+	model               *bpe
 	post                postProcessor // nil: none
 	dec                 decoder       // nil: tokens joined by spaces
 
@@ -153,9 +153,7 @@ func (t *Tokenizer) indexTokens() {
 	t.tokens = make([]string, n)
 	t.known = make([]bool, n)
 	for s, id := range t.model.vocab {
-		if id >= 0 {
-			t.tokens[id], t.known[id] = s, true
-		}
+		t.tokens[id], t.known[id] = s, true
 	}
 	for s, id := range t.added {
 		t.tokens[id], t.known[id] = s, true
