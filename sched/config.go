@@ -1,0 +1,150 @@
+package sched
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/tandem-llm/tandem/stage"
+)
+
+// DefaultBlockSize is the number of positions of a KV block when
+// Config.BlockSize is 0.
+const DefaultBlockSize = 16
+
+// Config bounds what the scheduler puts in flight.
+type Config struct {
+	// MaxNumBatchedTokens is the token budget of one step: prompts longer
+	// than what is left of it are prefilled in chunks over several steps.
+	// It must not exceed what any stage accepts in one batch.
+	MaxNumBatchedTokens int
+	// MaxNumSeqs is the most sequences one step carries.
+	MaxNumSeqs int
+	// BlockSize is the number of positions one KV block holds (0:
+	// DefaultBlockSize).
+	BlockSize int
+	// NumBlocks is the KV capacity in blocks: the least any stage reported.
+	NumBlocks int
+	// MaxConcurrentBatches is the most steps in flight at once (0: 1): the
+	// number of stages for a pipeline, 2 for a single stage overlapping
+	// scheduling with compute, one more than the stages with on-device
+	// hand-off.
+	MaxConcurrentBatches int
+	// MaxModelLen bounds a request's prompt plus the tokens it may generate
+	// (0: only the KV capacity bounds it).
+	MaxModelLen int
+	// OnDeviceHandoff lets a sequence's next decode be scheduled before its
+	// previous token is known, with stage.Placeholder as its input, which
+	// the first stage fills on the device. Without it the steps in flight
+	// hold disjoint sequences.
+	OnDeviceHandoff bool
+}
+
+// withDefaults checks c and fills its defaults.
+func (c Config) withDefaults() (Config, error) {
+	if c.BlockSize == 0 {
+		c.BlockSize = DefaultBlockSize
+	}
+	if c.MaxConcurrentBatches == 0 {
+		c.MaxConcurrentBatches = 1
+	}
+	switch {
+	case c.MaxNumBatchedTokens <= 0:
+		return c, fmt.Errorf("max num batched tokens %d is not positive", c.MaxNumBatchedTokens)
+	case c.MaxNumSeqs <= 0:
+		return c, fmt.Errorf("max num seqs %d is not positive", c.MaxNumSeqs)
+	case c.BlockSize < 0:
+		return c, fmt.Errorf("block size %d is negative", c.BlockSize)
+	case c.NumBlocks <= 0:
+		return c, fmt.Errorf("KV capacity of %d blocks is not positive", c.NumBlocks)
+	case c.NumBlocks > 1<<31-1:
+		return c, fmt.Errorf("KV capacity of %d blocks does not fit block ids of 32 bits", c.NumBlocks)
+	case c.MaxConcurrentBatches < 0:
+		return c, fmt.Errorf("max concurrent batches %d is negative", c.MaxConcurrentBatches)
+	case c.MaxModelLen < 0:
+		return c, fmt.Errorf("max model len %d is negative", c.MaxModelLen)
+	}
+	return c, nil
+}
+
+// Request is one prompt to complete.
+type Request struct {
+	// ID names the request; it is also its sequence id on the stages. Loop
+	// assigns it.
+	ID        uint64
+	Prompt    []int32
+	MaxTokens int
+	// StopTokens end the completion when sampled (the model's EOS ids,
+	// usually); the stop token is delivered, with finish "stop".
+	StopTokens []int32
+	// StopCheck, when set, is called with the tokens generated so far each
+	// time one is added; true ends the completion there with finish
+	// "stop". It is how stop strings are checked: the caller detokenizes.
+	// It runs on the scheduler's goroutine and must not call the
+	// scheduler.
+	StopCheck func(generated []int32) bool
+	Sampling  stage.Sampling
+}
+
+// Finish reasons of an Output.
+const (
+	FinishStop   = "stop"   // a stop token or StopCheck
+	FinishLength = "length" // MaxTokens reached
+)
+
+// Output is one generated token of a request, delivered once and in order.
+type Output struct {
+	ID uint64
+	// Index is the token's place among the request's generated tokens,
+	// from 0.
+	Index int
+	Token stage.Sampled
+	// Finish is set on the request's last token: FinishStop or
+	// FinishLength.
+	Finish string
+}
+
+// Stats is a snapshot of the scheduler, for status reports.
+type Stats struct {
+	Running  int // requests admitted, holding KV blocks
+	Waiting  int // requests not admitted yet, or preempted
+	InFlight int // steps in the pipeline
+	// KVBlocksUsed of KVBlocks are held by running requests; a block holds
+	// BlockSize positions.
+	KVBlocksUsed, KVBlocks, BlockSize int
+	Preemptions                       uint64 // requests sent back to waiting for lack of KV blocks
+	// Discarded counts sampled tokens dropped on their return because
+	// their request was preempted, cancelled or had finished meanwhile.
+	Discarded uint64
+	Finished  uint64 // requests that ended with a finish reason
+	Cancelled uint64
+	Steps     uint64 // steps completed (results received)
+	// LastStepTime is the time from scheduling the last completed step to
+	// its result; StepTime is a moving average of it.
+	LastStepTime, StepTime time.Duration
+}
+
+// check validates a request against the configuration.
+func (c *Config) check(r *Request) error {
+	switch {
+	case len(r.Prompt) == 0:
+		return errors.New("empty prompt")
+	case r.MaxTokens < 1:
+		return fmt.Errorf("max tokens %d, want at least 1", r.MaxTokens)
+	case c.MaxModelLen > 0 && len(r.Prompt)+r.MaxTokens > c.MaxModelLen:
+		return fmt.Errorf("prompt of %d tokens plus %d to generate exceeds the model length %d", len(r.Prompt), r.MaxTokens, c.MaxModelLen)
+	}
+	for i, t := range r.Prompt {
+		if t < 0 {
+			return fmt.Errorf("prompt token %d at position %d is negative", t, i)
+		}
+	}
+	// The last sampled token is never fed back, so it needs no KV.
+	if need := blocksFor(len(r.Prompt)+r.MaxTokens-1, c.BlockSize); need > c.NumBlocks {
+		return fmt.Errorf("prompt of %d tokens plus %d to generate needs %d KV blocks of %d positions; the capacity is %d blocks", len(r.Prompt), r.MaxTokens, need, c.BlockSize, c.NumBlocks)
+	}
+	return nil
+}
+
+// blocksFor is the number of blocks of size bs covering n positions.
+func blocksFor(n, bs int) int { return (n + bs - 1) / bs }

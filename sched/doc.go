@@ -1,0 +1,69 @@
+// Package sched is the leader's scheduler: continuous batching over a
+// paged KV cache, with several steps in flight in the pipeline.
+//
+// The core, Scheduler, is synchronous: no goroutines, time read through an
+// injected clock. Requests wait in arrival order; each step (Schedule) takes
+// the running requests' decodes first, then their prefill chunks, then
+// admits waiting requests, within a token budget (MaxNumBatchedTokens) and
+// MaxNumSeqs, so long prompts are prefilled in chunks over several steps
+// and never starve decodes. Requests join between steps; a finished or
+// cancelled request leaves at once and frees everything.
+//
+// The scheduler owns every sequence's block table (stage.Seq.Blocks): a
+// block holds BlockSize positions, and a block id means the same block on
+// every stage, each storing its own layers' keys and values in it. The
+// capacity, NumBlocks, is the least any stage reported. A request that
+// needs a block when none is free preempts the newest running request by
+// recompute: its blocks are freed and it goes back to waiting with its
+// prompt and generated tokens, which it prefills again when admitted; the
+// index of its next sample continues where it stopped, so seeded sampling
+// gives the same tokens as an uninterrupted run.
+//
+// Scheduling is asynchronous: up to MaxConcurrentBatches steps are in
+// flight, and step N+1 is planned while step N runs. A request whose token
+// is scheduled but not yet known holds a placeholder. Without on-device
+// hand-off the steps in flight carry disjoint requests (a request's next
+// chunk is scheduled only once its previous one has come back), and the
+// running requests are spread evenly over the steps in flight so that a
+// p-stage pipeline with p steps in flight keeps every stage busy. With
+// OnDeviceHandoff a request's next decode is scheduled at once with
+// stage.Placeholder as input, which the first stage fills on the device;
+// tokens sampled past a stop found later are dropped, never delivered.
+// Whatever a request has in flight when it is preempted, cancelled or
+// finished is dropped on its return (Stats.Discarded counts it). Freed
+// blocks may be reused by the very next step: every stage runs steps in
+// order, so it is done with a block before a later step writes it.
+//
+// Stop strings are the caller's: Request.StopCheck sees the generated
+// tokens after each new one and may end the request.
+//
+// Loop runs a Scheduler against an Executor (a *pipeline.Driver) and gives
+// each request a Stream of its tokens.
+//
+// # Usage
+//
+//	l, err := sched.Start(sched.Config{
+//		MaxNumBatchedTokens: 512, MaxNumSeqs: 64,
+//		NumBlocks: minBlocksOverStages, MaxConcurrentBatches: driver.Stages(),
+//	}, driver)
+//	...
+//	defer l.Close()
+//	s, err := l.Submit(ctx, sched.Request{Prompt: ids, MaxTokens: 128, StopTokens: eos})
+//	for {
+//		o, err := s.Recv(ctx)
+//		if err == io.EOF { break }
+//		...
+//	}
+//	fmt.Println(l.Stats().Running)
+//
+// # Concurrency
+//
+// A Scheduler is used by one goroutine. A Loop owns two goroutines: the
+// loop, which alone uses the Scheduler and calls Executor.Submit, and a
+// waiter that calls Executor.Wait once per step in flight; Close stops
+// both and waits for them. Cancelling a request's context queues its
+// cancellation through a goroutine of context.AfterFunc that ends as soon
+// as the loop takes it or has stopped. Submit, Stats, Done, Err, Close and
+// Stream.Recv are safe for concurrent use; the loop never waits for a
+// stream's reader.
+package sched

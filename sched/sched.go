@@ -1,0 +1,437 @@
+package sched
+
+import (
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/tandem-llm/tandem/pipeline"
+	"github.com/tandem-llm/tandem/stage"
+)
+
+// Scheduler is the synchronous core: it decides what each step carries and
+// turns results into outputs. It starts no goroutines and reads time only
+// through the clock it was given.
+type Scheduler struct {
+	cfg   Config
+	clock func() time.Time
+
+	seqs    map[uint64]*seq // live requests
+	running []*seq          // admitted, by arrival
+	waiting []*seq          // not admitted or preempted, by arrival
+	free    []int32         // free KV blocks, reused last freed first
+	flights []*flight       // steps in flight, oldest first
+	toFree  []uint64        // sequences the stages drop with the next step
+
+	arrivals  uint64 // requests added so far
+	lastBatch uint64 // id of the last step handed out
+	stats     Stats
+}
+
+type state uint8
+
+const (
+	waiting state = iota
+	running
+	ended // finished or cancelled
+)
+
+// seq is one request's state.
+type seq struct {
+	req     Request
+	arrival uint64
+	state   state
+	// tokens are the prompt, then the generated tokens known so far.
+	tokens []int32
+	// computed is the number of positions fed to the pipeline, steps in
+	// flight included; blocks cover exactly those positions.
+	computed int
+	blocks   []int32
+	// pending counts samples in flight whose token is not known yet: the
+	// sequence's placeholders.
+	pending int
+	// inflight counts steps in flight that carry the sequence.
+	inflight int
+	// epoch changes whenever what is in flight for the sequence must be
+	// dropped on its return (preemption, cancellation, finish).
+	epoch uint64
+	// batch is the last step the sequence was placed in.
+	batch uint64
+	// started is set once stages may hold state for the sequence.
+	started bool
+}
+
+func (s *seq) generated() int { return len(s.tokens) - len(s.req.Prompt) }
+
+// flight is a step in flight.
+type flight struct {
+	batch   uint64
+	start   time.Time
+	entries []entry // one per stage.Seq, in batch order
+}
+
+type entry struct {
+	s      *seq
+	epoch  uint64
+	sample bool
+}
+
+// New returns a scheduler with an empty KV cache of cfg.NumBlocks blocks.
+// clock is read when a step is scheduled and when its result arrives (nil:
+// time.Now).
+func New(cfg Config, clock func() time.Time) (*Scheduler, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, fmt.Errorf("scheduler config: %w", err)
+	}
+	if clock == nil {
+		clock = time.Now
+	}
+	sc := &Scheduler{cfg: cfg, clock: clock, seqs: make(map[uint64]*seq), free: make([]int32, cfg.NumBlocks)}
+	// Hand out low ids first: the stack pops from the end.
+	for i := range sc.free {
+		sc.free[i] = int32(cfg.NumBlocks - 1 - i)
+	}
+	return sc, nil
+}
+
+// Config is the configuration in use, defaults filled in.
+func (sc *Scheduler) Config() Config { return sc.cfg }
+
+// Add queues a request. It fails, changing nothing, for an empty prompt,
+// MaxTokens below 1, a request longer than MaxModelLen or than the whole KV
+// capacity, or the id of a live request.
+func (sc *Scheduler) Add(r Request) error {
+	if sc.seqs[r.ID] != nil {
+		return fmt.Errorf("request %d: id already in use", r.ID)
+	}
+	if err := sc.cfg.check(&r); err != nil {
+		return fmt.Errorf("request %d: %w", r.ID, err)
+	}
+	s := &seq{req: r, arrival: sc.arrivals, tokens: slices.Clip(slices.Clone(r.Prompt))}
+	sc.arrivals++
+	sc.seqs[r.ID] = s
+	sc.waiting = append(sc.waiting, s)
+	return nil
+}
+
+// Cancel ends a request at once, freeing its KV blocks; whatever it has in
+// flight is dropped on its return. It reports whether the request was live.
+func (sc *Scheduler) Cancel(id uint64) bool {
+	s := sc.seqs[id]
+	if s == nil {
+		return false
+	}
+	sc.end(s)
+	sc.stats.Cancelled++
+	return true
+}
+
+// plan is the step being built.
+type plan struct {
+	id      uint64
+	budget  int // tokens left
+	seqCap  int // most sequences
+	seqs    []stage.Seq
+	entries []entry
+	inputs  []int32 // placeholder inputs of the step
+}
+
+func (p *plan) full() bool { return p.budget == 0 || len(p.seqs) >= p.seqCap }
+
+// Schedule plans the next step: decodes first, then prefill chunks of
+// running requests, then newly admitted requests, oldest first in each
+// group, within the token budget and MaxNumSeqs. A request that needs a KV
+// block when none is free preempts the newest running request not already
+// in the step (itself if it is the newest). It returns false when
+// MaxConcurrentBatches steps are in flight or there is nothing to send. A
+// step with no sequences only frees sequences on the stages: it produces no
+// result and is not in flight. The step's slices alias the scheduler's
+// state, which never changes what they show: stages must not modify them.
+func (sc *Scheduler) Schedule() (*pipeline.Step, bool) {
+	if len(sc.flights) >= sc.cfg.MaxConcurrentBatches {
+		return nil, false
+	}
+	p := plan{id: sc.lastBatch + 1, budget: sc.cfg.MaxNumBatchedTokens, seqCap: sc.cfg.MaxNumSeqs}
+	maxRunning := sc.cfg.MaxNumSeqs
+	if !sc.cfg.OnDeviceHandoff && sc.cfg.MaxConcurrentBatches > 1 {
+		// Disjoint steps in flight: spread the requests evenly over them,
+		// and admit as many as they can carry together.
+		maxRunning *= sc.cfg.MaxConcurrentBatches
+		active := len(sc.running) + len(sc.waiting)
+		p.seqCap = min(p.seqCap, (active+sc.cfg.MaxConcurrentBatches-1)/sc.cfg.MaxConcurrentBatches)
+	}
+	for _, decodes := range []bool{true, false} {
+		for i := 0; i < len(sc.running) && !p.full(); {
+			s := sc.running[i]
+			n, ok := sc.chunk(s, p.budget)
+			if !ok || s.batch == p.id || (n == 1 && s.computed+1 >= len(s.tokens)) != decodes {
+				i++
+				continue
+			}
+			sc.place(&p, s, n, true)
+			if s.state == running {
+				i++
+			} // else s preempted itself: running[i] is the next one
+		}
+	}
+	for i := 0; i < len(sc.waiting) && len(sc.running) < maxRunning && !p.full(); {
+		s := sc.waiting[i]
+		if s.inflight > 0 { // preempted with work in flight
+			i++
+			continue
+		}
+		n, ok := sc.chunk(s, p.budget)
+		if !ok || !sc.place(&p, s, n, false) {
+			break
+		}
+		sc.waiting = slices.Delete(sc.waiting, i, i+1)
+		s.state = running
+		s.started = true
+		sc.running = insertByArrival(sc.running, s)
+	}
+	if len(p.seqs) == 0 && len(sc.toFree) == 0 {
+		return nil, false
+	}
+	sc.lastBatch = p.id
+	st := &pipeline.Step{Batch: stage.Batch{ID: p.id, Seqs: p.seqs}, Free: sc.toFree}
+	sc.toFree = nil
+	if len(p.seqs) > 0 {
+		sc.flights = append(sc.flights, &flight{batch: p.id, start: sc.clock(), entries: p.entries})
+	}
+	return st, true
+}
+
+// chunk is how many positions s can feed in a step with budget tokens left
+// (false: none now). A chunk that reaches the end of the known tokens, or a
+// placeholder decode, samples.
+func (sc *Scheduler) chunk(s *seq, budget int) (int, bool) {
+	if budget == 0 {
+		return 0, false
+	}
+	if s.computed < len(s.tokens) {
+		if s.inflight > 0 && !sc.cfg.OnDeviceHandoff {
+			return 0, false
+		}
+		return min(len(s.tokens)-s.computed, budget), true
+	}
+	// Everything known is fed: with hand-off, feed the last placeholder,
+	// unless its sample would pass MaxTokens.
+	if sc.cfg.OnDeviceHandoff && s.pending > 0 && s.generated()+s.pending < s.req.MaxTokens {
+		return 1, true
+	}
+	return 0, false
+}
+
+// place adds n positions of s to the step, allocating the blocks they need;
+// when blocks run short it preempts (if allowed) or gives up. It reports
+// whether s was placed.
+func (sc *Scheduler) place(p *plan, s *seq, n int, preempt bool) bool {
+	nb := blocksFor(s.computed+n, sc.cfg.BlockSize)
+	for nb-len(s.blocks) > len(sc.free) {
+		if !preempt {
+			return false
+		}
+		v := sc.victim(p.id)
+		sc.preempt(v)
+		if v == s {
+			return false
+		}
+	}
+	for len(s.blocks) < nb {
+		last := len(sc.free) - 1
+		s.blocks = append(s.blocks, sc.free[last])
+		sc.free = sc.free[:last]
+	}
+	q := stage.Seq{
+		ID:       s.req.ID,
+		Pos:      s.computed,
+		Blocks:   s.blocks[:nb:nb],
+		Sampling: s.req.Sampling,
+		Index:    s.generated() + s.pending,
+	}
+	if s.computed < len(s.tokens) {
+		end := s.computed + n
+		q.Tokens = s.tokens[s.computed:end:end]
+		q.Sample = end == len(s.tokens)
+	} else {
+		if p.inputs == nil {
+			p.inputs = make([]int32, 0, len(sc.running))
+		}
+		p.inputs = append(p.inputs, stage.Placeholder)
+		k := len(p.inputs)
+		q.Tokens = p.inputs[k-1 : k : k]
+		q.Sample = true
+	}
+	p.seqs = append(p.seqs, q)
+	p.entries = append(p.entries, entry{s: s, epoch: s.epoch, sample: q.Sample})
+	p.budget -= n
+	s.computed += n
+	if q.Sample {
+		s.pending++
+	}
+	s.inflight++
+	s.batch = p.id
+	return true
+}
+
+// victim is the newest running request not in step id.
+func (sc *Scheduler) victim(id uint64) *seq {
+	for i := len(sc.running) - 1; ; i-- {
+		if sc.running[i].batch != id {
+			return sc.running[i]
+		}
+	}
+}
+
+// preempt sends a running request back to waiting, by recompute: its blocks
+// are freed, what it has in flight will be dropped, and when admitted again
+// it prefills its prompt and the tokens generated so far.
+func (sc *Scheduler) preempt(s *seq) {
+	sc.release(s)
+	s.computed, s.pending = 0, 0
+	s.epoch++
+	s.state = waiting
+	sc.running = removeSeq(sc.running, s)
+	sc.waiting = insertByArrival(sc.waiting, s)
+	sc.toFree = append(sc.toFree, s.req.ID)
+	sc.stats.Preemptions++
+}
+
+// end removes a finished or cancelled request.
+func (sc *Scheduler) end(s *seq) {
+	sc.release(s)
+	s.epoch++
+	if s.state == running {
+		sc.running = removeSeq(sc.running, s)
+	} else {
+		sc.waiting = removeSeq(sc.waiting, s)
+	}
+	s.state = ended
+	delete(sc.seqs, s.req.ID)
+	if s.started {
+		sc.toFree = append(sc.toFree, s.req.ID)
+	}
+}
+
+// release returns s's blocks to the free list. Steps in flight may still
+// name them: every stage runs steps in order, so they are done with them
+// before any later step reuses them.
+func (sc *Scheduler) release(s *seq) {
+	for i := len(s.blocks) - 1; i >= 0; i-- {
+		sc.free = append(sc.free, s.blocks[i])
+	}
+	s.blocks = nil // steps in flight alias the old table
+}
+
+// Complete takes the result of the oldest step in flight and returns the
+// tokens to deliver, in batch order. Tokens of requests preempted,
+// cancelled or finished since the step was scheduled are dropped. A result
+// that does not match the step (another batch, missing or extra samples) is
+// an error and changes nothing.
+func (sc *Scheduler) Complete(r *pipeline.Result) ([]Output, error) {
+	if len(sc.flights) == 0 {
+		return nil, fmt.Errorf("result of batch %d, but no batch is in flight", r.Batch)
+	}
+	f := sc.flights[0]
+	if r.Batch != f.batch {
+		return nil, fmt.Errorf("result of batch %d, but the oldest batch in flight is %d", r.Batch, f.batch)
+	}
+	if r.Err != "" {
+		return nil, fmt.Errorf("batch %d: stage %d failed: %s", r.Batch, r.Stage, r.Err)
+	}
+	k := 0
+	for _, e := range f.entries {
+		if !e.sample {
+			continue
+		}
+		if k >= len(r.Sampled) || r.Sampled[k].Seq != e.s.req.ID {
+			return nil, fmt.Errorf("batch %d: sample %d is not of sequence %d", r.Batch, k, e.s.req.ID)
+		}
+		k++
+	}
+	if k != len(r.Sampled) {
+		return nil, fmt.Errorf("batch %d: %d samples, want %d", r.Batch, len(r.Sampled), k)
+	}
+	sc.flights[0] = nil
+	sc.flights = sc.flights[1:]
+
+	outs := make([]Output, 0, len(r.Sampled))
+	k = 0
+	for _, e := range f.entries {
+		s := e.s
+		s.inflight--
+		if !e.sample {
+			continue
+		}
+		t := r.Sampled[k]
+		k++
+		if s.epoch != e.epoch {
+			sc.stats.Discarded++
+			continue
+		}
+		s.pending--
+		s.tokens = append(s.tokens, t.Token)
+		o := Output{ID: s.req.ID, Index: s.generated() - 1, Token: t}
+		switch {
+		case slices.Contains(s.req.StopTokens, t.Token):
+			o.Finish = FinishStop
+		case s.req.StopCheck != nil && s.req.StopCheck(s.tokens[len(s.req.Prompt):]):
+			o.Finish = FinishStop
+		case s.generated() >= s.req.MaxTokens:
+			o.Finish = FinishLength
+		}
+		if o.Finish != "" {
+			sc.end(s)
+			sc.stats.Finished++
+		}
+		outs = append(outs, o)
+	}
+	d := sc.clock().Sub(f.start)
+	sc.stats.Steps++
+	sc.stats.LastStepTime = d
+	if sc.stats.Steps == 1 {
+		sc.stats.StepTime = d
+	} else {
+		sc.stats.StepTime += (d - sc.stats.StepTime) / 8
+	}
+	return outs, nil
+}
+
+// InFlight is the number of steps in flight.
+func (sc *Scheduler) InFlight() int { return len(sc.flights) }
+
+// Idle reports whether no request is live and no step is in flight.
+func (sc *Scheduler) Idle() bool { return len(sc.seqs) == 0 && len(sc.flights) == 0 }
+
+// Stats is a snapshot of the scheduler.
+func (sc *Scheduler) Stats() Stats {
+	st := sc.stats
+	st.Running = len(sc.running)
+	st.Waiting = len(sc.waiting)
+	st.InFlight = len(sc.flights)
+	st.KVBlocks = sc.cfg.NumBlocks
+	st.KVBlocksUsed = sc.cfg.NumBlocks - len(sc.free)
+	st.BlockSize = sc.cfg.BlockSize
+	return st
+}
+
+// insertByArrival inserts s into q, which is sorted by arrival.
+func insertByArrival(q []*seq, s *seq) []*seq {
+	i, _ := slices.BinarySearchFunc(q, s.arrival, func(e *seq, a uint64) int {
+		switch {
+		case e.arrival < a:
+			return -1
+		case e.arrival > a:
+			return 1
+		}
+		return 0
+	})
+	return slices.Insert(q, i, s)
+}
+
+// removeSeq removes s from q, keeping the order.
+func removeSeq(q []*seq, s *seq) []*seq {
+	i := slices.Index(q, s)
+	return slices.Delete(q, i, i+1)
+}

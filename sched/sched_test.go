@@ -1,0 +1,113 @@
+package sched_test
+
+import (
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/tandem-llm/tandem/pipeline"
+	"github.com/tandem-llm/tandem/sched"
+	"github.com/tandem-llm/tandem/stage"
+)
+
+func TestConfigDefaults(t *testing.T) {
+	sc, err := sched.New(sched.Config{MaxNumBatchedTokens: 8, MaxNumSeqs: 2, NumBlocks: 4}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := sc.Config()
+	if c.BlockSize != sched.DefaultBlockSize || c.MaxConcurrentBatches != 1 {
+		t.Errorf("defaults: block size %d, concurrent batches %d; want %d and 1", c.BlockSize, c.MaxConcurrentBatches, sched.DefaultBlockSize)
+	}
+	if st := sc.Stats(); st.KVBlocks != 4 || st.BlockSize != 16 || st.KVBlocksUsed != 0 {
+		t.Errorf("stats of a new scheduler: %+v", st)
+	}
+}
+
+// TestCompleteRejectsMismatch checks that a result that does not match the
+// oldest step in flight is an error and changes nothing: the right result
+// is still taken afterwards.
+func TestCompleteRejectsMismatch(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		edit func(r *pipeline.Result)
+		want string
+	}{
+		{"other batch", func(r *pipeline.Result) { r.Batch++ }, "oldest batch in flight is 1"},
+		{"stage failure", func(r *pipeline.Result) { r.Stage, r.Err = 1, "boom" }, "stage 1 failed: boom"},
+		{"missing sample", func(r *pipeline.Result) { r.Sampled = r.Sampled[:1] }, "sample 1 is not of sequence 2"},
+		{"extra sample", func(r *pipeline.Result) { r.Sampled = append(r.Sampled, stage.Sampled{Seq: 9}) }, "3 samples, want 2"},
+		{"other sequence", func(r *pipeline.Result) { r.Sampled[0].Seq = 2 }, "sample 0 is not of sequence 1"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			sc, err := sched.New(sched.Config{MaxNumBatchedTokens: 8, MaxNumSeqs: 2, NumBlocks: 4}, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for id := uint64(1); id <= 2; id++ {
+				if err := sc.Add(sched.Request{ID: id, Prompt: []int32{1, 2}, MaxTokens: 1}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			st, ok := sc.Schedule()
+			if !ok {
+				t.Fatal("nothing scheduled")
+			}
+			good := func() *pipeline.Result {
+				return &pipeline.Result{Batch: st.Batch.ID, Sampled: []stage.Sampled{{Seq: 1, Token: 5}, {Seq: 2, Token: 6}}}
+			}
+			bad := good()
+			tc.edit(bad)
+			if _, err := sc.Complete(bad); err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("error %v, want one containing %q", err, tc.want)
+			}
+			outs, err := sc.Complete(good())
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got []int32
+			for _, o := range outs {
+				got = append(got, o.Token.Token)
+			}
+			if !slices.Equal(got, []int32{5, 6}) || sc.Stats().Finished != 2 {
+				t.Errorf("after the bad result: tokens %v, stats %+v; want [5 6], both finished", got, sc.Stats())
+			}
+		})
+	}
+}
+
+// TestBalancedSteps checks that without hand-off the running requests are
+// spread evenly over the steps in flight, within MaxNumSeqs.
+func TestBalancedSteps(t *testing.T) {
+	for _, tc := range []struct {
+		reqs, seqs, batches int
+		want                []int // sequences per step
+	}{
+		{reqs: 8, seqs: 16, batches: 4, want: []int{2, 2, 2, 2}},
+		{reqs: 7, seqs: 16, batches: 3, want: []int{3, 3, 1}},
+		{reqs: 5, seqs: 16, batches: 1, want: []int{5}},
+		{reqs: 40, seqs: 4, batches: 2, want: []int{4, 4}},
+		{reqs: 1, seqs: 4, batches: 8, want: []int{1}},
+	} {
+		sc, err := sched.New(sched.Config{MaxNumBatchedTokens: 1000, MaxNumSeqs: tc.seqs, NumBlocks: 100, MaxConcurrentBatches: tc.batches}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range tc.reqs {
+			if err := sc.Add(sched.Request{ID: uint64(i), Prompt: []int32{1}, MaxTokens: 4}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var got []int
+		for {
+			st, ok := sc.Schedule()
+			if !ok {
+				break
+			}
+			got = append(got, len(st.Batch.Seqs))
+		}
+		if !slices.Equal(got, tc.want) {
+			t.Errorf("%d requests, %d seqs, %d batches: steps of %v sequences, want %v", tc.reqs, tc.seqs, tc.batches, got, tc.want)
+		}
+	}
+}

@@ -1,0 +1,244 @@
+package sched_test
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tandem-llm/tandem/pipeline"
+	"github.com/tandem-llm/tandem/sched"
+	"github.com/tandem-llm/tandem/stage"
+)
+
+var update = flag.Bool("update", false, "rewrite the expected output of testdata scripts")
+
+// TestScripts runs the golden scripts in testdata against the scheduler
+// core. A script is a list of commands, one a line; the lines indented by
+// two spaces after a command are what it must print. # starts a comment.
+//
+//	config tokens=N seqs=N block=N blocks=N batches=N maxlen=N handoff=0|1
+//	add ID prompt=N max=N [stop=T,T] [check=repeat] [seed=N]
+//	    (the prompt is ID·100, ID·100+1, ...)
+//	schedule           print the next step, or "none"
+//	complete [ID=T...] return the oldest step's result: the given tokens,
+//	                   and token 1 for sampled sequences not named
+//	cancel ID
+//	tick DURATION      advance the clock
+//	stats
+//
+// go test -run TestScripts -update rewrites the expected lines.
+func TestScripts(t *testing.T) {
+	files, err := filepath.Glob(filepath.Join("testdata", "*.txt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(files) == 0 {
+		t.Fatal("no scripts in testdata")
+	}
+	for _, f := range files {
+		t.Run(filepath.Base(f), func(t *testing.T) {
+			data, err := os.ReadFile(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := runScript(t, string(data))
+			if got == string(data) {
+				return
+			}
+			if *update {
+				if err := os.WriteFile(f, []byte(got), 0o644); err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			t.Errorf("output differs (go test -run TestScripts -update rewrites it):\n%s", diffLines(string(data), got))
+		})
+	}
+}
+
+// runScript runs the commands of a script and returns it with each
+// command's expected lines replaced by what it printed.
+func runScript(t *testing.T, script string) string {
+	var out strings.Builder
+	var sc *sched.Scheduler
+	now := time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC)
+	clock := func() time.Time { return now }
+	var last []*pipeline.Step // steps in flight, oldest first
+	for n, line := range strings.Split(strings.TrimSuffix(script, "\n"), "\n") {
+		if strings.HasPrefix(line, "  ") {
+			continue // expected output, replaced below
+		}
+		out.WriteString(line + "\n")
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		print := func(format string, a ...any) { fmt.Fprintf(&out, "  "+format+"\n", a...) }
+		f := strings.Fields(line)
+		args := map[string]string{}
+		for _, kv := range f[1:] {
+			k, v, _ := strings.Cut(kv, "=")
+			args[k] = v
+		}
+		num := func(k string) int {
+			if args[k] == "" {
+				return 0
+			}
+			v, err := strconv.Atoi(args[k])
+			if err != nil {
+				t.Fatalf("line %d: %s: %v", n+1, k, err)
+			}
+			return v
+		}
+		if f[0] != "config" && sc == nil {
+			t.Fatalf("line %d: %s before config", n+1, f[0])
+		}
+		switch f[0] {
+		case "config":
+			var err error
+			sc, err = sched.New(sched.Config{
+				MaxNumBatchedTokens: num("tokens"), MaxNumSeqs: num("seqs"), BlockSize: num("block"),
+				NumBlocks: num("blocks"), MaxConcurrentBatches: num("batches"), MaxModelLen: num("maxlen"),
+				OnDeviceHandoff: args["handoff"] == "1",
+			}, clock)
+			if err != nil {
+				print("error: %v", err)
+			}
+			last = nil
+		case "add":
+			id, err := strconv.ParseUint(f[1], 10, 64)
+			if err != nil {
+				t.Fatalf("line %d: id: %v", n+1, err)
+			}
+			r := sched.Request{ID: id, Prompt: make([]int32, num("prompt")), MaxTokens: num("max"), Sampling: stage.Sampling{Seed: uint64(num("seed"))}}
+			for i := range r.Prompt {
+				r.Prompt[i] = int32(id*100) + int32(i)
+			}
+			if s := args["stop"]; s != "" {
+				for _, v := range strings.Split(s, ",") {
+					tok, err := strconv.Atoi(v)
+					if err != nil {
+						t.Fatalf("line %d: stop: %v", n+1, err)
+					}
+					r.StopTokens = append(r.StopTokens, int32(tok))
+				}
+			}
+			if args["check"] == "repeat" {
+				r.StopCheck = repeatStop
+			}
+			if err := sc.Add(r); err != nil {
+				print("error: %v", err)
+			}
+		case "schedule":
+			st, ok := sc.Schedule()
+			if !ok {
+				print("none")
+				continue
+			}
+			print("batch %d free %v", st.Batch.ID, st.Free)
+			for _, q := range st.Batch.Seqs {
+				s := fmt.Sprintf("seq %d pos %d tokens %s blocks %v", q.ID, q.Pos, tokenList(q.Tokens), q.Blocks)
+				if q.Sample {
+					s += fmt.Sprintf(" sample %d", q.Index)
+				}
+				print("%s", s)
+			}
+			if len(st.Batch.Seqs) > 0 {
+				last = append(last, st)
+			}
+		case "complete":
+			r := &pipeline.Result{Batch: 999}
+			if len(last) > 0 {
+				r.Batch = last[0].Batch.ID
+				for _, q := range last[0].Batch.Seqs {
+					if q.Sample {
+						tok := 1
+						if v, ok := args[strconv.FormatUint(q.ID, 10)]; ok {
+							tok, _ = strconv.Atoi(v)
+						}
+						r.Sampled = append(r.Sampled, stage.Sampled{Seq: q.ID, Token: int32(tok)})
+					}
+				}
+			}
+			outs, err := sc.Complete(r)
+			if err != nil {
+				print("error: %v", err)
+				continue
+			}
+			last = last[1:]
+			if len(outs) == 0 {
+				print("nothing")
+			}
+			for _, o := range outs {
+				s := fmt.Sprintf("out %d #%d token %d", o.ID, o.Index, o.Token.Token)
+				if o.Finish != "" {
+					s += " " + o.Finish
+				}
+				print("%s", s)
+			}
+		case "cancel":
+			id, _ := strconv.ParseUint(f[1], 10, 64)
+			print("%v", sc.Cancel(id))
+		case "tick":
+			d, err := time.ParseDuration(f[1])
+			if err != nil {
+				t.Fatalf("line %d: %v", n+1, err)
+			}
+			now = now.Add(d)
+		case "stats":
+			s := sc.Stats()
+			print("running %d waiting %d inflight %d kv %d/%d preemptions %d discarded %d finished %d cancelled %d steps %d steptime %v/%v",
+				s.Running, s.Waiting, s.InFlight, s.KVBlocksUsed, s.KVBlocks, s.Preemptions, s.Discarded, s.Finished, s.Cancelled, s.Steps, s.LastStepTime, s.StepTime)
+		default:
+			t.Fatalf("line %d: unknown command %q", n+1, f[0])
+		}
+	}
+	return out.String()
+}
+
+// tokenList prints tokens with runs of three or more consecutive ids as
+// first-last, and stage.Placeholder as _.
+func tokenList(ts []int32) string {
+	var parts []string
+	for i := 0; i < len(ts); {
+		j := i + 1
+		for j < len(ts) && ts[j] == ts[j-1]+1 && ts[i] >= 0 {
+			j++
+		}
+		switch {
+		case ts[i] == stage.Placeholder:
+			parts = append(parts, "_")
+			j = i + 1
+		case j-i >= 3:
+			parts = append(parts, fmt.Sprintf("%d-%d", ts[i], ts[j-1]))
+		default:
+			j = i + 1
+			parts = append(parts, strconv.Itoa(int(ts[i])))
+		}
+		i = j
+	}
+	return "[" + strings.Join(parts, " ") + "]"
+}
+
+// diffLines shows the lines of got that differ from want.
+func diffLines(want, got string) string {
+	w, g := strings.Split(want, "\n"), strings.Split(got, "\n")
+	var b strings.Builder
+	for i := range max(len(w), len(g)) {
+		var wl, gl string
+		if i < len(w) {
+			wl = w[i]
+		}
+		if i < len(g) {
+			gl = g[i]
+		}
+		if wl != gl {
+			fmt.Fprintf(&b, "line %d:\n  want %q\n  got  %q\n", i+1, wl, gl)
+		}
+	}
+	return b.String()
+}
