@@ -102,12 +102,7 @@ func NewDispatcher(c Config) (*Dispatcher, error) {
 			d.keys = append(d.keys, Step{Full, BatchDescriptor{NumTokens: s, NumReqs: s / q, UniformDecode: true, QueryLen: q}})
 		}
 	}
-	switch {
-	case c.Mode.MixedMode() == Full:
-		d.mixed = Full
-	case c.Mode.HasPiecewise():
-		d.mixed = Piecewise
-	}
+	d.mixed = c.Mode.MixedMode()
 	if d.mixed != None {
 		for _, s := range slices.Backward(d.sizes) {
 			d.keys = append(d.keys, Step{d.mixed, BatchDescriptor{NumTokens: s}})
