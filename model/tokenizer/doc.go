@@ -18,7 +18,8 @@
 //     special flags.
 //
 // Parse rejects a file using anything else, naming the component, rather
-// than encode differently from the reference. The split expressions of
+// than encode differently from the reference; once parsed, encoding and
+// decoding cannot fail. The split expressions of
 // GPT-2, Llama 3 and Qwen run on hand-written scanners; other expressions
 // run on regexp2 (lookahead included). The file's truncation and padding
 // settings are not applied: Encode returns every token, and limits on
@@ -41,5 +42,6 @@
 //
 // A *Tokenizer is immutable after Parse apart from an internal, locked cache
 // of encoded words: it is safe for concurrent use by any number of
-// goroutines. A *Stream belongs to one goroutine.
+// goroutines. A *Stream belongs to one goroutine; any number of Streams may
+// share a Tokenizer.
 package tokenizer
