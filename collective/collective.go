@@ -2,7 +2,21 @@ package collective
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"strings"
+)
+
+// ErrClosed is wrapped by every error that reports a link closed by either
+// end.
+var ErrClosed = errors.New("collective: link closed")
+
+// Limits on the shape a Header may describe.
+const (
+	// MaxDim is the largest Rows or Cols.
+	MaxDim = 1<<31 - 1
+	// MaxPayload is the largest message in bytes.
+	MaxPayload = 1 << 40
 )
 
 // DType is the element type of an activation message.
@@ -56,6 +70,49 @@ type Header struct {
 // Bytes is the payload size the header describes.
 func (h Header) Bytes() int { return h.Rows * h.Cols * h.DType.Size() }
 
+// Validate reports whether h describes a message a transport can carry: a
+// known dtype, Rows and Cols in [0, MaxDim] and at most MaxPayload bytes.
+func (h Header) Validate() error {
+	size := h.DType.Size()
+	switch {
+	case size == 0:
+		return fmt.Errorf("header %v: unknown dtype", h)
+	case h.Rows < 0 || h.Rows > MaxDim:
+		return fmt.Errorf("header %v: rows %d out of range [0, %d]", h, h.Rows, MaxDim)
+	case h.Cols < 0 || h.Cols > MaxDim:
+		return fmt.Errorf("header %v: cols %d out of range [0, %d]", h, h.Cols, MaxDim)
+	case uint64(h.Rows)*uint64(h.Cols) > MaxPayload/uint64(size):
+		return fmt.Errorf("header %v: payload larger than %d bytes", h, uint64(MaxPayload))
+	}
+	return nil
+}
+
+func (h Header) String() string {
+	return fmt.Sprintf("batch %d [%dx%d %v]", h.Batch, h.Rows, h.Cols, h.DType)
+}
+
+// checkHeader returns an error naming every field of got that differs from
+// want, or nil when they are equal.
+func checkHeader(want, got Header) error {
+	var diffs []string
+	if got.Batch != want.Batch {
+		diffs = append(diffs, fmt.Sprintf("batch %d, want %d", got.Batch, want.Batch))
+	}
+	if got.Rows != want.Rows {
+		diffs = append(diffs, fmt.Sprintf("rows %d, want %d", got.Rows, want.Rows))
+	}
+	if got.Cols != want.Cols {
+		diffs = append(diffs, fmt.Sprintf("cols %d, want %d", got.Cols, want.Cols))
+	}
+	if got.DType != want.DType {
+		diffs = append(diffs, fmt.Sprintf("dtype %v, want %v", got.DType, want.DType))
+	}
+	if diffs == nil {
+		return nil
+	}
+	return fmt.Errorf("header mismatch: got %s", strings.Join(diffs, "; "))
+}
+
 // Buffer is memory a transport reads from or writes into: host memory for the
 // CPU transports (Host), device memory for NCCL. Buffers are owned by the
 // stage and persistent; transports never allocate them.
@@ -69,6 +126,22 @@ type Host []byte
 
 // Len implements Buffer.
 func (h Host) Len() int { return len(h) }
+
+// hostPayload validates h and returns the h.Bytes() bytes of b it describes;
+// b must be Host memory of at least that size.
+func hostPayload(h Header, b Buffer) ([]byte, error) {
+	if err := h.Validate(); err != nil {
+		return nil, err
+	}
+	host, ok := b.(Host)
+	if !ok {
+		return nil, fmt.Errorf("buffer is %T, want collective.Host", b)
+	}
+	if n := h.Bytes(); n <= len(host) {
+		return host[:n], nil
+	}
+	return nil, fmt.Errorf("%v needs %d bytes, buffer holds %d", h, h.Bytes(), len(host))
+}
 
 // Sender sends messages to the next stage, in order.
 type Sender interface {
