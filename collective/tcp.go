@@ -186,12 +186,12 @@ func (l *Listener) handshake(ctx context.Context, conn *net.TCPConn) (Receiver, 
 		if ctxCause(ctx, err) != nil {
 			return nil, fmt.Errorf("handshake not done within %v: %w", l.cfg.HandshakeTimeout, err)
 		}
-		reason := err.Error()
+		reason := "rejected: " + err.Error()
 		if len(reason) > maxHandshakeText {
 			reason = reason[:maxHandshakeText]
 		}
 		// Best effort: the peer may be gone or not a tandem peer.
-		_ = writeHandshake(conn, answerMagic, "rejected: "+reason)
+		_ = writeHandshake(conn, answerMagic, reason)
 		return nil, err
 	}
 	if err := writeHandshake(conn, answerMagic, ""); err != nil {

@@ -159,6 +159,9 @@ func TestWrongLinkRejected(t *testing.T) {
 
 	_, err := DialConfig{Link: "s0->s1"}.Dial(ctx, ln.Addr().String())
 	wantErr(t, err, nil, `rejected: link name: dialer presented "s0->s1", listener expects "s1->s2"`)
+	// A reason longer than a handshake message holds arrives cut short.
+	_, err = DialConfig{Link: strings.Repeat("\x01", MaxLinkName)}.Dial(ctx, ln.Addr().String())
+	wantErr(t, err, nil, `rejected: link name: dialer presented "\x01\x01`)
 
 	s, err := DialConfig{Link: "s1->s2"}.Dial(ctx, ln.Addr().String())
 	if err != nil {
