@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -10,11 +11,8 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/tandem-llm/tandem/model"
 	"github.com/tandem-llm/tandem/model/randinit"
-	"github.com/tandem-llm/tandem/model/tokenizer"
-	"github.com/tandem-llm/tandem/pipeline"
-	"github.com/tandem-llm/tandem/stage"
+	tandemv1 "github.com/tandem-llm/tandem/proto/tandem/v1"
 )
 
 type demoOptions struct {
@@ -24,7 +22,9 @@ type demoOptions struct {
 	maxTokens   int
 	temperature float32
 	seed        uint64
-	// exe and env start the stage processes (default: this executable).
+	keep        bool
+	logLevel    string
+	// exe and env start the daemons (default: this executable).
 	exe string
 	env []string
 }
@@ -33,27 +33,37 @@ func newDemoCmd() *cobra.Command {
 	var o demoOptions
 	cmd := &cobra.Command{
 		Use:   "demo",
-		Short: "Run a local multi-stage pipeline on the CPU and stream a completion",
-		Long: `Run a local pipeline of separate stage processes on loopback, on the CPU,
-and stream a completion of --prompt to the terminal. Without --model it
-generates a tiny random-init checkpoint first, so the text is gibberish:
-the point is the machinery.`,
+		Short: "Run a local cluster on the CPU and stream a completion through its gRPC API",
+		Long: `Run a local cluster of tandemd serve processes on loopback, on the CPU: a
+leader and --stages stage daemons. Stream a completion of --prompt through
+the leader's gRPC API, then stop the cluster. Without --model it generates a
+tiny random-init checkpoint first, so the text is gibberish: the point is the
+machinery. With --keep the cluster stays up (its leader's address is printed
+as "leader: HOST:PORT") until Ctrl-C.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			o.logLevel = cmd.Flag("log-level").Value.String()
+			if !cmd.Flags().Changed("log-level") && !cmd.Flag("verbose").Changed {
+				o.logLevel = "warn"
+			}
+			if cmd.Flag("verbose").Changed {
+				o.logLevel = "debug"
+			}
 			return runDemo(cmd.Context(), o, cmd.OutOrStdout(), cmd.ErrOrStderr())
 		},
 	}
 	f := cmd.Flags()
 	f.StringVar(&o.model, "model", "", "Hugging Face model directory (default: a generated tiny model)")
-	f.IntVar(&o.stages, "stages", 2, "number of pipeline stages (processes)")
+	f.IntVar(&o.stages, "stages", 2, "number of stage daemons")
 	f.StringVar(&o.prompt, "prompt", "The quick brown fox", "text to complete")
 	f.IntVar(&o.maxTokens, "max-tokens", 32, "tokens to generate")
 	f.Float32Var(&o.temperature, "temperature", 0, "sampling temperature (0: greedy)")
 	f.Uint64Var(&o.seed, "seed", 1, "sampling seed")
+	f.BoolVar(&o.keep, "keep", false, "leave the cluster up until Ctrl-C")
 	return cmd
 }
 
-func runDemo(ctx context.Context, o demoOptions, stdout, stderr io.Writer) error {
+func runDemo(ctx context.Context, o demoOptions, stdout, stderr io.Writer) (err error) {
 	dir := o.model
 	if dir == "" {
 		tmp, err := os.MkdirTemp("", "tandem-demo-")
@@ -68,20 +78,6 @@ func runDemo(ctx context.Context, o demoOptions, stdout, stderr io.Writer) error
 		}
 		fmt.Fprintf(stdout, "model:   generated tiny %s checkpoint (%d layers, hidden %d) in %s\n", opts.Arch, opts.Layers, opts.Hidden, dir)
 	}
-	ckpt, err := model.Open(dir)
-	if err != nil {
-		return err
-	}
-	cfg := ckpt.Config()
-	ckpt.Close()
-	tok, err := tokenizer.Load(filepath.Join(dir, "tokenizer.json"))
-	if err != nil {
-		return err
-	}
-	ranges, err := splitLayers(cfg.NumLayers, o.stages)
-	if err != nil {
-		return err
-	}
 	exe := o.exe
 	if exe == "" {
 		if exe, err = os.Executable(); err != nil {
@@ -89,42 +85,61 @@ func runDemo(ctx context.Context, o demoOptions, stdout, stderr io.Writer) error
 		}
 	}
 	start := time.Now()
-	cluster, err := startLocalCluster(ctx, exe, o.env, dir, ranges, stderr)
+	c, err := startLocalCluster(ctx, clusterSpec{exe: exe, env: o.env, model: dir, stages: o.stages, logLevel: o.logLevel, stderr: stderr})
 	if err != nil {
 		return err
 	}
-	defer cluster.Close()
-	fmt.Fprintf(stdout, "cluster: %d stage processes on loopback, layers %v, ready in %v\n", len(ranges), ranges, time.Since(start).Round(time.Millisecond))
-
-	prompt := tok.Encode(o.prompt, true)
-	req := pipeline.Request{
-		ID:         1,
-		Prompt:     prompt,
-		MaxTokens:  o.maxTokens,
-		StopTokens: intsToTokens(cfg.EOS),
-		Sampling:   stage.Sampling{Temperature: o.temperature, Seed: o.seed},
+	defer func() {
+		if cerr := c.Close(); cerr != nil {
+			err = errors.Join(err, fmt.Errorf("stop the cluster: %w", cerr))
+		}
+	}()
+	st, err := tandemv1.NewAdminClient(c.Conn).Status(ctx, &tandemv1.StatusRequest{})
+	if err != nil {
+		return fmt.Errorf("status: %w", err)
 	}
-	fmt.Fprintf(stdout, "prompt:  %d tokens\n\n%s", len(prompt), o.prompt)
-	stream := tok.NewStream(true)
-	var n int
-	start = time.Now()
-	err = pipeline.Generate(ctx, cluster.Driver, []pipeline.Request{req}, pipeline.GenerateOptions{MaxContext: cfg.MaxPositions}, func(ev pipeline.Event) error {
-		n++
-		_, err := io.WriteString(stdout, stream.Add(ev.Token.Token))
-		return err
+	var layers [][2]uint32
+	for _, s := range st.GetStages() {
+		layers = append(layers, [2]uint32{s.GetLayerLo(), s.GetLayerHi()})
+	}
+	fmt.Fprintf(stdout, "cluster: leader + %d stage daemons on loopback, layers %v, serving in %v\n", o.stages, layers, time.Since(start).Round(time.Millisecond))
+
+	stream, err := tandemv1.NewInferenceClient(c.Conn).Generate(ctx, &tandemv1.GenerateRequest{
+		Prompt: o.prompt, MaxTokens: uint32(o.maxTokens), Temperature: o.temperature, Seed: o.seed,
 	})
 	if err != nil {
-		return err
+		return fmt.Errorf("generate: %w", err)
+	}
+	fmt.Fprintf(stdout, "\n%s", o.prompt)
+	start = time.Now()
+	var usage *tandemv1.Usage
+	for {
+		msg, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return fmt.Errorf("generate: %w", err)
+		}
+		io.WriteString(stdout, msg.GetText())
+		if msg.GetUsage() != nil {
+			usage = msg.GetUsage()
+		}
 	}
 	elapsed := time.Since(start)
-	fmt.Fprintf(stdout, "%s\n\n%d tokens in %v (%.1f tokens/s)\n", stream.Flush(), n, elapsed.Round(time.Millisecond), float64(n)/elapsed.Seconds())
-	return cluster.Close()
-}
-
-func intsToTokens(ids []int) []int32 {
-	out := make([]int32, len(ids))
-	for i, id := range ids {
-		out[i] = int32(id)
+	if usage == nil {
+		return errors.New("generate: the stream ended without usage")
 	}
-	return out
+	fmt.Fprintf(stdout, "\n\n%d prompt tokens, %d generated in %v (%.1f tokens/s)\n", usage.GetPromptTokens(), usage.GetCompletionTokens(), elapsed.Round(time.Millisecond), float64(usage.GetCompletionTokens())/elapsed.Seconds())
+	if o.keep {
+		fmt.Fprintf(stdout, "\nleader: %s\n", c.Leader.GRPC)
+		fmt.Fprintf(stdout, "try:    tandemctl --addr %s status\n        grpcurl -plaintext %s list\nCtrl-C stops the cluster.\n", c.Leader.GRPC, c.Leader.GRPC)
+		<-ctx.Done()
+	}
+	start = time.Now()
+	if err := c.Close(); err != nil {
+		return fmt.Errorf("stop the cluster: %w", err)
+	}
+	fmt.Fprintf(stdout, "stopped: every daemon drained and exited cleanly in %v\n", time.Since(start).Round(time.Millisecond))
+	return nil
 }

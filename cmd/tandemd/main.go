@@ -1,7 +1,9 @@
 // Command tandemd is the tandem node daemon.
 //
-// At this stage of the project it runs one pipeline stage per process
-// (tandemd stage) and a local demo cluster of such processes (tandemd demo).
+// tandemd serve runs one node of a cluster (see package daemon): a stage
+// of the pipeline, and the leader's gRPC API when it is chosen leader.
+// tandemd demo starts a local cluster of such processes on loopback,
+// streams a completion through the API and stops the cluster.
 package main
 
 import (
@@ -25,21 +27,29 @@ func main() {
 }
 
 func newRootCmd() *cobra.Command {
-	var verbose bool
+	var (
+		verbose  bool
+		logLevel string
+	)
 	root := &cobra.Command{
 		Use:           "tandemd",
 		Short:         "tandem node daemon: serves a language model by pipeline parallelism",
 		SilenceUsage:  true,
 		SilenceErrors: true,
-		PersistentPreRun: func(*cobra.Command, []string) {
-			level := slog.LevelWarn
+		PersistentPreRunE: func(*cobra.Command, []string) error {
+			var level slog.Level
+			if err := level.UnmarshalText([]byte(logLevel)); err != nil {
+				return fmt.Errorf("--log-level %q: want debug, info, warn or error", logLevel)
+			}
 			if verbose {
 				level = slog.LevelDebug
 			}
 			slog.SetDefault(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})))
+			return nil
 		},
 	}
-	root.PersistentFlags().BoolVarP(&verbose, "verbose", "v", false, "log debug messages to stderr")
-	root.AddCommand(newDemoCmd(), newStageCmd())
+	root.PersistentFlags().BoolVarP(&verbose, "verbose", "v", false, "log debug messages to stderr (same as --log-level debug)")
+	root.PersistentFlags().StringVar(&logLevel, "log-level", "info", "least level logged to stderr: debug, info, warn or error")
+	root.AddCommand(newServeCmd(), newDemoCmd())
 	return root
 }

@@ -3,17 +3,31 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
 	"github.com/tandem-llm/tandem/model"
 	"github.com/tandem-llm/tandem/model/randinit"
+	"github.com/tandem-llm/tandem/model/tokenizer"
 	"github.com/tandem-llm/tandem/pipeline"
+	tandemv1 "github.com/tandem-llm/tandem/proto/tandem/v1"
 	"github.com/tandem-llm/tandem/stage"
 	"github.com/tandem-llm/tandem/stage/cpu"
 )
@@ -41,6 +55,187 @@ func testModel(t *testing.T) string {
 		t.Fatal(err)
 	}
 	return dir
+}
+
+// logBuffer collects the daemons' logs (written concurrently).
+type logBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *logBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *logBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// startCluster starts a cluster of this test binary as tandemd processes
+// and stops it when the test ends, showing the logs of a failed test.
+func startCluster(t *testing.T, ctx context.Context, dir string, stages int, leaderStage bool) (*localCluster, *logBuffer) {
+	t.Helper()
+	logs := &logBuffer{}
+	start := time.Now()
+	c, err := startLocalCluster(ctx, clusterSpec{exe: os.Args[0], env: []string{asDaemonEnv + "=1"}, model: dir, stages: stages, leaderStage: leaderStage, logLevel: "info", stderr: logs})
+	if err != nil {
+		t.Fatalf("%v\ndaemon logs:\n%s", err, logs)
+	}
+	t.Logf("cluster of %d stages (leader holds one: %t) serving %v after start", stages, leaderStage, time.Since(start).Round(time.Millisecond))
+	t.Cleanup(func() {
+		if err := c.Close(); err != nil {
+			t.Errorf("stop the cluster: %v", err)
+		}
+		if t.Failed() {
+			t.Logf("daemon logs:\n%s", logs)
+		}
+	})
+	return c, logs
+}
+
+// genCase is one Generate request with its reference.
+type genCase struct {
+	name string
+	req  *tandemv1.GenerateRequest
+}
+
+func genCases() []genCase {
+	return []genCase{
+		{"greedy", &tandemv1.GenerateRequest{Prompt: "Hello there", MaxTokens: 12, Logprobs: proto.Uint32(5)}},
+		{"sampled", &tandemv1.GenerateRequest{Prompt: "The quick brown fox jumps over", MaxTokens: 10, Temperature: 0.9, TopK: 40, TopP: 0.95, Seed: 11, Logprobs: proto.Uint32(3)}},
+		{"ids", &tandemv1.GenerateRequest{PromptTokenIds: []int32{3, 99, 250, 7, 7, 300}, MaxTokens: 8, Temperature: 1.2, Seed: 5, IgnoreEos: true, Logprobs: proto.Uint32(0)}},
+	}
+}
+
+// reference runs the request through a single-stage pipeline in this
+// process, with the plain generation loop.
+func reference(t *testing.T, dir string, req *tandemv1.GenerateRequest) []stage.Sampled {
+	t.Helper()
+	ckpt, err := model.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ckpt.Close()
+	cfg := ckpt.Config()
+	tok, err := tokenizer.Load(filepath.Join(dir, "tokenizer.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	prompt := req.GetPromptTokenIds()
+	if len(prompt) == 0 {
+		prompt = tok.Encode(req.GetPrompt(), true)
+	}
+	var stops []int32
+	if !req.GetIgnoreEos() {
+		for _, id := range cfg.EOS {
+			stops = append(stops, int32(id))
+		}
+	}
+	d := localPipeline(t, context.Background(), dir, [][2]int{{0, cfg.NumLayers}})
+	defer d.Close()
+	var out []stage.Sampled
+	r := pipeline.Request{ID: 1, Prompt: prompt, MaxTokens: int(req.GetMaxTokens()), StopTokens: stops, Sampling: stage.Sampling{
+		Temperature: req.GetTemperature(), TopK: int(req.GetTopK()), TopP: req.GetTopP(), Seed: req.GetSeed(), Logprobs: int(req.GetLogprobs()),
+	}}
+	err = pipeline.Generate(context.Background(), d, []pipeline.Request{r}, pipeline.GenerateOptions{}, func(ev pipeline.Event) error {
+		out = append(out, ev.Token)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// generated is a Generate call's stream, put together.
+type generated struct {
+	text     string
+	ids      []int32
+	logprobs []*tandemv1.TokenLogprobs
+	finish   tandemv1.FinishReason
+	usage    *tandemv1.Usage
+}
+
+func generate(ctx context.Context, conn *grpc.ClientConn, req *tandemv1.GenerateRequest) (generated, error) {
+	var g generated
+	stream, err := tandemv1.NewInferenceClient(conn).Generate(ctx, req)
+	if err != nil {
+		return g, err
+	}
+	for {
+		msg, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			return g, nil
+		}
+		if err != nil {
+			return g, err
+		}
+		if g.usage != nil {
+			return g, fmt.Errorf("message after the final one: %v", msg)
+		}
+		g.text += msg.GetText()
+		g.ids = append(g.ids, msg.GetTokenIds()...)
+		g.logprobs = append(g.logprobs, msg.GetLogprobs()...)
+		g.finish, g.usage = msg.GetFinishReason(), msg.GetUsage()
+	}
+}
+
+// checkAgainst compares a Generate result with the reference tokens.
+func checkAgainst(t *testing.T, name string, got generated, want []stage.Sampled, req *tandemv1.GenerateRequest) {
+	t.Helper()
+	ids := make([]int32, len(want))
+	for i, w := range want {
+		ids[i] = w.Token
+	}
+	if !slices.Equal(got.ids, ids) {
+		t.Fatalf("%s: tokens %v, want %v", name, got.ids, ids)
+	}
+	if got.usage == nil || got.usage.GetCompletionTokens() != uint32(len(ids)) {
+		t.Errorf("%s: usage %v, want %d completion tokens", name, got.usage, len(ids))
+	}
+	if len(got.logprobs) != len(want) {
+		t.Fatalf("%s: %d logprobs, want one per token (%d)", name, len(got.logprobs), len(want))
+	}
+	worst := 0.0
+	for i, w := range want {
+		g := got.logprobs[i]
+		if g.GetTokenId() != w.Token || len(g.GetTop()) != len(w.Top) || len(w.Top) != int(req.GetLogprobs()) {
+			t.Fatalf("%s: token %d logprobs %v, want token %d with %d alternatives", name, i, g, w.Token, req.GetLogprobs())
+		}
+		worst = max(worst, math.Abs(float64(g.GetLogprob()-w.Logprob)))
+		for j, a := range w.Top {
+			if g.GetTop()[j].GetTokenId() != a.Token {
+				t.Fatalf("%s: token %d alternative %d is %d, want %d", name, i, j, g.GetTop()[j].GetTokenId(), a.Token)
+			}
+			worst = max(worst, math.Abs(float64(g.GetTop()[j].GetLogprob()-a.Logprob)))
+		}
+	}
+	if worst > 1e-5 {
+		t.Errorf("%s: logprobs differ from the reference by up to %.2e", name, worst)
+	}
+}
+
+// generateAll runs every case concurrently (so they share steps) and
+// checks each against its reference.
+func generateAll(t *testing.T, ctx context.Context, conn *grpc.ClientConn, cases []genCase, want map[string][]stage.Sampled) {
+	t.Helper()
+	got := make([]generated, len(cases))
+	errs := make([]error, len(cases))
+	var wg sync.WaitGroup
+	for i, c := range cases {
+		wg.Go(func() { got[i], errs[i] = generate(ctx, conn, c.req) })
+	}
+	wg.Wait()
+	for i, c := range cases {
+		if errs[i] != nil {
+			t.Fatalf("%s: %v", c.name, errs[i])
+		}
+		checkAgainst(t, c.name, got[i], want[c.name], c.req)
+	}
 }
 
 // run is what one pipeline produced for the test workload: per sequence,
@@ -144,9 +339,26 @@ func localPipeline(t *testing.T, ctx context.Context, dir string, ranges [][2]in
 	return d
 }
 
+// splitLayers divides layers into n contiguous ranges whose sizes differ by
+// at most one, the larger ones first.
+func splitLayers(layers, n int) [][2]int {
+	ranges := make([][2]int, n)
+	lo := 0
+	for i := range n {
+		size := layers / n
+		if i < layers%n {
+			size++
+		}
+		ranges[i] = [2]int{lo, lo + size}
+		lo += size
+	}
+	return ranges
+}
+
 // TestStageSplits checks that the same checkpoint split into 1, 2, 3 and 4
-// stages, in one process and as separate processes over TCP, gives the
-// logits and greedy tokens of the single-stage run.
+// stages gives the single-stage results: in one process, the logits of
+// every position; as a cluster of daemon processes (the leader holding the
+// first stage), the tokens and log-probabilities Generate streams.
 func TestStageSplits(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -163,75 +375,267 @@ func TestStageSplits(t *testing.T) {
 	if err := ref.Close(); err != nil {
 		t.Fatal(err)
 	}
+	cases := genCases()
+	wantGen := map[string][]stage.Sampled{}
+	for _, c := range cases {
+		wantGen[c.name] = reference(t, dir, c.req)
+	}
 	for n := 1; n <= 4; n++ {
-		ranges, err := splitLayers(cfg.NumLayers, n)
-		if err != nil {
-			t.Fatal(err)
-		}
 		t.Run(fmt.Sprintf("in-process/%d", n), func(t *testing.T) {
-			d := localPipeline(t, ctx, dir, ranges)
+			d := localPipeline(t, ctx, dir, splitLayers(cfg.NumLayers, n))
 			got := workload(t, ctx, d, cfg.VocabSize)
 			if err := d.Close(); err != nil {
 				t.Fatal(err)
 			}
 			compareRuns(t, fmt.Sprintf("%d stages in one process", n), got, want)
 		})
-		t.Run(fmt.Sprintf("processes/%d", n), func(t *testing.T) {
-			var logs bytes.Buffer
-			c, err := startLocalCluster(ctx, os.Args[0], []string{asDaemonEnv + "=1"}, dir, ranges, &logs)
+		t.Run(fmt.Sprintf("daemons/%d", n), func(t *testing.T) {
+			c, _ := startCluster(t, ctx, dir, n, true)
+			st, err := tandemv1.NewAdminClient(c.Conn).Status(ctx, &tandemv1.StatusRequest{})
 			if err != nil {
-				t.Fatalf("%v\nstage logs:\n%s", err, logs.String())
+				t.Fatal(err)
 			}
-			got := workload(t, ctx, c.Driver, cfg.VocabSize)
-			if err := c.Close(); err != nil {
-				t.Fatalf("%v\nstage logs:\n%s", err, logs.String())
+			var got [][2]int
+			next := 0
+			for _, s := range st.GetStages() {
+				got = append(got, [2]int{int(s.GetLayerLo()), int(s.GetLayerHi())})
+				if int(s.GetLayerLo()) != next || s.GetLayerHi() <= s.GetLayerLo() {
+					t.Errorf("stages %v are not contiguous", got)
+				}
+				next = int(s.GetLayerHi())
 			}
-			compareRuns(t, fmt.Sprintf("%d stage processes over TCP", n), got, want)
+			if len(got) != n || next != cfg.NumLayers {
+				t.Errorf("stages %v: want %d covering [0, %d)", got, n, cfg.NumLayers)
+			}
+			t.Logf("daemons' stages %v", got)
+			generateAll(t, ctx, c.Conn, cases, wantGen)
 		})
 	}
 }
 
-// TestStageProcessKilled checks that losing a stage process mid-run is an
-// error naming the stage, not a hang.
-func TestStageProcessKilled(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+// TestCluster runs a leader and two stage daemons as processes, checks
+// the API against the single-process reference and its refusals, then
+// kills a stage daemon and times how long the leader takes to notice.
+func TestCluster(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	dir := testModel(t)
-	var logs bytes.Buffer
-	c, err := startLocalCluster(ctx, os.Args[0], []string{asDaemonEnv + "=1"}, dir, [][2]int{{0, 2}, {2, 3}, {3, 4}}, &logs)
-	if err != nil {
-		t.Fatalf("%v\n%s", err, logs.String())
+	cases := genCases()
+	want := map[string][]stage.Sampled{}
+	for _, c := range cases {
+		want[c.name] = reference(t, dir, c.req)
 	}
-	defer c.Close()
-	// c.procs is in start order: last stage first, so procs[1] is stage 1.
-	c.procs[1].cmd.Process.Kill()
-	b := stage.Batch{ID: 1, Seqs: []stage.Seq{{ID: 1, Tokens: []int32{1, 2, 3}, Sample: true}}}
-	start := time.Now()
-	_, err = c.Driver.Step(ctx, &pipeline.Step{Batch: b})
-	if err == nil {
-		t.Fatal("step through a pipeline with a killed stage succeeded")
-	}
-	if !strings.Contains(err.Error(), "stage") {
-		t.Errorf("error %q does not name the stage", err)
-	}
-	if time.Since(start) > 30*time.Second {
-		t.Errorf("took %v to notice the lost stage", time.Since(start))
-	}
-	t.Logf("after killing stage 1: %v (in %v)", err, time.Since(start).Round(time.Millisecond))
+	c, logs := startCluster(t, ctx, dir, 2, false)
+	admin := tandemv1.NewAdminClient(c.Conn)
+
+	t.Run("status", func(t *testing.T) {
+		st, err := admin.Status(ctx, &tandemv1.StatusRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !st.GetServing() || st.GetLeader() != "leader" || st.GetEpoch() == 0 || st.GetKvTokens() == 0 {
+			t.Errorf("status %v: want the leader serving with an epoch and KV capacity", st)
+		}
+		var names []string
+		for _, m := range st.GetMembers() {
+			names = append(names, m.GetName())
+			if m.GetState() != tandemv1.MemberState_MEMBER_STATE_ALIVE || m.GetModelId() != st.GetModelId() {
+				t.Errorf("member %v: want alive with model %s", m, st.GetModelId())
+			}
+		}
+		if !slices.Equal(names, []string{"leader", "stage-1", "stage-2"}) {
+			t.Errorf("members %v", names)
+		}
+		if s := st.GetStages(); len(s) != 2 || s[0].GetNode() != "stage-1" || s[0].GetLayerLo() != 0 || s[1].GetLayerHi() != 4 || s[0].GetLayerHi() != s[1].GetLayerLo() {
+			t.Errorf("stages %v: want stage-1 then stage-2 covering [0, 4)", s)
+		}
+	})
+	t.Run("generate", func(t *testing.T) { generateAll(t, ctx, c.Conn, cases, want) })
+	t.Run("reflection", func(t *testing.T) {
+		stream, err := reflectionpb.NewServerReflectionClient(c.Conn).ServerReflectionInfo(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := stream.Send(&reflectionpb.ServerReflectionRequest{MessageRequest: &reflectionpb.ServerReflectionRequest_ListServices{}}); err != nil {
+			t.Fatal(err)
+		}
+		resp, err := stream.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		stream.CloseSend()
+		var got []string
+		for _, s := range resp.GetListServicesResponse().GetService() {
+			got = append(got, s.GetName())
+		}
+		for _, w := range []string{"tandem.v1.Inference", "tandem.v1.Admin", "grpc.health.v1.Health"} {
+			if !slices.Contains(got, w) {
+				t.Errorf("reflection lists %v, missing %s", got, w)
+			}
+		}
+	})
+	t.Run("bad requests", func(t *testing.T) {
+		for _, tc := range []struct {
+			name string
+			req  *tandemv1.GenerateRequest
+			want string
+		}{
+			{"empty prompt", &tandemv1.GenerateRequest{MaxTokens: 4}, "empty prompt"},
+			{"both prompts", &tandemv1.GenerateRequest{Prompt: "a", PromptTokenIds: []int32{1}}, "both set"},
+			{"past the context", &tandemv1.GenerateRequest{Prompt: "Hello", MaxTokens: 5000}, "context length 2048"},
+			{"id out of vocab", &tandemv1.GenerateRequest{PromptTokenIds: []int32{1, 512}}, "prompt_token_ids[1] = 512"},
+			{"negative id", &tandemv1.GenerateRequest{PromptTokenIds: []int32{-1}}, "prompt_token_ids[0] = -1"},
+			{"stop id out of vocab", &tandemv1.GenerateRequest{Prompt: "a", StopTokenIds: []int32{9999}}, "stop_token_ids[0]"},
+			{"negative temperature", &tandemv1.GenerateRequest{Prompt: "a", Temperature: -1}, "temperature"},
+			{"NaN temperature", &tandemv1.GenerateRequest{Prompt: "a", Temperature: float32(math.NaN())}, "temperature"},
+			{"top_p above 1", &tandemv1.GenerateRequest{Prompt: "a", TopP: 1.5}, "top_p"},
+			{"negative top_k", &tandemv1.GenerateRequest{Prompt: "a", TopK: -3}, "top_k"},
+			{"too many logprobs", &tandemv1.GenerateRequest{Prompt: "a", Logprobs: proto.Uint32(21)}, "logprobs 21"},
+			{"empty stop string", &tandemv1.GenerateRequest{Prompt: "a", Stop: []string{""}}, "stop[0]"},
+		} {
+			_, err := generate(ctx, c.Conn, tc.req)
+			if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("%s: %v, want INVALID_ARGUMENT mentioning %q", tc.name, err, tc.want)
+			}
+		}
+		// The cluster keeps serving.
+		got, err := generate(ctx, c.Conn, cases[0].req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		checkAgainst(t, "after bad requests", got, want[cases[0].name], cases[0].req)
+	})
+	t.Run("cancel frees the request", func(t *testing.T) {
+		cctx, ccancel := context.WithCancel(ctx)
+		stream, err := tandemv1.NewInferenceClient(c.Conn).Generate(cctx, &tandemv1.GenerateRequest{Prompt: "Go on", MaxTokens: 2000, IgnoreEos: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := stream.Recv(); err != nil {
+			t.Fatal(err)
+		}
+		st, err := admin.Status(ctx, &tandemv1.StatusRequest{})
+		if err != nil || st.GetRequestsRunning() != 1 {
+			t.Fatalf("while generating: %v running (%v), want 1", st.GetRequestsRunning(), err)
+		}
+		ccancel()
+		start := time.Now()
+		for st.GetRequestsRunning() != 0 {
+			if time.Since(start) > 5*time.Second {
+				t.Fatalf("%d requests still running %v after the cancel", st.GetRequestsRunning(), time.Since(start))
+			}
+			time.Sleep(10 * time.Millisecond)
+			if st, err = admin.Status(ctx, &tandemv1.StatusRequest{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		t.Logf("request freed %v after the cancel", time.Since(start).Round(time.Millisecond))
+	})
+	t.Run("stage daemon refuses Generate", func(t *testing.T) {
+		conn, err := grpc.NewClient(c.Stages[0].GRPC, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		_, err = generate(ctx, conn, cases[0].req)
+		if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), c.Leader.GRPC) {
+			t.Errorf("Generate on a stage daemon: %v, want UNAVAILABLE naming the leader at %s", err, c.Leader.GRPC)
+		}
+	})
+	t.Run("stage killed", func(t *testing.T) {
+		victim := c.Stages[1]
+		c.Stages = c.Stages[:1] // Close must not stop it again
+		victim.kill()
+		killed := time.Now()
+		hc := healthpb.NewHealthClient(c.Conn)
+		var notServing, dead time.Duration
+		for notServing == 0 || dead == 0 {
+			if time.Since(killed) > 15*time.Second {
+				t.Fatalf("15s after the kill: NOT_SERVING after %v, dead after %v (0: not yet)", notServing, dead)
+			}
+			if h, err := hc.Check(ctx, &healthpb.HealthCheckRequest{}); err == nil && h.GetStatus() == healthpb.HealthCheckResponse_NOT_SERVING && notServing == 0 {
+				notServing = time.Since(killed)
+			}
+			if st, err := admin.Status(ctx, &tandemv1.StatusRequest{}); err == nil && dead == 0 {
+				for _, m := range st.GetMembers() {
+					if m.GetName() == victim.Name && m.GetState() == tandemv1.MemberState_MEMBER_STATE_DEAD {
+						dead = time.Since(killed)
+					}
+				}
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		t.Logf("stage daemon SIGKILLed: health NOT_SERVING after %v, member dead after %v", notServing.Round(time.Millisecond), dead.Round(time.Millisecond))
+		_, err := generate(ctx, c.Conn, cases[0].req)
+		if status.Code(err) != codes.Unavailable {
+			t.Errorf("Generate without a pipeline: %v, want UNAVAILABLE", err)
+		}
+		if strings.Contains(logs.String(), "panic") {
+			t.Errorf("a daemon panicked")
+		}
+	})
 }
 
-// TestDemo runs the README's main job end to end.
+// TestDemo runs the README's first command end to end.
 func TestDemo(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	var out, logs bytes.Buffer
-	o := demoOptions{stages: 2, prompt: "Hello there", maxTokens: 8, seed: 1, exe: os.Args[0], env: []string{asDaemonEnv + "=1"}}
-	err := runDemo(ctx, o, &out, &logs)
-	if err != nil {
-		t.Fatalf("%v\nlogs:\n%s", err, logs.String())
+	var out bytes.Buffer
+	logs := &logBuffer{}
+	o := demoOptions{stages: 2, prompt: "Hello there", maxTokens: 8, seed: 1, logLevel: "warn", exe: os.Args[0], env: []string{asDaemonEnv + "=1"}}
+	if err := runDemo(ctx, o, &out, logs); err != nil {
+		t.Fatalf("%v\nlogs:\n%s", err, logs)
 	}
 	t.Logf("demo output:\n%s", out.String())
-	if !strings.Contains(out.String(), "Hello there") || !strings.Contains(out.String(), "tokens in") {
-		t.Errorf("demo output lacks the prompt or the summary:\n%s", out.String())
+	for _, w := range []string{"cluster: leader + 2 stage daemons", "Hello there", "8 generated", "exited cleanly"} {
+		if !strings.Contains(out.String(), w) {
+			t.Errorf("demo output lacks %q:\n%s", w, out.String())
+		}
+	}
+}
+
+// TestDemoKeep checks that demo --keep prints the leader's address on a
+// line of its own, serves there until cancelled, and then stops cleanly.
+func TestDemoKeep(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	pr, pw := io.Pipe()
+	logs := &logBuffer{}
+	demoCtx, stopDemo := context.WithCancel(ctx)
+	o := demoOptions{stages: 1, prompt: "Hi", maxTokens: 2, keep: true, logLevel: "warn", exe: os.Args[0], env: []string{asDaemonEnv + "=1"}}
+	done := make(chan error, 1)
+	go func() {
+		err := runDemo(demoCtx, o, pw, logs)
+		pw.CloseWithError(err)
+		done <- err
+	}()
+	var out strings.Builder
+	leader := ""
+	buf := make([]byte, 4096)
+	for leader == "" {
+		n, err := pr.Read(buf)
+		out.Write(buf[:n])
+		if err != nil {
+			t.Fatalf("demo ended before printing the leader: %v\n%s\nlogs:\n%s", err, out.String(), logs)
+		}
+		for line := range strings.Lines(out.String()) {
+			if a, ok := strings.CutPrefix(strings.TrimSpace(line), "leader: "); ok && strings.HasSuffix(line, "\n") {
+				leader = a
+			}
+		}
+	}
+	go io.Copy(io.Discard, pr)
+	conn, err := grpc.NewClient(leader, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	st, err := tandemv1.NewAdminClient(conn).Status(ctx, &tandemv1.StatusRequest{})
+	if err != nil || !st.GetServing() {
+		t.Fatalf("status of the kept cluster at %s: %v %v", leader, st, err)
+	}
+	stopDemo()
+	if err := <-done; err != nil {
+		t.Fatalf("demo after Ctrl-C: %v\nlogs:\n%s", err, logs)
 	}
 }

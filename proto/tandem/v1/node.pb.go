@@ -130,9 +130,13 @@ type LoadResponse struct {
 	// Where the leader connects its control link.
 	ControlAddr string `protobuf:"bytes,1,opt,name=control_addr,json=controlAddr,proto3" json:"control_addr,omitempty"`
 	// Where the previous stage sends activations (empty on the first stage).
-	DataAddr      string `protobuf:"bytes,2,opt,name=data_addr,json=dataAddr,proto3" json:"data_addr,omitempty"`
-	Backend       string `protobuf:"bytes,3,opt,name=backend,proto3" json:"backend,omitempty"`
-	ModelId       string `protobuf:"bytes,4,opt,name=model_id,json=modelId,proto3" json:"model_id,omitempty"`
+	DataAddr string `protobuf:"bytes,2,opt,name=data_addr,json=dataAddr,proto3" json:"data_addr,omitempty"`
+	Backend  string `protobuf:"bytes,3,opt,name=backend,proto3" json:"backend,omitempty"`
+	ModelId  string `protobuf:"bytes,4,opt,name=model_id,json=modelId,proto3" json:"model_id,omitempty"`
+	// The stage's KV capacity in tokens, from the memory it may use.
+	KvTokens uint64 `protobuf:"varint,5,opt,name=kv_tokens,json=kvTokens,proto3" json:"kv_tokens,omitempty"`
+	// The longest sequence (prompt and completion) the stage can hold.
+	MaxSeqLen     uint32 `protobuf:"varint,6,opt,name=max_seq_len,json=maxSeqLen,proto3" json:"max_seq_len,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -193,6 +197,20 @@ func (x *LoadResponse) GetModelId() string {
 		return x.ModelId
 	}
 	return ""
+}
+
+func (x *LoadResponse) GetKvTokens() uint64 {
+	if x != nil {
+		return x.KvTokens
+	}
+	return 0
+}
+
+func (x *LoadResponse) GetMaxSeqLen() uint32 {
+	if x != nil {
+		return x.MaxSeqLen
+	}
+	return 0
 }
 
 type ConnectRequest struct {
@@ -377,12 +395,14 @@ const file_tandem_v1_node_proto_rawDesc = "" +
 	"\blayer_lo\x18\x05 \x01(\rR\alayerLo\x12\x19\n" +
 	"\blayer_hi\x18\x06 \x01(\rR\alayerHi\x12(\n" +
 	"\x10max_batch_tokens\x18\a \x01(\rR\x0emaxBatchTokens\x12\x19\n" +
-	"\bmax_seqs\x18\b \x01(\rR\amaxSeqs\"\x83\x01\n" +
+	"\bmax_seqs\x18\b \x01(\rR\amaxSeqs\"\xc0\x01\n" +
 	"\fLoadResponse\x12!\n" +
 	"\fcontrol_addr\x18\x01 \x01(\tR\vcontrolAddr\x12\x1b\n" +
 	"\tdata_addr\x18\x02 \x01(\tR\bdataAddr\x12\x18\n" +
 	"\abackend\x18\x03 \x01(\tR\abackend\x12\x19\n" +
-	"\bmodel_id\x18\x04 \x01(\tR\amodelId\"L\n" +
+	"\bmodel_id\x18\x04 \x01(\tR\amodelId\x12\x1b\n" +
+	"\tkv_tokens\x18\x05 \x01(\x04R\bkvTokens\x12\x1e\n" +
+	"\vmax_seq_len\x18\x06 \x01(\rR\tmaxSeqLen\"L\n" +
 	"\x0eConnectRequest\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12$\n" +
 	"\x0enext_data_addr\x18\x02 \x01(\tR\fnextDataAddr\"\x11\n" +

@@ -1,0 +1,100 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/spf13/pflag"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+)
+
+// Environment variables the client flags default from.
+const (
+	addrEnv  = "TANDEM_ADDR"
+	tokenEnv = "TANDEM_TOKEN"
+)
+
+const defaultAddr = "127.0.0.1:7400"
+
+// clientFlags say how to reach the leader.
+type clientFlags struct {
+	addr    string
+	token   string
+	tls     bool
+	tlsCA   string
+	timeout time.Duration
+}
+
+func (c *clientFlags) register(f *pflag.FlagSet) {
+	addr := os.Getenv(addrEnv)
+	if addr == "" {
+		addr = defaultAddr
+	}
+	f.StringVar(&c.addr, "addr", addr, "the leader's gRPC address (default from $"+addrEnv+")")
+	f.StringVar(&c.token, "token", "", "admin token (default: $"+tokenEnv+")")
+	f.BoolVar(&c.tls, "tls", false, "use TLS, verifying the server against the system's roots")
+	f.StringVar(&c.tlsCA, "tls-ca", "", "use TLS, verifying the server against this CA certificate file")
+	f.DurationVar(&c.timeout, "timeout", 0, "give up after this long (0: never)")
+}
+
+// dial connects to the leader. The admin token is sent with every call when
+// given (flag or environment).
+func (c *clientFlags) dial() (*grpc.ClientConn, error) {
+	creds := insecure.NewCredentials()
+	secure := c.tls || c.tlsCA != ""
+	if secure {
+		cfg := &tls.Config{MinVersion: tls.VersionTLS12}
+		if c.tlsCA != "" {
+			pem, err := os.ReadFile(c.tlsCA)
+			if err != nil {
+				return nil, fmt.Errorf("--tls-ca: %w", err)
+			}
+			cfg.RootCAs = x509.NewCertPool()
+			if !cfg.RootCAs.AppendCertsFromPEM(pem) {
+				return nil, fmt.Errorf("--tls-ca %s: no PEM certificate", c.tlsCA)
+			}
+		}
+		creds = credentials.NewTLS(cfg)
+	}
+	opts := []grpc.DialOption{grpc.WithTransportCredentials(creds)}
+	token := c.token
+	if token == "" {
+		token = os.Getenv(tokenEnv)
+	}
+	if token != "" {
+		opts = append(opts, grpc.WithPerRPCCredentials(bearer{token: token, secure: secure}))
+	}
+	conn, err := grpc.NewClient(c.addr, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("connect to %s: %w", c.addr, err)
+	}
+	return conn, nil
+}
+
+// context bounds a call by --timeout.
+func (c *clientFlags) context(parent context.Context) (context.Context, context.CancelFunc) {
+	if c.timeout > 0 {
+		return context.WithTimeout(parent, c.timeout)
+	}
+	return context.WithCancel(parent)
+}
+
+// bearer sends the admin token as "authorization: Bearer TOKEN".
+type bearer struct {
+	token  string
+	secure bool
+}
+
+// GetRequestMetadata implements credentials.PerRPCCredentials.
+func (b bearer) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
+	return map[string]string{"authorization": "Bearer " + b.token}, nil
+}
+
+// RequireTransportSecurity implements credentials.PerRPCCredentials.
+func (b bearer) RequireTransportSecurity() bool { return b.secure }

@@ -1,0 +1,118 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+	"google.golang.org/protobuf/encoding/protojson"
+
+	tandemv1 "github.com/tandem-llm/tandem/proto/tandem/v1"
+)
+
+func newStatusCmd() *cobra.Command {
+	var (
+		c      clientFlags
+		asJSON bool
+	)
+	cmd := &cobra.Command{
+		Use:   "status",
+		Short: "Show the cluster: members, leader, stages and requests",
+		Long: `Ask a daemon (normally the leader) for the cluster's status: the members
+and their health, the leader, the pipeline's stages and the requests
+running and waiting. Needs the admin token when the cluster has one.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			conn, err := c.dial()
+			if err != nil {
+				return err
+			}
+			defer conn.Close()
+			ctx, cancel := c.context(cmd.Context())
+			defer cancel()
+			st, err := tandemv1.NewAdminClient(conn).Status(ctx, &tandemv1.StatusRequest{})
+			if err != nil {
+				return fmt.Errorf("status of %s: %w", c.addr, err)
+			}
+			if asJSON {
+				b, err := protojson.MarshalOptions{Multiline: true, EmitUnpopulated: true}.Marshal(st)
+				if err != nil {
+					return err
+				}
+				_, err = fmt.Fprintln(cmd.OutOrStdout(), string(b))
+				return err
+			}
+			return printStatus(cmd.OutOrStdout(), st)
+		},
+	}
+	c.register(cmd.Flags())
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the status as JSON")
+	return cmd
+}
+
+// printStatus writes the status as readable tables.
+func printStatus(w io.Writer, st *tandemv1.StatusResponse) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	leader := "none"
+	if st.GetLeader() != "" {
+		leader = fmt.Sprintf("%s at %s", st.GetLeader(), st.GetLeaderAddr())
+	}
+	pipe := "not serving: " + st.GetReason()
+	if st.GetServing() {
+		pipe = fmt.Sprintf("serving, epoch %d, KV capacity %d tokens, %d requests running, %d waiting",
+			st.GetEpoch(), st.GetKvTokens(), st.GetRequestsRunning(), st.GetRequestsWaiting())
+	}
+	fmt.Fprintf(tw, "node:\t%s (version %s)\n", st.GetNode(), st.GetVersion())
+	fmt.Fprintf(tw, "leader:\t%s\n", leader)
+	fmt.Fprintf(tw, "pipeline:\t%s\n", pipe)
+	fmt.Fprintf(tw, "model:\t%s\n", st.GetModelId())
+	tw.Flush()
+
+	fmt.Fprintln(w)
+	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "MEMBER\tSTATE\tBACKEND\tSTAGE MEMORY\tGRPC\tGOSSIP\tVERSION\tMODEL\tDEVICE")
+	for _, m := range st.GetMembers() {
+		model := short(m.GetModelId())
+		if m.GetModelId() != st.GetModelId() {
+			model += " (differs)"
+		}
+		state := strings.ToLower(strings.TrimPrefix(m.GetState().String(), "MEMBER_STATE_"))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", m.GetName(), state, m.GetBackend(), bytesText(m.GetMemFree()),
+			m.GetGrpcAddr(), m.GetGossipAddr(), m.GetVersion(), model, m.GetDevice())
+	}
+	tw.Flush()
+
+	if len(st.GetStages()) > 0 {
+		fmt.Fprintln(w)
+		tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "STAGE\tNODE\tLAYERS\tBACKEND\tMEMORY\tKV TOKENS")
+		for _, s := range st.GetStages() {
+			fmt.Fprintf(tw, "%d\t%s\t[%d, %d)\t%s\t%s\t%d\n", s.GetIndex(), s.GetNode(), s.GetLayerLo(), s.GetLayerHi(), s.GetBackend(), bytesText(s.GetMemoryBytes()), s.GetKvTokens())
+		}
+		tw.Flush()
+	}
+	return nil
+}
+
+func short(id string) string {
+	if len(id) > 12 {
+		return id[:12]
+	}
+	return id
+}
+
+// bytesText writes a size in binary units.
+func bytesText(n uint64) string {
+	units := []string{"B", "KiB", "MiB", "GiB", "TiB"}
+	v, i := float64(n), 0
+	for v >= 1024 && i < len(units)-1 {
+		v /= 1024
+		i++
+	}
+	if i == 0 {
+		return fmt.Sprintf("%d B", n)
+	}
+	return fmt.Sprintf("%.1f %s", v, units[i])
+}

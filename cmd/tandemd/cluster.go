@@ -1,0 +1,215 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+)
+
+// localCluster is a cluster of `tandemd serve` processes on loopback: a
+// leader that only leads and stage daemons that join it.
+type localCluster struct {
+	Leader *daemonProc
+	Stages []*daemonProc
+	// Conn is a gRPC client connection to the leader.
+	Conn *grpc.ClientConn
+
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// clusterSpec describes a local cluster to start.
+type clusterSpec struct {
+	exe    string   // the tandemd executable
+	env    []string // added to the daemons' environment
+	model  string
+	stages int
+	// leaderStage makes the leader hold a stage too (then stages counts
+	// it).
+	leaderStage bool
+	logLevel    string
+	extra       []string  // more flags for every daemon
+	stderr      io.Writer // the daemons' logs
+}
+
+// daemonProc is one `tandemd serve` child process.
+type daemonProc struct {
+	Name       string
+	GRPC       string
+	Gossip     string
+	cmd        *exec.Cmd
+	listenLine chan string
+	exited     chan struct{} // closed when its stdout ends (it exited)
+	waitOnce   sync.Once
+	waitErr    error
+}
+
+// startLocalCluster starts the leader, then the stage daemons joining
+// through its gossip address, and waits until the leader serves.
+func startLocalCluster(ctx context.Context, s clusterSpec) (*localCluster, error) {
+	c := &localCluster{}
+	common := []string{"serve", "--model", s.model, "--grpc", "127.0.0.1:0", "--gossip", "127.0.0.1:0",
+		"--leader", "leader", "--fast-gossip", "--log-level", s.logLevel, "--memory", "1GiB"}
+	common = append(common, s.extra...)
+	stagesOfLeader := 0
+	if s.leaderStage {
+		stagesOfLeader = 1
+	}
+	leaderArgs := append(append([]string(nil), common...), "--name", "leader", "--expect-stages", fmt.Sprint(s.stages), fmt.Sprintf("--stage=%t", s.leaderStage))
+	var err error
+	if c.Leader, err = startDaemon(ctx, s, "leader", leaderArgs); err != nil {
+		return nil, err
+	}
+	for i := range s.stages - stagesOfLeader {
+		name := fmt.Sprintf("stage-%d", i+1)
+		p, err := startDaemon(ctx, s, name, append(append([]string(nil), common...), "--name", name, "--seeds", c.Leader.Gossip))
+		if err != nil {
+			c.kill()
+			return nil, err
+		}
+		c.Stages = append(c.Stages, p)
+	}
+	if c.Conn, err = grpc.NewClient(c.Leader.GRPC, grpc.WithTransportCredentials(insecure.NewCredentials())); err != nil {
+		c.kill()
+		return nil, err
+	}
+	if err := waitServing(ctx, c.Conn, 60*time.Second); err != nil {
+		c.kill()
+		return nil, fmt.Errorf("the leader at %s: %w", c.Leader.GRPC, err)
+	}
+	return c, nil
+}
+
+func startDaemon(ctx context.Context, s clusterSpec, name string, args []string) (*daemonProc, error) {
+	cmd := exec.Command(s.exe, args...)
+	cmd.Env = append(os.Environ(), s.env...)
+	cmd.Stderr = s.stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start %s: %w", name, err)
+	}
+	p := &daemonProc{Name: name, cmd: cmd, listenLine: make(chan string, 1), exited: make(chan struct{})}
+	go func() {
+		defer close(p.exited)
+		br := bufio.NewReader(out)
+		if line, err := br.ReadString('\n'); err == nil {
+			p.listenLine <- line
+		}
+		io.Copy(io.Discard, br)
+	}()
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	select {
+	case l := <-p.listenLine:
+		if _, err := fmt.Sscanf(strings.TrimSpace(l), "listening grpc=%s gossip=%s", &p.GRPC, &p.Gossip); err != nil {
+			p.kill()
+			return nil, fmt.Errorf("%s: unexpected first line %q", name, l)
+		}
+		return p, nil
+	case <-p.exited:
+		return nil, fmt.Errorf("%s exited before listening: %w (its log is above)", name, p.wait())
+	case <-wctx.Done():
+		p.kill()
+		return nil, fmt.Errorf("%s: not listening: %w", name, wctx.Err())
+	}
+}
+
+// waitServing polls the health of the server behind conn until it serves.
+func waitServing(ctx context.Context, conn *grpc.ClientConn, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	hc := healthpb.NewHealthClient(conn)
+	for {
+		r, err := hc.Check(ctx, &healthpb.HealthCheckRequest{})
+		if err == nil && r.GetStatus() == healthpb.HealthCheckResponse_SERVING {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			if err == nil {
+				err = fmt.Errorf("health %v", r.GetStatus())
+			}
+			return fmt.Errorf("not serving after %v: %v", timeout, err)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// wait waits for the process to exit and returns its exit error.
+func (p *daemonProc) wait() error {
+	p.waitOnce.Do(func() {
+		<-p.exited
+		p.waitErr = p.cmd.Wait()
+	})
+	return p.waitErr
+}
+
+// stop sends SIGTERM and waits for a clean exit, killing the process after
+// timeout.
+func (p *daemonProc) stop(timeout time.Duration) error {
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil && !errors.Is(err, os.ErrProcessDone) {
+		return fmt.Errorf("%s: %w", p.Name, err)
+	}
+	select {
+	case <-p.exited:
+	case <-time.After(timeout):
+		p.kill()
+		return fmt.Errorf("%s did not exit within %v of SIGTERM; killed", p.Name, timeout)
+	}
+	if err := p.wait(); err != nil {
+		return fmt.Errorf("%s: %w", p.Name, err)
+	}
+	return nil
+}
+
+func (p *daemonProc) kill() {
+	p.cmd.Process.Kill()
+	p.wait()
+}
+
+// Close stops every daemon with SIGTERM (each drains and exits 0), the
+// stage daemons first (the leader sees them leave, drains its pipeline and
+// lets them go), then the leader; it returns what went wrong. Later calls
+// return the first call's result.
+func (c *localCluster) Close() error {
+	c.closeOnce.Do(func() {
+		errs := make([]error, len(c.Stages))
+		var wg sync.WaitGroup
+		for i, p := range c.Stages {
+			wg.Go(func() { errs[i] = p.stop(30 * time.Second) })
+		}
+		wg.Wait()
+		errs = append(errs, c.Leader.stop(30*time.Second))
+		if c.Conn != nil {
+			errs = append(errs, c.Conn.Close())
+		}
+		c.closeErr = errors.Join(errs...)
+	})
+	return c.closeErr
+}
+
+func (c *localCluster) kill() {
+	if c.Conn != nil {
+		c.Conn.Close()
+	}
+	for _, p := range append([]*daemonProc{c.Leader}, c.Stages...) {
+		if p != nil {
+			p.kill()
+		}
+	}
+}

@@ -1,0 +1,131 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
+	"github.com/tandem-llm/tandem/daemon"
+)
+
+// serveFlags are the flags of tandemd serve; each overrides its key of the
+// configuration file when given.
+type serveFlags struct {
+	config string
+	cfg    daemon.Config
+	stage  bool
+	memory string
+	seeds  []string
+}
+
+func newServeCmd() *cobra.Command {
+	var o serveFlags
+	cmd := &cobra.Command{
+		Use:   "serve",
+		Short: "Run one node of a tandem cluster",
+		Long: `Run one node of a tandem cluster: join the cluster by gossip, serve a
+pipeline stage when the leader assigns one, and, on the leader, serve the
+gRPC API (Inference, Admin, health, reflection). Prints
+"listening grpc=ADDR gossip=ADDR" on stdout once listening. SIGTERM or
+SIGINT drains (requests in flight finish), leaves the cluster and exits 0.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, err := o.resolve(cmd.Flags())
+			if err != nil {
+				return err
+			}
+			return runServe(cmd.Context(), cfg, cmd.OutOrStdout())
+		},
+	}
+	f := cmd.Flags()
+	c := &o.cfg
+	f.StringVar(&o.config, "config", "", "TOML configuration file (flags override its keys)")
+	f.StringVar(&c.Name, "name", "", "node name, unique in the cluster (default: the host name)")
+	f.StringVar(&c.Model, "model", "", "Hugging Face model directory")
+	f.StringVar(&c.Listen.GRPC, "grpc", daemon.DefaultGRPCAddr, "gRPC listen address")
+	f.StringVar(&c.Listen.Gossip, "gossip", daemon.DefaultGossipAddr, "gossip listen address (IP:port)")
+	f.StringVar(&c.Listen.Control, "control", "127.0.0.1:0", "listen address of the stage's control link from the leader")
+	f.StringVar(&c.Listen.Data, "data", "127.0.0.1:0", "listen address of the stage's activations from the previous stage")
+	f.StringVar(&c.Listen.Advertise, "advertise", "", "host other nodes reach this one at")
+	f.StringSliceVar(&o.seeds, "seeds", nil, "gossip addresses of members to join through (comma-separated)")
+	f.StringVar(&c.Cluster.Leader, "leader", "", "the leader's name (default: the eligible member with the smallest name)")
+	f.IntVar(&c.Cluster.ExpectStages, "expect-stages", 1, "stage nodes the leader waits for before placing the model")
+	f.BoolVar(&c.Cluster.FastFailureDetection, "fast-gossip", false, "loopback gossip timings: dead nodes noticed within seconds")
+	f.StringVar(&c.Cluster.GossipKeyFile, "gossip-key-file", "", "file holding the base64 gossip encryption key")
+	f.BoolVar(&o.stage, "stage", true, "offer a pipeline stage (--stage=false: only lead)")
+	f.StringVar(&o.memory, "memory", "", "memory the stage may use, e.g. 8GiB (default: 90% of the available memory)")
+	f.IntVar(&c.Stage.MaxBatchTokens, "max-batch-tokens", daemon.DefaultMaxBatchTokens, "most tokens in one step")
+	f.IntVar(&c.Stage.MaxSeqs, "max-seqs", daemon.DefaultMaxSeqs, "most sequences in one step")
+	f.StringVar(&c.Security.TLSCertFile, "tls-cert", "", "TLS certificate file (serve TLS)")
+	f.StringVar(&c.Security.TLSKeyFile, "tls-key", "", "TLS key file")
+	f.StringVar(&c.Security.TLSCAFile, "tls-ca", "", "CA file verifying other nodes' certificates")
+	f.StringVar(&c.Security.AdminTokenFile, "admin-token-file", "", "file holding the admin token")
+	return cmd
+}
+
+// resolve reads the configuration file, if any, and applies the flags that
+// were given.
+func (o *serveFlags) resolve(fs *pflag.FlagSet) (daemon.Config, error) {
+	cfg := o.cfg
+	if o.config != "" {
+		var err error
+		if cfg, err = daemon.LoadConfig(o.config); err != nil {
+			return cfg, err
+		}
+	}
+	set := func(name string, apply func()) {
+		if o.config == "" || fs.Changed(name) {
+			apply()
+		}
+	}
+	c := &o.cfg
+	set("name", func() { cfg.Name = c.Name })
+	set("model", func() { cfg.Model = c.Model })
+	set("grpc", func() { cfg.Listen.GRPC = c.Listen.GRPC })
+	set("gossip", func() { cfg.Listen.Gossip = c.Listen.Gossip })
+	set("control", func() { cfg.Listen.Control = c.Listen.Control })
+	set("data", func() { cfg.Listen.Data = c.Listen.Data })
+	set("advertise", func() { cfg.Listen.Advertise = c.Listen.Advertise })
+	set("seeds", func() { cfg.Cluster.Seeds = o.seeds })
+	set("leader", func() { cfg.Cluster.Leader = c.Cluster.Leader })
+	set("expect-stages", func() { cfg.Cluster.ExpectStages = c.Cluster.ExpectStages })
+	set("fast-gossip", func() { cfg.Cluster.FastFailureDetection = c.Cluster.FastFailureDetection })
+	set("gossip-key-file", func() { cfg.Cluster.GossipKeyFile = c.Cluster.GossipKeyFile })
+	set("stage", func() { cfg.Stage.Enabled = &o.stage })
+	set("max-batch-tokens", func() { cfg.Stage.MaxBatchTokens = c.Stage.MaxBatchTokens })
+	set("max-seqs", func() { cfg.Stage.MaxSeqs = c.Stage.MaxSeqs })
+	set("tls-cert", func() { cfg.Security.TLSCertFile = c.Security.TLSCertFile })
+	set("tls-key", func() { cfg.Security.TLSKeyFile = c.Security.TLSKeyFile })
+	set("tls-ca", func() { cfg.Security.TLSCAFile = c.Security.TLSCAFile })
+	set("admin-token-file", func() { cfg.Security.AdminTokenFile = c.Security.AdminTokenFile })
+	if fs.Changed("memory") {
+		m, err := daemon.ParseByteSize(o.memory)
+		if err != nil {
+			return cfg, fmt.Errorf("--memory: %w", err)
+		}
+		cfg.Stage.Memory = m
+	}
+	return cfg, nil
+}
+
+// runServe runs the daemon until ctx is cancelled.
+func runServe(ctx context.Context, cfg daemon.Config, stdout io.Writer) error {
+	d, err := daemon.New(cfg, slog.Default())
+	if err != nil {
+		return err
+	}
+	done := make(chan error, 1)
+	go func() { done <- d.Run(ctx) }()
+	select {
+	case <-d.Listening():
+		a := d.Addrs()
+		fmt.Fprintf(stdout, "listening grpc=%s gossip=%s\n", a.GRPC, a.Gossip)
+		return <-done
+	case err := <-done:
+		return err
+	}
+}

@@ -1,0 +1,65 @@
+package daemon
+
+import (
+	"context"
+
+	"github.com/tandem-llm/tandem/daemon/membership"
+	tandemv1 "github.com/tandem-llm/tandem/proto/tandem/v1"
+)
+
+// adminServer implements tandem.v1.Admin.
+type adminServer struct {
+	tandemv1.UnimplementedAdminServer
+	d *Daemon
+}
+
+var memberStates = map[membership.State]tandemv1.MemberState{
+	membership.Alive: tandemv1.MemberState_MEMBER_STATE_ALIVE,
+	membership.Dead:  tandemv1.MemberState_MEMBER_STATE_DEAD,
+	membership.Left:  tandemv1.MemberState_MEMBER_STATE_LEFT,
+}
+
+// Status implements tandem.v1.Admin. It never carries a secret: members
+// are described by their gossiped metadata only.
+func (a *adminServer) Status(context.Context, *tandemv1.StatusRequest) (*tandemv1.StatusResponse, error) {
+	d := a.d
+	resp := &tandemv1.StatusResponse{Node: d.cfg.Name, ModelId: d.ckpt.Identity(), Version: Version}
+	for _, m := range d.memb.Members() {
+		resp.Members = append(resp.Members, &tandemv1.Member{
+			Name:           m.Name,
+			State:          memberStates[m.State],
+			Backend:        m.Meta.Backend,
+			Device:         m.Meta.Device,
+			MemTotal:       m.Meta.MemTotal,
+			MemFree:        m.Meta.MemFree,
+			GrpcAddr:       m.Meta.GRPCAddr,
+			GossipAddr:     m.Addr,
+			Version:        m.Meta.Version,
+			ModelId:        m.Meta.ModelID,
+			LeaderEligible: m.Meta.LeaderEligible,
+		})
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	resp.Leader, resp.LeaderAddr = d.leader.Name, d.leader.Meta.GRPCAddr
+	resp.Reason = d.reason
+	if p := d.pipe; p != nil {
+		resp.Epoch = p.epoch
+		resp.KvTokens = uint64(p.eng.lim.kvTokens)
+		resp.Serving = !d.draining && p.eng.stopErr() == nil
+		resp.RequestsRunning = uint32(p.eng.running.Load())
+		resp.RequestsWaiting = uint32(p.eng.waiting.Load())
+		for i, s := range p.stages {
+			resp.Stages = append(resp.Stages, &tandemv1.Stage{
+				Index:       uint32(i),
+				Node:        s.Node,
+				LayerLo:     uint32(s.Lo),
+				LayerHi:     uint32(s.Hi),
+				Backend:     s.member.Meta.Backend,
+				MemoryBytes: s.member.Meta.MemFree,
+				KvTokens:    uint64(s.kv),
+			})
+		}
+	}
+	return resp, nil
+}

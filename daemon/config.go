@@ -1,0 +1,347 @@
+package daemon
+
+import (
+	"bytes"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/pelletier/go-toml/v2"
+)
+
+// Config is a daemon's configuration, read from a TOML file by LoadConfig
+// (unknown keys are errors) and overridden by flags. Secrets are named by
+// file (admin token, gossip key, TLS key), so the configuration itself can
+// be logged: LogValue leaves secrets out.
+type Config struct {
+	// Name is the node's name, unique in the cluster (default: the host
+	// name).
+	Name string `toml:"name"`
+	// Model is the local Hugging Face model directory. Every node needs its
+	// own copy: the leader checks that the identities match.
+	Model string `toml:"model"`
+
+	Listen   ListenConfig   `toml:"listen"`
+	Cluster  ClusterConfig  `toml:"cluster"`
+	Stage    StageConfig    `toml:"stage"`
+	Security SecurityConfig `toml:"security"`
+	// Plan, when set, places the layers explicitly instead of balancing
+	// them over the members' memory.
+	Plan []PlanRange `toml:"plan"`
+}
+
+// ListenConfig are the addresses the daemon listens on (host:port; port 0
+// picks a free port). They default to loopback.
+type ListenConfig struct {
+	// GRPC serves Inference, Admin, Node, health and reflection.
+	GRPC string `toml:"grpc"`
+	// Gossip is memberlist's address (TCP and UDP).
+	Gossip string `toml:"gossip"`
+	// Control accepts the leader's per-step control link to this node's
+	// stage; Data the previous stage's activations.
+	Control string `toml:"control"`
+	Data    string `toml:"data"`
+	// Advertise is the host other nodes reach this one at (default: the
+	// host of each listen address; required when listening on 0.0.0.0).
+	Advertise string `toml:"advertise"`
+}
+
+// ClusterConfig is how the node finds its cluster and its leader.
+type ClusterConfig struct {
+	// Seeds are gossip addresses of other members to join through.
+	Seeds []string `toml:"seeds"`
+	// Leader fixes the leader's name; empty chooses the leader-eligible
+	// live member with the smallest name (so a member joining with a
+	// smaller name takes the leadership over: fix the leader to avoid it).
+	Leader string `toml:"leader"`
+	// LeaderEligible lets this node be chosen as leader (default true).
+	LeaderEligible *bool `toml:"leader_eligible"`
+	// ExpectStages is how many stage nodes the leader waits for before it
+	// places the model (default 1).
+	ExpectStages int `toml:"expect_stages"`
+	// FastFailureDetection tunes gossip for loopback and tests: a dead node
+	// is noticed within a few seconds.
+	FastFailureDetection bool `toml:"fast_failure_detection"`
+	// GossipKeyFile holds a base64 AES key of 16, 24 or 32 bytes; gossip is
+	// encrypted when set.
+	GossipKeyFile string `toml:"gossip_key_file"`
+	// DrainTimeout bounds how long shutdown waits for requests in flight
+	// (default 30s).
+	DrainTimeout Duration `toml:"drain_timeout"`
+}
+
+// StageConfig is the stage this node offers to the pipeline.
+type StageConfig struct {
+	// Enabled offers a stage (default true); a node without one only leads.
+	Enabled *bool `toml:"enabled"`
+	// Backend is "cpu", the only one the daemon runs for now: CUDA stages
+	// exchange activations through NCCL, which the daemon does not wire
+	// yet.
+	Backend string `toml:"backend"`
+	// Memory is what the stage may use, such as "8GiB" (default: 90% of the
+	// host's available memory at start).
+	Memory ByteSize `toml:"memory"`
+	// MaxBatchTokens and MaxSeqs bound one step's batch (defaults 512, 64).
+	MaxBatchTokens int `toml:"max_batch_tokens"`
+	MaxSeqs        int `toml:"max_seqs"`
+}
+
+// SecurityConfig enables TLS and the admin token.
+type SecurityConfig struct {
+	// TLSCertFile and TLSKeyFile make the gRPC listener serve TLS.
+	TLSCertFile string `toml:"tls_cert_file"`
+	TLSKeyFile  string `toml:"tls_key_file"`
+	// TLSCAFile verifies the other nodes' certificates when this node calls
+	// them (default: the system's roots).
+	TLSCAFile string `toml:"tls_ca_file"`
+	// AdminTokenFile holds the token every Admin and Node call must carry.
+	AdminTokenFile string `toml:"admin_token_file"`
+}
+
+// PlanRange is one stage of an explicit plan: a node and its layers [Lo,
+// Hi), written layers = [lo, hi].
+type PlanRange struct {
+	Node   string `toml:"node"`
+	Layers [2]int `toml:"layers"`
+}
+
+// Duration is a time.Duration written as a string ("30s").
+type Duration time.Duration
+
+// UnmarshalText implements encoding.TextUnmarshaler.
+func (d *Duration) UnmarshalText(b []byte) error {
+	v, err := time.ParseDuration(string(b))
+	if err != nil {
+		return err
+	}
+	*d = Duration(v)
+	return nil
+}
+
+// MarshalText implements encoding.TextMarshaler.
+func (d Duration) MarshalText() ([]byte, error) { return []byte(time.Duration(d).String()), nil }
+
+// ByteSize is a number of bytes written as an integer or with a unit: "512MiB",
+// "8GiB", "2GB".
+type ByteSize uint64
+
+var byteUnits = []struct {
+	suffix string
+	mult   uint64
+}{
+	{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"TiB", 1 << 40},
+	{"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12}, {"B", 1},
+}
+
+// ParseByteSize parses a size such as "8GiB" or "1500000".
+func ParseByteSize(s string) (ByteSize, error) {
+	num, mult := strings.TrimSpace(s), uint64(1)
+	for _, u := range byteUnits {
+		if strings.HasSuffix(num, u.suffix) {
+			num, mult = strings.TrimSpace(strings.TrimSuffix(num, u.suffix)), u.mult
+			break
+		}
+	}
+	v, err := strconv.ParseFloat(num, 64)
+	if err != nil || v < 0 || v*float64(mult) >= 1<<64 {
+		return 0, fmt.Errorf("size %q: want a number of bytes, optionally with a unit (KiB, MiB, GiB, TiB, KB, MB, GB, TB)", s)
+	}
+	return ByteSize(v * float64(mult)), nil
+}
+
+// UnmarshalText implements encoding.TextUnmarshaler.
+func (b *ByteSize) UnmarshalText(t []byte) error {
+	v, err := ParseByteSize(string(t))
+	if err != nil {
+		return err
+	}
+	*b = v
+	return nil
+}
+
+func (b ByteSize) String() string {
+	for _, u := range byteUnits[:4] {
+		if b >= ByteSize(u.mult) && uint64(b)%u.mult == 0 && (u.mult == 1<<40 || uint64(b)/u.mult < 1024) {
+			return fmt.Sprintf("%d%s", uint64(b)/u.mult, u.suffix)
+		}
+	}
+	return strconv.FormatUint(uint64(b), 10)
+}
+
+// Defaults of the configuration.
+const (
+	DefaultGRPCAddr       = "127.0.0.1:7400"
+	DefaultGossipAddr     = "127.0.0.1:7401"
+	DefaultMaxBatchTokens = 512
+	DefaultMaxSeqs        = 64
+	DefaultDrainTimeout   = 30 * time.Second
+)
+
+// LoadConfig reads a TOML configuration file. Keys it does not know are
+// errors, naming the key and its line.
+func LoadConfig(path string) (Config, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return Config{}, fmt.Errorf("read config: %w", err)
+	}
+	cfg, err := ParseConfig(data)
+	if err != nil {
+		return Config{}, fmt.Errorf("config %s: %w", path, err)
+	}
+	return cfg, nil
+}
+
+// ParseConfig parses a TOML configuration, rejecting unknown keys.
+func ParseConfig(data []byte) (Config, error) {
+	var cfg Config
+	dec := toml.NewDecoder(bytes.NewReader(data)).DisallowUnknownFields()
+	if err := dec.Decode(&cfg); err != nil {
+		var strict *toml.StrictMissingError
+		if errors.As(err, &strict) {
+			return Config{}, fmt.Errorf("unknown keys:\n%s", strict.String())
+		}
+		var de *toml.DecodeError
+		if errors.As(err, &de) {
+			row, col := de.Position()
+			return Config{}, fmt.Errorf("line %d column %d: %w", row, col, err)
+		}
+		return Config{}, err
+	}
+	return cfg, nil
+}
+
+// withDefaults fills in every default and validates the result.
+func (c Config) withDefaults() (Config, error) {
+	if c.Name == "" {
+		h, err := os.Hostname()
+		if err != nil {
+			return c, fmt.Errorf("config: no name, and the host name is unknown: %w", err)
+		}
+		c.Name = h
+	}
+	def := func(s *string, v string) {
+		if *s == "" {
+			*s = v
+		}
+	}
+	def(&c.Listen.GRPC, DefaultGRPCAddr)
+	def(&c.Listen.Gossip, DefaultGossipAddr)
+	def(&c.Listen.Control, "127.0.0.1:0")
+	def(&c.Listen.Data, "127.0.0.1:0")
+	def(&c.Stage.Backend, "cpu")
+	if c.Cluster.LeaderEligible == nil {
+		c.Cluster.LeaderEligible = ptr(true)
+	}
+	if c.Stage.Enabled == nil {
+		c.Stage.Enabled = ptr(true)
+	}
+	if c.Cluster.ExpectStages == 0 {
+		c.Cluster.ExpectStages = 1
+	}
+	if c.Cluster.DrainTimeout == 0 {
+		c.Cluster.DrainTimeout = Duration(DefaultDrainTimeout)
+	}
+	if c.Stage.MaxBatchTokens == 0 {
+		c.Stage.MaxBatchTokens = DefaultMaxBatchTokens
+	}
+	if c.Stage.MaxSeqs == 0 {
+		c.Stage.MaxSeqs = DefaultMaxSeqs
+	}
+	return c, c.validate()
+}
+
+func ptr[T any](v T) *T { return &v }
+
+func (c *Config) validate() error {
+	var errs []error
+	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+	if c.Model == "" {
+		bad("model: the model directory is required")
+	}
+	for key, addr := range map[string]string{"listen.grpc": c.Listen.GRPC, "listen.gossip": c.Listen.Gossip, "listen.control": c.Listen.Control, "listen.data": c.Listen.Data} {
+		if _, _, err := net.SplitHostPort(addr); err != nil {
+			bad("%s %q: %v", key, addr, err)
+		}
+	}
+	for _, s := range c.Cluster.Seeds {
+		if _, _, err := net.SplitHostPort(s); err != nil {
+			bad("cluster.seeds: %q: %v", s, err)
+		}
+	}
+	if c.Stage.Backend != "cpu" {
+		bad("stage.backend %q: only cpu is supported (CUDA stages need NCCL between them, not wired yet)", c.Stage.Backend)
+	}
+	if c.Cluster.ExpectStages < 1 {
+		bad("cluster.expect_stages %d: want at least 1", c.Cluster.ExpectStages)
+	}
+	if c.Stage.MaxBatchTokens < 1 || c.Stage.MaxSeqs < 1 {
+		bad("stage.max_batch_tokens %d and stage.max_seqs %d: want at least 1", c.Stage.MaxBatchTokens, c.Stage.MaxSeqs)
+	}
+	if (c.Security.TLSCertFile == "") != (c.Security.TLSKeyFile == "") {
+		bad("security: tls_cert_file and tls_key_file go together")
+	}
+	for i, p := range c.Plan {
+		if p.Node == "" || p.Layers[0] < 0 || p.Layers[0] >= p.Layers[1] {
+			bad("plan[%d]: node %q layers %v: want a node and layers [lo, hi] with lo < hi", i, p.Node, p.Layers)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// LogValue implements slog.LogValuer: the configuration without secrets
+// (only the files that hold them are named).
+func (c Config) LogValue() slog.Value {
+	return slog.GroupValue(
+		slog.String("name", c.Name),
+		slog.String("model", c.Model),
+		slog.String("grpc", c.Listen.GRPC),
+		slog.String("gossip", c.Listen.Gossip),
+		slog.Any("seeds", c.Cluster.Seeds),
+		slog.String("leader", c.Cluster.Leader),
+		slog.Int("expect_stages", c.Cluster.ExpectStages),
+		slog.Bool("tls", c.Security.TLSCertFile != ""),
+		slog.Bool("admin_token", c.Security.AdminTokenFile != ""),
+		slog.Bool("gossip_encrypted", c.Cluster.GossipKeyFile != ""),
+	)
+}
+
+// secrets are the contents of the files the configuration names.
+type secrets struct {
+	adminToken string
+	gossipKey  []byte
+}
+
+func (c *Config) readSecrets() (secrets, error) {
+	var s secrets
+	if f := c.Security.AdminTokenFile; f != "" {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			return s, fmt.Errorf("security.admin_token_file: %w", err)
+		}
+		s.adminToken = strings.TrimSpace(string(b))
+		if s.adminToken == "" {
+			return s, fmt.Errorf("security.admin_token_file %s: empty", f)
+		}
+	}
+	if f := c.Cluster.GossipKeyFile; f != "" {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			return s, fmt.Errorf("cluster.gossip_key_file: %w", err)
+		}
+		key, err := base64.StdEncoding.DecodeString(strings.TrimSpace(string(b)))
+		if err != nil {
+			return s, fmt.Errorf("cluster.gossip_key_file %s: not base64: %w", f, err)
+		}
+		if n := len(key); n != 16 && n != 24 && n != 32 {
+			return s, fmt.Errorf("cluster.gossip_key_file %s: key of %d bytes, want 16, 24 or 32", f, n)
+		}
+		s.gossipKey = key
+	}
+	return s, nil
+}

@@ -1,0 +1,371 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"path/filepath"
+	"runtime/debug"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/reflection"
+
+	"github.com/tandem-llm/tandem/daemon/membership"
+	"github.com/tandem-llm/tandem/daemon/sdnotify"
+	"github.com/tandem-llm/tandem/model"
+	"github.com/tandem-llm/tandem/model/tokenizer"
+	tandemv1 "github.com/tandem-llm/tandem/proto/tandem/v1"
+)
+
+// Version is the daemon's software version, gossiped to the other members
+// (the main module's version, or "dev").
+var Version = func() string {
+	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
+		return bi.Main.Version
+	}
+	return "dev"
+}()
+
+// Timings of the supervisor.
+const (
+	// superviseTick is how often the supervisor re-reads the membership.
+	superviseTick = 200 * time.Millisecond
+	// buildRetry is the wait after a failed attempt to build the pipeline.
+	buildRetry = 2 * time.Second
+	// stallLimit is how long the supervisor may go without a tick before
+	// the watchdog stops being fed.
+	stallLimit = 10 * time.Second
+	// leaveTimeout bounds the gossip of this node's departure.
+	leaveTimeout = 3 * time.Second
+	// stopGrace bounds the graceful stop of the gRPC server once requests
+	// have drained.
+	stopGrace = 5 * time.Second
+)
+
+// Addrs are the addresses a running daemon listens on.
+type Addrs struct {
+	GRPC, Gossip string
+}
+
+// Daemon is one tandemd node: a cluster member with a stage slot, and the
+// leader's pipeline and request loop when it is chosen leader.
+type Daemon struct {
+	cfg       Config
+	sec       secrets
+	log       *slog.Logger // with the node's name
+	baseLog   *slog.Logger
+	listening chan struct{}
+	addrs     Addrs
+
+	// Set up by Run.
+	ckpt     *model.Checkpoint
+	tok      *tokenizer.Tokenizer
+	memb     *membership.Membership
+	slot     *stageSlot
+	health   *health.Server
+	dialOpts []grpc.DialOption
+	meta     membership.Meta
+	lastTick atomic.Int64 // supervisor heartbeat, unix nanoseconds
+	engines  sync.WaitGroup
+
+	mu         sync.Mutex
+	leader     membership.Member // zero while there is none
+	pipe       *pipelineState    // the leader's pipeline, nil while none
+	reason     string            // why no pipeline serves
+	draining   bool
+	lastEpoch  uint64
+	seenEpoch  uint64 // the newest epoch a node reported refusing ours
+	notified   bool   // READY=1 sent
+	stageReady bool   // this node's stage is serving in a pipeline
+}
+
+// New validates the configuration and reads the secrets it names; it starts
+// nothing. log receives the daemon's logs (nil: slog.Default()).
+func New(cfg Config, log *slog.Logger) (*Daemon, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, fmt.Errorf("config: %w", err)
+	}
+	if log == nil {
+		log = slog.Default()
+	}
+	sec, err := cfg.readSecrets()
+	if err != nil {
+		return nil, fmt.Errorf("config: %w", err)
+	}
+	dialOpts, err := clientCreds(cfg.Security, sec.adminToken)
+	if err != nil {
+		return nil, fmt.Errorf("config: %w", err)
+	}
+	return &Daemon{cfg: cfg, sec: sec, log: log.With("node", cfg.Name), baseLog: log, listening: make(chan struct{}), dialOpts: dialOpts}, nil
+}
+
+// Listening is closed once Run has bound its listeners; Addrs is then set.
+func (d *Daemon) Listening() <-chan struct{} { return d.listening }
+
+// Addrs are the bound addresses (valid once Listening is closed).
+func (d *Daemon) Addrs() Addrs { return d.addrs }
+
+// Run serves until ctx is cancelled, then drains and stops: health turns
+// NOT_SERVING, requests in flight finish (within the drain timeout), the
+// node leaves the cluster, and every goroutine the daemon started ends
+// before Run returns. It returns nil after a clean stop.
+func (d *Daemon) Run(ctx context.Context) (err error) {
+	if err := d.openModel(); err != nil {
+		return err
+	}
+	defer d.ckpt.Close()
+	lis, err := net.Listen("tcp", d.cfg.Listen.GRPC)
+	if err != nil {
+		return fmt.Errorf("listen for gRPC on %s: %w", d.cfg.Listen.GRPC, err)
+	}
+	creds, err := serverCreds(d.cfg.Security)
+	if err != nil {
+		lis.Close()
+		return err
+	}
+	auth := tokenAuth{token: d.sec.adminToken}
+	srv := grpc.NewServer(grpc.Creds(creds), grpc.ChainUnaryInterceptor(auth.unary), grpc.ChainStreamInterceptor(auth.stream))
+	d.health = health.NewServer()
+	d.setHealth(false)
+	d.slot = &stageSlot{
+		name:      d.cfg.Name,
+		ckpt:      d.ckpt,
+		listen:    d.cfg.Listen,
+		log:       d.log,
+		onServing: d.onStageServing,
+	}
+	// The slot's assignments outlive requests, not the daemon.
+	slotCtx, stopSlots := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopSlots()
+	d.slot.ctx = slotCtx
+	if *d.cfg.Stage.Enabled {
+		if d.slot.usable, err = d.stageMemory(); err != nil {
+			lis.Close()
+			return err
+		}
+		tandemv1.RegisterNodeServer(srv, d.slot)
+	}
+	tandemv1.RegisterInferenceServer(srv, &inferenceServer{model: d.ckpt.Config(), tok: d.tok, engines: d})
+	tandemv1.RegisterAdminServer(srv, &adminServer{d: d})
+	healthpb.RegisterHealthServer(srv, d.health)
+	reflection.Register(srv)
+
+	d.addrs.GRPC = lis.Addr().String()
+	if err := d.startMembership(ctx); err != nil {
+		lis.Close()
+		return err
+	}
+	d.addrs.Gossip = d.memb.LocalAddr()
+	d.log.Info("daemon listening", "grpc", d.addrs.GRPC, "gossip", d.addrs.Gossip, "config", d.cfg)
+	close(d.listening)
+
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(lis) }()
+	// The watchdog is fed through the drain too: it is bounded.
+	stopWatchdog, err := sdnotify.StartWatchdog(context.Background(), d.healthy)
+	if err != nil {
+		d.log.Warn("systemd watchdog off", "err", err)
+		stopWatchdog = func() {}
+	}
+	defer stopWatchdog()
+
+	d.supervise(ctx)
+
+	// Drain and stop.
+	d.log.Info("draining")
+	errs := []error{sdnotify.Stopping()}
+	d.mu.Lock()
+	d.draining = true
+	d.reason = "draining"
+	pipe := d.pipe
+	d.mu.Unlock()
+	d.setHealth(false)
+	if pipe != nil {
+		d.stopPipeline(pipe, true, time.Duration(d.cfg.Cluster.DrainTimeout))
+	}
+	d.engines.Wait()
+	if err := d.memb.Leave(leaveTimeout); err != nil {
+		d.log.Warn("leave the cluster", "err", err)
+	}
+	d.waitStageIdle(time.Duration(d.cfg.Cluster.DrainTimeout))
+	stopSlots()
+	d.slot.stop()
+	stopped := make(chan struct{})
+	go func() { srv.GracefulStop(); close(stopped) }()
+	select {
+	case <-stopped:
+	case <-time.After(stopGrace):
+		srv.Stop()
+		<-stopped
+	}
+	if err := <-served; err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+		errs = append(errs, fmt.Errorf("serve gRPC: %w", err))
+	}
+	errs = append(errs, d.memb.Shutdown())
+	d.log.Info("stopped")
+	return errors.Join(errs...)
+}
+
+func (d *Daemon) openModel() error {
+	ckpt, err := model.Open(d.cfg.Model)
+	if err != nil {
+		return err
+	}
+	tok, err := tokenizer.Load(filepath.Join(d.cfg.Model, "tokenizer.json"))
+	if err != nil {
+		ckpt.Close()
+		return fmt.Errorf("model %s: %w", d.cfg.Model, err)
+	}
+	d.ckpt, d.tok = ckpt, tok
+	return nil
+}
+
+// stageMemory is what this node's stage may use: the configured amount, or
+// 90% of the host's available memory.
+func (d *Daemon) stageMemory() (uint64, error) {
+	if m := d.cfg.Stage.Memory; m > 0 {
+		return uint64(m), nil
+	}
+	_, avail, err := hostMemory()
+	if err != nil {
+		return 0, fmt.Errorf("%w (set stage.memory)", err)
+	}
+	return avail / 10 * 9, nil
+}
+
+func (d *Daemon) startMembership(ctx context.Context) error {
+	host, port, err := splitHostPort(d.cfg.Listen.Gossip)
+	if err != nil {
+		return fmt.Errorf("listen.gossip: %w", err)
+	}
+	total, _, err := hostMemory()
+	if err != nil && d.slot.usable == 0 {
+		total = 0
+	}
+	d.meta = membership.Meta{
+		Name:           d.cfg.Name,
+		Backend:        membership.BackendCPU,
+		Device:         cpuName(),
+		MemTotal:       max(total, d.slot.usable),
+		MemFree:        d.slot.usable,
+		GRPCAddr:       advertised(d.addrs.GRPC, d.cfg.Listen.Advertise),
+		Version:        Version,
+		ModelID:        d.ckpt.Identity(),
+		LeaderEligible: *d.cfg.Cluster.LeaderEligible,
+	}
+	if *d.cfg.Stage.Enabled {
+		d.meta.DataAddr = advertised(d.cfg.Listen.Data, d.cfg.Listen.Advertise)
+	}
+	d.memb, err = membership.New(membership.Config{
+		NodeName:      d.cfg.Name,
+		BindAddr:      host,
+		BindPort:      port,
+		AdvertiseAddr: d.cfg.Listen.Advertise,
+		Seeds:         d.cfg.Cluster.Seeds,
+		SecretKey:     d.sec.gossipKey,
+		Meta:          d.meta,
+		Logger:        d.baseLog,
+		Fast:          d.cfg.Cluster.FastFailureDetection,
+	})
+	if err != nil {
+		return err
+	}
+	// Joining is retried in the background until Shutdown.
+	if err := d.memb.Start(context.WithoutCancel(ctx)); err != nil {
+		d.memb.Shutdown()
+		return err
+	}
+	return nil
+}
+
+func splitHostPort(addr string) (string, int, error) {
+	host, p, err := net.SplitHostPort(addr)
+	if err != nil {
+		return "", 0, err
+	}
+	port, err := strconv.Atoi(p)
+	if err != nil {
+		return "", 0, fmt.Errorf("port %q: %w", p, err)
+	}
+	return host, port, nil
+}
+
+// setHealth publishes whether this node serves Generate.
+func (d *Daemon) setHealth(serving bool) {
+	st := healthpb.HealthCheckResponse_NOT_SERVING
+	if serving {
+		st = healthpb.HealthCheckResponse_SERVING
+	}
+	d.health.SetServingStatus("", st)
+	d.health.SetServingStatus(tandemv1.Inference_ServiceDesc.ServiceName, st)
+}
+
+// healthy feeds the systemd watchdog: the supervisor is ticking, or the
+// daemon is draining (which the drain timeout bounds).
+func (d *Daemon) healthy() bool {
+	d.mu.Lock()
+	draining := d.draining
+	d.mu.Unlock()
+	return draining || time.Since(time.Unix(0, d.lastTick.Load())) < stallLimit
+}
+
+// onStageServing records that this node's stage joined or left a
+// pipeline, and tells systemd once it is ready.
+func (d *Daemon) onStageServing(serving bool) {
+	d.mu.Lock()
+	d.stageReady = serving
+	d.mu.Unlock()
+	if serving {
+		d.notifyReady("stage serving")
+	}
+}
+
+// notifyReady sends READY=1 once: when this node's stage or, on the
+// leader, the pipeline is serving.
+func (d *Daemon) notifyReady(status string) {
+	d.mu.Lock()
+	first := !d.notified
+	d.notified = true
+	d.mu.Unlock()
+	if err := sdnotify.Status(status); err != nil {
+		d.log.Warn("notify systemd", "err", err)
+	}
+	if first {
+		if err := sdnotify.Ready(); err != nil {
+			d.log.Warn("notify systemd", "err", err)
+		}
+	}
+}
+
+// waitStageIdle waits until this node's stage is out of any pipeline (the
+// leader drains it after seeing this node leave), at most timeout.
+func (d *Daemon) waitStageIdle(timeout time.Duration) {
+	deadline := time.Now().Add(timeout)
+	for d.slot.busy() && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// currentEngine implements engineSource.
+func (d *Daemon) currentEngine() (*engine, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	switch {
+	case d.draining:
+		return nil, unavailablef("node %s is draining", d.cfg.Name)
+	case d.leader.Name != d.cfg.Name:
+		return nil, errNotLeader(d.leader.Name, d.leader.Meta.GRPCAddr)
+	case d.pipe == nil:
+		return nil, unavailablef("no pipeline is ready: %s", d.reason)
+	}
+	return d.pipe.eng, nil
+}

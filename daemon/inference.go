@@ -1,0 +1,268 @@
+package daemon
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"slices"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/tandem-llm/tandem/model"
+	"github.com/tandem-llm/tandem/model/tokenizer"
+	tandemv1 "github.com/tandem-llm/tandem/proto/tandem/v1"
+	"github.com/tandem-llm/tandem/stage"
+)
+
+// Limits on a Generate request.
+const (
+	defaultMaxTokens = 16
+	maxStopStrings   = 16
+	maxStopBytes     = 256
+	maxStopTokens    = 64
+	maxLogprobs      = 20
+)
+
+// engineSource gives a Generate call the pipeline's engine (an error when
+// there is none to serve it).
+type engineSource interface {
+	currentEngine() (*engine, error)
+}
+
+// inferenceServer implements tandem.v1.Inference on the leader.
+type inferenceServer struct {
+	tandemv1.UnimplementedInferenceServer
+	model   *model.Config
+	tok     *tokenizer.Tokenizer
+	engines engineSource
+}
+
+// generation is a validated Generate request.
+type generation struct {
+	req      request
+	stop     []string
+	logprobs bool
+}
+
+// validate checks a request against the model and builds what the engine
+// runs; every refusal is INVALID_ARGUMENT naming the field.
+func (s *inferenceServer) validate(in *tandemv1.GenerateRequest) (*generation, error) {
+	g := &generation{}
+	vocab := s.model.VocabSize
+	switch {
+	case in.GetPrompt() != "" && len(in.GetPromptTokenIds()) > 0:
+		return nil, invalidf("prompt and prompt_token_ids are both set; set one")
+	case len(in.GetPromptTokenIds()) > 0:
+		for i, id := range in.GetPromptTokenIds() {
+			if id < 0 || int(id) >= vocab {
+				return nil, invalidf("prompt_token_ids[%d] = %d is outside the vocabulary [0, %d)", i, id, vocab)
+			}
+		}
+		g.req.prompt = slices.Clone(in.GetPromptTokenIds())
+	case in.GetPrompt() != "":
+		g.req.prompt = s.tok.Encode(in.GetPrompt(), true)
+		if len(g.req.prompt) == 0 {
+			return nil, invalidf("prompt %q encodes to no tokens", in.GetPrompt())
+		}
+	default:
+		return nil, invalidf("empty prompt: set prompt or prompt_token_ids")
+	}
+	g.req.maxTokens = int(in.GetMaxTokens())
+	if g.req.maxTokens == 0 {
+		g.req.maxTokens = defaultMaxTokens
+	}
+	if n, ctxLen := len(g.req.prompt), s.model.MaxPositions; n+g.req.maxTokens > ctxLen {
+		return nil, invalidf("prompt of %d tokens plus max_tokens %d exceeds the context length %d", n, g.req.maxTokens, ctxLen)
+	}
+	if len(in.GetStop()) > maxStopStrings {
+		return nil, invalidf("%d stop strings, at most %d", len(in.GetStop()), maxStopStrings)
+	}
+	for i, st := range in.GetStop() {
+		if st == "" || len(st) > maxStopBytes || !utf8.ValidString(st) {
+			return nil, invalidf("stop[%d]: want 1 to %d bytes of UTF-8, got %d bytes", i, maxStopBytes, len(st))
+		}
+	}
+	g.stop = in.GetStop()
+	if len(in.GetStopTokenIds()) > maxStopTokens {
+		return nil, invalidf("%d stop token ids, at most %d", len(in.GetStopTokenIds()), maxStopTokens)
+	}
+	for i, id := range in.GetStopTokenIds() {
+		if id < 0 || int(id) >= vocab {
+			return nil, invalidf("stop_token_ids[%d] = %d is outside the vocabulary [0, %d)", i, id, vocab)
+		}
+	}
+	g.req.stopTokens = slices.Clone(in.GetStopTokenIds())
+	if !in.GetIgnoreEos() {
+		for _, id := range s.model.EOS {
+			g.req.stopTokens = append(g.req.stopTokens, int32(id))
+		}
+	}
+	t, p := float64(in.GetTemperature()), float64(in.GetTopP())
+	switch {
+	case math.IsNaN(t) || math.IsInf(t, 0) || t < 0:
+		return nil, invalidf("temperature %v: want a finite number ≥ 0", in.GetTemperature())
+	case math.IsNaN(p) || p < 0 || p > 1:
+		return nil, invalidf("top_p %v: want a number in [0, 1]", in.GetTopP())
+	case in.GetTopK() < 0:
+		return nil, invalidf("top_k %d: want ≥ 0", in.GetTopK())
+	case in.GetTopK() > int32(vocab):
+		return nil, invalidf("top_k %d: larger than the vocabulary of %d", in.GetTopK(), vocab)
+	case in.Logprobs != nil && in.GetLogprobs() > maxLogprobs:
+		return nil, invalidf("logprobs %d: at most %d", in.GetLogprobs(), maxLogprobs)
+	}
+	g.logprobs = in.Logprobs != nil
+	g.req.sampling = stage.Sampling{
+		Temperature: in.GetTemperature(),
+		TopP:        in.GetTopP(),
+		TopK:        int(in.GetTopK()),
+		Seed:        in.GetSeed(),
+		Logprobs:    int(in.GetLogprobs()),
+	}
+	return g, nil
+}
+
+// Generate implements tandem.v1.Inference.
+func (s *inferenceServer) Generate(in *tandemv1.GenerateRequest, stream tandemv1.Inference_GenerateServer) error {
+	return grpcError(s.generate(stream.Context(), in, stream.Send))
+}
+
+func (s *inferenceServer) generate(ctx context.Context, in *tandemv1.GenerateRequest, send func(*tandemv1.GenerateResponse) error) error {
+	g, err := s.validate(in)
+	if err != nil {
+		return err
+	}
+	e, err := s.engines.currentEngine()
+	if err != nil {
+		return err
+	}
+	r := &g.req
+	r.out = newTokenQueue()
+	if err := e.submit(ctx, r); err != nil {
+		return err
+	}
+	// From here on the engine holds the request: leaving frees it.
+	defer e.cancel(r)
+	text := newTextStream(s.tok, g.stop)
+	produced := 0
+	for {
+		toks, ended, reason, err := r.out.take(ctx)
+		if err != nil {
+			return err
+		}
+		msg := &tandemv1.GenerateResponse{}
+		for _, t := range toks {
+			produced++
+			msg.TokenIds = append(msg.TokenIds, t.Token)
+			if g.logprobs {
+				msg.Logprobs = append(msg.Logprobs, logprobsOf(t))
+			}
+			msg.Text += text.add(t.Token)
+			if text.stopped {
+				break // the tokens after the stop string are dropped
+			}
+		}
+		if text.stopped {
+			ended, reason = true, finishStop
+		} else if ended && reason != "" {
+			msg.Text += text.flush()
+		}
+		if ended {
+			msg.FinishReason = finishReasons[reason]
+			msg.Usage = &tandemv1.Usage{PromptTokens: uint32(len(r.prompt)), CompletionTokens: uint32(produced)}
+		}
+		if err := send(msg); err != nil {
+			return fmt.Errorf("send to client: %w", err)
+		}
+		if ended {
+			return nil
+		}
+	}
+}
+
+var finishReasons = map[string]tandemv1.FinishReason{
+	finishStop:   tandemv1.FinishReason_FINISH_REASON_STOP,
+	finishLength: tandemv1.FinishReason_FINISH_REASON_LENGTH,
+}
+
+func logprobsOf(t stage.Sampled) *tandemv1.TokenLogprobs {
+	lp := &tandemv1.TokenLogprobs{TokenId: t.Token, Logprob: t.Logprob}
+	for _, a := range t.Top {
+		lp.Top = append(lp.Top, &tandemv1.TopLogprob{TokenId: a.Token, Logprob: a.Logprob})
+	}
+	return lp
+}
+
+// textStream turns a request's tokens into text deltas and applies its stop
+// strings: text that may begin a stop string is held back until it is known
+// not to, and the text ends before the first stop string found.
+type textStream struct {
+	dec     *tokenizer.Stream
+	stop    []string
+	pending string // decoded, not yet released
+	stopped bool
+}
+
+func newTextStream(tok *tokenizer.Tokenizer, stop []string) *textStream {
+	return &textStream{dec: tok.NewStream(true), stop: stop}
+}
+
+// add decodes one more token and returns the text that can be released.
+func (t *textStream) add(id int32) string { return t.release(t.dec.Add(id), false) }
+
+// flush returns the rest of the text at the end of the completion.
+func (t *textStream) flush() string { return t.release(t.dec.Flush(), true) }
+
+func (t *textStream) release(s string, final bool) string {
+	if t.stopped {
+		return ""
+	}
+	t.pending += s
+	if i := firstStop(t.pending, t.stop); i >= 0 {
+		out := t.pending[:i]
+		t.pending, t.stopped = "", true
+		return out
+	}
+	keep := 0
+	if !final {
+		keep = heldBack(t.pending, t.stop)
+	}
+	out := t.pending[:len(t.pending)-keep]
+	t.pending = t.pending[len(t.pending)-keep:]
+	return out
+}
+
+// firstStop is the index in s of the earliest occurrence of any stop
+// string, or -1.
+func firstStop(s string, stop []string) int {
+	first := -1
+	for _, st := range stop {
+		if i := strings.Index(s, st); i >= 0 && (first < 0 || i < first) {
+			first = i
+		}
+	}
+	return first
+}
+
+// heldBack is the length of the longest suffix of s that is a proper prefix
+// of a stop string: text that a later token may turn into a stop string.
+func heldBack(s string, stop []string) int {
+	keep := 0
+	for _, st := range stop {
+		for n := min(len(st)-1, len(s)); n > keep; n-- {
+			if strings.HasSuffix(s, st[:n]) {
+				keep = n
+				break
+			}
+		}
+	}
+	return keep
+}
+
+// errNotLeader builds the UNAVAILABLE error of a node that is not the
+// leader.
+func errNotLeader(leader, addr string) error {
+	if leader == "" {
+		return unavailablef("no leader has been chosen yet")
+	}
+	return unavailablef("this node is not the leader; the leader is %s at %s", leader, addr)
+}

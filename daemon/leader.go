@@ -1,0 +1,439 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/tandem-llm/tandem/daemon/membership"
+	"github.com/tandem-llm/tandem/daemon/placement"
+	"github.com/tandem-llm/tandem/model"
+	"github.com/tandem-llm/tandem/pipeline"
+	tandemv1 "github.com/tandem-llm/tandem/proto/tandem/v1"
+)
+
+// cpuDTypeBytes is the size of a weight element on the CPU backend (it
+// computes in float32).
+const cpuDTypeBytes = 4
+
+// pipelineState is the leader's running pipeline.
+type pipelineState struct {
+	epoch  uint64
+	stages []stageState
+	kv     int
+	eng    *engine
+	ended  chan struct{} // closed when the engine's goroutine has returned
+}
+
+// stageState is one stage of the leader's pipeline.
+type stageState struct {
+	placement.Stage
+	member membership.Member
+	kv     int // as the stage reported it
+}
+
+// buildResult is what an attempt to build the pipeline ends with.
+type buildResult struct {
+	pipe *pipelineState
+	err  error
+}
+
+// supervise runs the node's control loop until ctx is done: it follows the
+// membership, chooses the leader and, on the leader, builds the pipeline
+// when enough stages are up, and stops it when one of them goes away.
+func (d *Daemon) supervise(ctx context.Context) {
+	tick := time.NewTicker(superviseTick)
+	defer tick.Stop()
+	var (
+		building  bool
+		buildDone = make(chan buildResult, 1)
+		nextTry   time.Time
+	)
+	bctx, cancelBuilds := context.WithCancel(ctx)
+	defer func() {
+		cancelBuilds()
+		if building {
+			if r := <-buildDone; r.pipe != nil {
+				// Built too late: close its links, the stages end.
+				r.pipe.eng.drv.Close()
+			}
+		}
+		// A pipeline still running is drained by Run.
+	}()
+	for {
+		d.lastTick.Store(time.Now().UnixNano())
+		members := d.memb.Members()
+		leader := chooseLeader(d.cfg.Cluster.Leader, members)
+		d.mu.Lock()
+		d.leader = leader
+		pipe := d.pipe
+		d.mu.Unlock()
+		me := leader.Name == d.cfg.Name
+
+		switch {
+		case pipe != nil && !me:
+			if pipe.eng.drain() {
+				d.log.Warn("no longer the leader: draining the pipeline", "leader", leader.Name)
+			}
+		case pipe != nil:
+			d.checkPipeline(pipe, members)
+		case me && !building && time.Now().After(nextTry):
+			stages := stageCandidates(members, d.ckpt.Identity())
+			if len(stages) >= d.cfg.Cluster.ExpectStages {
+				building = true
+				go func() {
+					p, err := d.build(bctx, stages)
+					buildDone <- buildResult{p, err}
+				}()
+			} else {
+				d.setReason(fmt.Sprintf("waiting for stage nodes: %d of %d up", len(stages), d.cfg.Cluster.ExpectStages))
+			}
+		case !me && !building:
+			d.setReason(fmt.Sprintf("not the leader (the leader is %q)", leader.Name))
+		}
+
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		case <-d.memb.Events():
+			// Level-triggered: the loop re-reads Members.
+		case r := <-buildDone:
+			building = false
+			if r.err != nil {
+				nextTry = time.Now().Add(buildRetry)
+				d.setReason(fmt.Sprintf("building the pipeline failed: %v", r.err))
+				d.log.Warn("build the pipeline", "err", r.err)
+				continue
+			}
+			d.mu.Lock()
+			d.pipe = r.pipe
+			d.reason = ""
+			d.mu.Unlock()
+			d.runEngine(r.pipe)
+			d.setHealth(true)
+			d.notifyReady("leading a pipeline")
+			d.log.Info("pipeline serving", "epoch", r.pipe.epoch, "stages", stageSummary(r.pipe.stages), "kv_tokens", r.pipe.kv)
+		case <-d.endedPipeline():
+			d.mu.Lock()
+			p := d.pipe
+			d.pipe = nil
+			d.mu.Unlock()
+			d.setHealth(false)
+			err := p.eng.stopErr()
+			d.setReason(fmt.Sprintf("pipeline of epoch %d stopped: %v", p.epoch, err))
+			if errors.Is(err, errDrained) {
+				d.log.Info("pipeline drained", "epoch", p.epoch)
+			} else {
+				d.log.Warn("pipeline stopped", "epoch", p.epoch, "err", err)
+			}
+			nextTry = time.Now().Add(buildRetry)
+		}
+	}
+}
+
+// runEngine starts the pipeline's engine goroutine; Run waits for it. The
+// engine stops on drain or abort, not with the daemon's context: Run
+// drains it first.
+func (d *Daemon) runEngine(p *pipelineState) {
+	d.engines.Add(1)
+	go func() {
+		defer d.engines.Done()
+		defer close(p.ended)
+		p.eng.run()
+	}()
+}
+
+// endedPipeline is closed when the current pipeline's engine has returned
+// (nil, blocking forever, while there is none).
+func (d *Daemon) endedPipeline() <-chan struct{} {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.pipe == nil {
+		return nil
+	}
+	return d.pipe.ended
+}
+
+func (d *Daemon) setReason(r string) {
+	d.mu.Lock()
+	d.reason = r
+	d.mu.Unlock()
+}
+
+// checkPipeline stops the pipeline when one of its stages is gone: at once
+// when it failed (its requests cannot finish), after the requests in flight
+// when it left gracefully.
+func (d *Daemon) checkPipeline(p *pipelineState, members []membership.Member) {
+	for _, s := range p.stages {
+		i := slices.IndexFunc(members, func(m membership.Member) bool { return m.Name == s.Node })
+		switch {
+		case i < 0 || members[i].State == membership.Dead:
+			d.setHealth(false)
+			if p.eng.abort() {
+				d.log.Warn("stage node dead: stopping the pipeline", "stage", s.Node, "epoch", p.epoch)
+			}
+		case members[i].State == membership.Left:
+			d.setHealth(false)
+			if p.eng.drain() {
+				d.log.Info("stage node leaving: draining the pipeline", "stage", s.Node, "epoch", p.epoch)
+			}
+		}
+	}
+}
+
+// stopPipeline drains (or aborts) the pipeline and waits for its engine,
+// aborting it once timeout has passed.
+func (d *Daemon) stopPipeline(p *pipelineState, drain bool, timeout time.Duration) {
+	if drain {
+		p.eng.drain()
+	} else {
+		p.eng.abort()
+	}
+	select {
+	case <-p.ended:
+		return
+	case <-time.After(timeout):
+		d.log.Warn("drain timed out: cancelling the requests left", "timeout", timeout)
+		p.eng.abort()
+	}
+	<-p.ended
+}
+
+// chooseLeader is the configured leader when it is alive, else (with no
+// leader configured) the leader-eligible live member with the smallest
+// name. Every member computes the same from the same view.
+func chooseLeader(fixed string, members []membership.Member) membership.Member {
+	for _, m := range members {
+		if m.State != membership.Alive || m.MetaErr != nil {
+			continue
+		}
+		if (fixed != "" && m.Name == fixed) || (fixed == "" && m.Meta.LeaderEligible) {
+			return m // members are sorted by name
+		}
+	}
+	return membership.Member{}
+}
+
+// stageCandidates are the live members offering a stage of the model.
+func stageCandidates(members []membership.Member, modelID string) []membership.Member {
+	var out []membership.Member
+	for _, m := range members {
+		if m.State == membership.Alive && m.MetaErr == nil && m.Meta.DataAddr != "" && m.Meta.ModelID == modelID {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// plan places the model on the candidates: the configured plan, or layers
+// balanced over their memory.
+func (d *Daemon) plan(cands []membership.Member) (placement.Plan, error) {
+	cost := stageCost(d.ckpt.Config(), d.cfg.Stage.MaxBatchTokens, d.cfg.Stage.MaxSeqs)
+	nodes := make([]placement.Node, len(cands))
+	for i, m := range cands {
+		nodes[i] = placement.Node{Name: m.Name, UsableBytes: m.Meta.MemFree, Backend: m.Meta.Backend}
+	}
+	if len(d.cfg.Plan) == 0 {
+		return placement.Balance(nodes, cost)
+	}
+	ranges := make([]placement.Range, len(d.cfg.Plan))
+	for i, r := range d.cfg.Plan {
+		ranges[i] = placement.Range{Node: r.Node, Lo: r.Layers[0], Hi: r.Layers[1]}
+	}
+	return placement.Explicit(nodes, ranges, cost)
+}
+
+// nextEpoch is a new leader epoch, newer than any this node used or saw
+// refused: the clock in nanoseconds, so that a newly chosen leader's epoch
+// supersedes its predecessor's.
+func (d *Daemon) nextEpoch() uint64 {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	e := max(uint64(time.Now().UnixNano()), d.lastEpoch+1, d.seenEpoch+1)
+	d.lastEpoch = e
+	return e
+}
+
+// build places the model, has every stage node load its layers and connect
+// to the next, and connects the leader's control links. On failure it
+// releases what was loaded.
+func (d *Daemon) build(ctx context.Context, cands []membership.Member) (*pipelineState, error) {
+	plan, err := d.plan(cands)
+	if err != nil {
+		return nil, fmt.Errorf("place the model: %w", err)
+	}
+	epoch := d.nextEpoch()
+	byName := map[string]membership.Member{}
+	for _, m := range cands {
+		byName[m.Name] = m
+	}
+	p := &pipelineState{epoch: epoch, kv: plan.KVTokens, ended: make(chan struct{})}
+	conns := make([]*grpc.ClientConn, len(plan.Stages))
+	defer func() {
+		for _, c := range conns {
+			if c != nil {
+				c.Close()
+			}
+		}
+	}()
+	for i, s := range plan.Stages {
+		p.stages = append(p.stages, stageState{Stage: s, member: byName[s.Node]})
+		if conns[i], err = grpc.NewClient(byName[s.Node].Meta.GRPCAddr, d.dialOpts...); err != nil {
+			return nil, fmt.Errorf("stage %d on %s: %w", i, s.Node, err)
+		}
+	}
+	release := func() {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		for i, c := range conns {
+			if _, err := tandemv1.NewNodeClient(c).Release(rctx, &tandemv1.ReleaseRequest{Epoch: epoch}); err != nil {
+				d.log.Warn("release a stage", "stage", i, "node", plan.Stages[i].Node, "err", err)
+			}
+		}
+	}
+	mcfg := d.ckpt.Config()
+	loads := make([]*tandemv1.LoadResponse, len(conns))
+	err = forEach(len(conns), func(i int) error {
+		s := plan.Stages[i]
+		var trailer metadata.MD
+		resp, err := tandemv1.NewNodeClient(conns[i]).Load(ctx, &tandemv1.LoadRequest{
+			Epoch: epoch, Leader: d.cfg.Name, ModelId: d.ckpt.Identity(), Index: uint32(i),
+			LayerLo: uint32(s.Lo), LayerHi: uint32(s.Hi),
+			MaxBatchTokens: uint32(d.cfg.Stage.MaxBatchTokens), MaxSeqs: uint32(d.cfg.Stage.MaxSeqs),
+		}, grpc.Trailer(&trailer))
+		if err != nil {
+			d.noteRefusedEpoch(err, trailer)
+			return fmt.Errorf("stage %d on %s: load layers [%d, %d): %w", i, s.Node, s.Lo, s.Hi, err)
+		}
+		if resp.GetModelId() != d.ckpt.Identity() {
+			return fmt.Errorf("stage %d on %s: loaded model %s, want %s", i, s.Node, short(resp.GetModelId()), short(d.ckpt.Identity()))
+		}
+		loads[i] = resp
+		return nil
+	})
+	if err != nil {
+		release()
+		return nil, err
+	}
+	maxSeqLen := mcfg.MaxPositions
+	for i, l := range loads {
+		p.stages[i].kv = int(l.GetKvTokens())
+		p.kv = min(p.kv, int(l.GetKvTokens()))
+		maxSeqLen = min(maxSeqLen, int(l.GetMaxSeqLen()))
+	}
+	err = forEach(len(conns), func(i int) error {
+		next := ""
+		if i+1 < len(loads) {
+			next = loads[i+1].GetDataAddr()
+		}
+		_, err := tandemv1.NewNodeClient(conns[i]).Connect(ctx, &tandemv1.ConnectRequest{Epoch: epoch, NextDataAddr: next})
+		if err != nil {
+			return fmt.Errorf("stage %d on %s: connect to the next stage: %w", i, plan.Stages[i].Node, err)
+		}
+		return nil
+	})
+	if err != nil {
+		release()
+		return nil, err
+	}
+	links := make([]pipeline.Link, len(loads))
+	for i, l := range loads {
+		if links[i], err = pipeline.DialLink(ctx, l.GetControlAddr()); err != nil {
+			for _, l := range links[:i] {
+				l.Close()
+			}
+			release()
+			return nil, fmt.Errorf("stage %d on %s: %w", i, plan.Stages[i].Node, err)
+		}
+	}
+	drv, err := pipeline.NewDriver(links)
+	if err != nil {
+		release()
+		return nil, err
+	}
+	p.eng = newEngine(drv, epoch, engineLimits{
+		maxBatchTokens: d.cfg.Stage.MaxBatchTokens,
+		maxSeqs:        d.cfg.Stage.MaxSeqs,
+		kvTokens:       min(p.kv, maxSeqLen*d.cfg.Stage.MaxSeqs),
+	})
+	return p, nil
+}
+
+// noteRefusedEpoch remembers the epoch a node said it had accepted when it
+// refused ours as stale, so the next attempt uses a newer one.
+func (d *Daemon) noteRefusedEpoch(err error, trailer metadata.MD) {
+	if status.Code(err) != codes.FailedPrecondition {
+		return
+	}
+	for _, v := range trailer.Get(epochTrailer) {
+		if e, perr := strconv.ParseUint(v, 10, 64); perr == nil {
+			d.mu.Lock()
+			d.seenEpoch = max(d.seenEpoch, e)
+			d.mu.Unlock()
+		}
+	}
+}
+
+// forEach runs f(0..n-1) concurrently and joins their errors.
+func forEach(n int, f func(i int) error) error {
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() { errs[i] = f(i) })
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+func stageSummary(stages []stageState) string {
+	s := ""
+	for i, st := range stages {
+		if i > 0 {
+			s += " "
+		}
+		s += fmt.Sprintf("%s[%d,%d)", st.Node, st.Lo, st.Hi)
+	}
+	return s
+}
+
+// stageCost is what placement balances: the model's weights and KV cache
+// in the CPU backend's float32, and the workspace of the batch bounds.
+func stageCost(cfg *model.Config, maxBatchTokens, maxSeqs int) placement.Cost {
+	c := placement.CostOf(cfg, cpuDTypeBytes)
+	c.WorkspaceBytes = placement.Workspace(cfg, maxBatchTokens, maxSeqs)
+	return c
+}
+
+// stageKVTokens is the KV capacity in tokens of a stage holding layers
+// [lo, hi) of a model in usable bytes, as placement counts it.
+func stageKVTokens(cfg *model.Config, usable uint64, lo, hi, maxBatchTokens, maxSeqs int) (int, error) {
+	c := stageCost(cfg, maxBatchTokens, maxSeqs)
+	first, last := lo == 0, hi == cfg.NumLayers
+	need := uint64(hi-lo)*c.LayerBytes + c.WorkspaceBytes
+	switch {
+	case first && last && c.Tied:
+		need += max(c.EmbedBytes, c.HeadBytes)
+	default:
+		if first {
+			need += c.EmbedBytes
+		}
+		if last {
+			need += c.HeadBytes
+		}
+	}
+	perToken := c.KVBytesPerToken * uint64(hi-lo)
+	if usable < need+perToken {
+		return 0, fmt.Errorf("layers [%d, %d) need %d bytes and %d per token of KV cache, more than the %d the stage may use", lo, hi, need, perToken, usable)
+	}
+	return int(min((usable-need)/perToken, 1<<40)), nil
+}
