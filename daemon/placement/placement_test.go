@@ -1,0 +1,379 @@
+package placement
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/tandem-llm/tandem/model"
+)
+
+const gib = 1 << 30
+
+// TestCostOf checks the weight bytes against the published parameter
+// counts of two real checkpoints (tied embeddings, so the whole model is
+// the embedding, the layers and the final norm).
+func TestCostOf(t *testing.T) {
+	tests := []struct {
+		name   string
+		cfg    model.Config
+		params uint64
+		kv     uint64 // bytes per token per layer at 2 bytes
+	}{
+		{"Llama-3.2-1B", model.Config{HiddenSize: 2048, NumLayers: 16, NumHeads: 32, NumKVHeads: 8, HeadDim: 64,
+			IntermediateSize: 8192, VocabSize: 128256, TieEmbedding: true}, 1_235_814_400, 2 * 8 * 64 * 2},
+		{"Qwen2-0.5B", model.Config{HiddenSize: 896, NumLayers: 24, NumHeads: 14, NumKVHeads: 2, HeadDim: 64,
+			IntermediateSize: 4864, VocabSize: 151936, TieEmbedding: true, AttentionBias: true}, 494_032_768, 2 * 2 * 64 * 2},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := CostOf(&tt.cfg, 2)
+			// One stage holding everything stores the tied matrix once.
+			whole := c.fixed(true, true) + uint64(c.Layers)*c.LayerBytes
+			if whole != 2*tt.params {
+				t.Errorf("weights of one stage: %d bytes, want %d (2 × %d parameters)", whole, 2*tt.params, tt.params)
+			}
+			if c.KVBytesPerToken != tt.kv {
+				t.Errorf("KV per token per layer %d, want %d", c.KVBytesPerToken, tt.kv)
+			}
+			// Split, the last stage holds its own copy of the head.
+			split := c.fixed(true, false) + c.fixed(false, true) + uint64(c.Layers)*c.LayerBytes
+			if want := whole + c.EmbedBytes; split != want {
+				t.Errorf("weights over two stages %d, want %d", split, want)
+			}
+		})
+	}
+}
+
+func TestWorkspace(t *testing.T) {
+	cfg := model.Config{HiddenSize: 8, NumHeads: 2, NumKVHeads: 1, HeadDim: 4, IntermediateSize: 16, VocabSize: 100}
+	// Per row: 3 × 8 + 8 (q) + 2 × 4 (k, v) + 2 × 16 = 72 floats.
+	want := uint64(10*72*4 + 3*100*4 + 64<<20)
+	if got := Workspace(&cfg, 10, 3); got != want {
+		t.Errorf("Workspace = %d, want %d", got, want)
+	}
+}
+
+// simple is a cost with round numbers: 1 GiB layers, 1 MiB of KV per
+// token per layer.
+func simple(layers int, embed, head uint64) Cost {
+	return Cost{Layers: layers, LayerBytes: gib, EmbedBytes: embed, HeadBytes: head, KVBytesPerToken: 1 << 20}
+}
+
+func nodes(sizes ...uint64) []Node {
+	ns := make([]Node, len(sizes))
+	for i, s := range sizes {
+		ns[i] = Node{Name: fmt.Sprintf("n%d", i), UsableBytes: s, Backend: "cuda"}
+	}
+	return ns
+}
+
+func counts(p Plan) []int {
+	c := make([]int, len(p.Stages))
+	for i, s := range p.Stages {
+		c[i] = s.Hi - s.Lo
+	}
+	return c
+}
+
+func TestBalance(t *testing.T) {
+	tests := []struct {
+		name   string
+		nodes  []Node
+		cost   Cost
+		counts []int
+		kv     int
+	}{
+		{"equal nodes", nodes(40*gib, 40*gib, 40*gib, 40*gib), simple(32, 0, 0), []int{8, 8, 8, 8}, 32 * 1024 / 8},
+		// 10 layers over 3: the extra layer goes to the earlier stage.
+		{"equal nodes, uneven", nodes(10*gib, 10*gib, 10*gib), simple(10, 0, 0), []int{4, 3, 3}, 6 * 1024 / 4},
+		// Capacity T with k layers needs k(1 GiB + T MiB): 8 GiB and 24 GiB
+		// over 16 layers balance at 4 and 12 (T = 1024).
+		{"big node gets more", nodes(8*gib, 24*gib), simple(16, 0, 0), []int{4, 12}, 1024},
+		// 6 GiB of embedding and of head take layers off the ends: 7 GiB
+		// for KV over 7 layers, and 10 over 10 in the middle.
+		{"first and last extras", nodes(20*gib, 20*gib, 20*gib), simple(24, 6*gib, 6*gib), []int{7, 10, 7}, 1024},
+		{"one node", nodes(20 * gib), simple(8, 2*gib, 2*gib), []int{8}, 8 * 1024 / 8},
+		{"one node, tied head", nodes(20 * gib), Cost{Layers: 8, LayerBytes: gib, EmbedBytes: 2 * gib, HeadBytes: 2 * gib, Tied: true, KVBytesPerToken: 1 << 20},
+			[]int{8}, 10 * 1024 / 8},
+		{"workspace", nodes(10*gib, 10*gib), Cost{Layers: 4, LayerBytes: gib, WorkspaceBytes: 2 * gib, KVBytesPerToken: 1 << 20}, []int{2, 2}, 6 * 1024 / 2},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p, err := Balance(tt.nodes, tt.cost)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := counts(p); !reflect.DeepEqual(got, tt.counts) || p.KVTokens != tt.kv {
+				t.Errorf("layers %v KV %d, want %v KV %d", got, p.KVTokens, tt.counts, tt.kv)
+			}
+			checkPlan(t, p, tt.nodes, tt.cost)
+		})
+	}
+}
+
+func TestBalanceDeterministic(t *testing.T) {
+	ns := []Node{{Name: "b", UsableBytes: 30 * gib}, {Name: "c", UsableBytes: 10 * gib}, {Name: "a", UsableBytes: 20 * gib}}
+	want, err := Balance(ns, simple(20, gib, gib))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want.Stages[0].Node != "a" || want.Stages[1].Node != "b" || want.Stages[2].Node != "c" {
+		t.Fatalf("stages not in name order: %+v", want.Stages)
+	}
+	for range 10 {
+		rand.Shuffle(len(ns), func(i, j int) { ns[i], ns[j] = ns[j], ns[i] })
+		got, err := Balance(ns, simple(20, gib, gib))
+		if err != nil || !reflect.DeepEqual(got, want) {
+			t.Fatalf("order %v: %+v %v, want %+v", ns, got, err, want)
+		}
+	}
+}
+
+func TestBalanceMoreNodesThanLayers(t *testing.T) {
+	ns := []Node{{Name: "a", UsableBytes: 4 * gib}, {Name: "b", UsableBytes: 9 * gib}, {Name: "c", UsableBytes: 8 * gib}, {Name: "d", UsableBytes: 9 * gib}}
+	p, err := Balance(ns, simple(3, 0, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, s := range p.Stages {
+		got = append(got, s.Node)
+	}
+	if want := []string{"b", "c", "d"}; !reflect.DeepEqual(got, want) {
+		t.Errorf("stages on %v, want the three largest in name order %v", got, want)
+	}
+}
+
+func TestBalanceErrors(t *testing.T) {
+	tests := []struct {
+		name  string
+		nodes []Node
+		cost  Cost
+		want  string
+	}{
+		{"no nodes", nil, simple(4, 0, 0), "no nodes"},
+		{"duplicate", []Node{{Name: "a", UsableBytes: gib}, {Name: "a", UsableBytes: gib}}, simple(4, 0, 0), `node "a" listed twice`},
+		{"unnamed", []Node{{UsableBytes: gib}}, simple(4, 0, 0), "empty name"},
+		{"no layers", nodes(gib), simple(0, 0, 0), "0 layers"},
+		{"no kv", nodes(gib), Cost{Layers: 1}, "zero KV bytes"},
+		// n0 must hold 3 GiB of embedding, one 1 GiB layer and 1 MiB of KV.
+		{"first stage too small", nodes(3*gib, 10*gib), simple(4, 3*gib, 0),
+			fmt.Sprintf(`node "n0" (first stage: embedding) has %d bytes usable, one layer needs %d: short by %d`, 3*gib, 4*gib+1<<20, gib+1<<20)},
+		{"two short", nodes(gib/2, 10*gib, gib/2), simple(4, 0, 0), `node "n0" (first stage: embedding) has 536870912 bytes usable, one layer needs 1074790400: short by 537919488; node "n2" (last stage: head) has`},
+		// 1.5 GiB holds one layer of 1 GiB + 1 MiB: 2 of 5 layers.
+		{"too few layers fit", nodes(gib*3/2, gib*3/2), simple(5, 0, 0),
+			fmt.Sprintf("the nodes hold at most 2 of 5 layers (n0 1, n1 1): short by %d bytes for 3 more layers", 3*(gib+1<<20))},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := Balance(tt.nodes, tt.cost)
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("Balance: %v, want an error containing %q", err, tt.want)
+			}
+		})
+	}
+}
+
+func TestExplicit(t *testing.T) {
+	ns := nodes(20*gib, 20*gib, 2*gib)
+	c := simple(8, gib, gib)
+	p, err := Explicit(ns, []Range{{"n1", 0, 5}, {"n0", 5, 8}}, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Plan{Stages: []Stage{
+		{Node: "n1", Backend: "cuda", Lo: 0, Hi: 5, WeightBytes: 6 * gib, KVTokens: 14 * 1024 / 5},
+		{Node: "n0", Backend: "cuda", Lo: 5, Hi: 8, WeightBytes: 4 * gib, KVTokens: 16 * 1024 / 3},
+	}, KVTokens: 14 * 1024 / 5}
+	if !reflect.DeepEqual(p, want) {
+		t.Errorf("plan %+v, want %+v", p, want)
+	}
+	bad := []struct {
+		name   string
+		ranges []Range
+		want   string
+	}{
+		{"none", nil, "no ranges"},
+		{"unknown", []Range{{"zz", 0, 8}}, `node "zz" is not a member`},
+		{"twice", []Range{{"n0", 0, 4}, {"n0", 4, 8}}, `node "n0" has two ranges`},
+		{"gap", []Range{{"n0", 0, 4}, {"n1", 5, 8}}, "range 1 (n1): starts at layer 5, want 4"},
+		{"overlap", []Range{{"n0", 0, 4}, {"n1", 3, 8}}, "starts at layer 3, want 4"},
+		{"not from 0", []Range{{"n0", 1, 8}}, "starts at layer 1, want 0"},
+		{"empty", []Range{{"n0", 0, 0}, {"n1", 0, 8}}, "empty layer range [0, 0)"},
+		{"past end", []Range{{"n0", 0, 9}}, "ends at layer 9, model has 8"},
+		{"short", []Range{{"n0", 0, 7}}, "covers layers [0, 7), model has 8"},
+		// n2 with 2 GiB cannot hold the head, one layer and its KV.
+		{"no fit", []Range{{"n0", 0, 7}, {"n2", 7, 8}}, fmt.Sprintf(`node "n2" (last stage: head) with layers [7, 8) has %d bytes usable, needs %d: short by %d`, 2*gib, 2*gib+1<<20, 1<<20)},
+	}
+	for _, tt := range bad {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := Explicit(ns, tt.ranges, c)
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("Explicit: %v, want an error containing %q", err, tt.want)
+			}
+		})
+	}
+}
+
+// checkPlan checks a plan's invariants against an independent recount:
+// contiguous ranges covering every layer, each stage's weights and KV
+// capacity as the cost says, and the plan's capacity the minimum.
+func checkPlan(t *testing.T, p Plan, ns []Node, c Cost) {
+	t.Helper()
+	usable := map[string]uint64{}
+	for _, n := range ns {
+		usable[n.Name] = n.UsableBytes
+	}
+	next, minKV := 0, math.MaxInt
+	for i, s := range p.Stages {
+		if s.Lo != next || s.Hi <= s.Lo {
+			t.Fatalf("stage %d range [%d, %d) after layer %d", i, s.Lo, s.Hi, next)
+		}
+		next = s.Hi
+		k := uint64(s.Hi - s.Lo)
+		w := c.WorkspaceBytes + k*c.LayerBytes
+		switch first, last := i == 0, i == len(p.Stages)-1; {
+		case first && last && c.Tied:
+			w += max(c.EmbedBytes, c.HeadBytes)
+		default:
+			if first {
+				w += c.EmbedBytes
+			}
+			if last {
+				w += c.HeadBytes
+			}
+		}
+		kv := int((usable[s.Node] - w) / (k * c.KVBytesPerToken))
+		if s.WeightBytes != w || s.KVTokens != kv || kv < 1 {
+			t.Fatalf("stage %d: weights %d KV %d, want %d and %d", i, s.WeightBytes, s.KVTokens, w, kv)
+		}
+		minKV = min(minKV, kv)
+	}
+	if next != c.Layers || p.KVTokens != minKV {
+		t.Fatalf("plan covers %d of %d layers, KV %d, min over stages %d", next, c.Layers, p.KVTokens, minKV)
+	}
+}
+
+// bruteBest is the best capacity over every composition of the layers
+// into len(ns) positive parts (0 when none fits).
+func bruteBest(ns []Node, c Cost) int {
+	best := 0
+	var rec func(i, lo, minKV int)
+	rec = func(i, lo, minKV int) {
+		if i == len(ns) {
+			if lo == c.Layers {
+				best = max(best, minKV)
+			}
+			return
+		}
+		for hi := lo + 1; hi <= c.Layers-(len(ns)-1-i); hi++ {
+			kv := stageKV(ns[i], c, i == 0, i == len(ns)-1, hi-lo)
+			if kv < 1 {
+				continue
+			}
+			rec(i+1, hi, min(minKV, kv))
+		}
+	}
+	rec(0, 0, math.MaxInt)
+	return best
+}
+
+// stageKV recounts one stage's capacity independently of plan (untied
+// costs only).
+func stageKV(n Node, c Cost, first, last bool, k int) int {
+	w := c.WorkspaceBytes + uint64(k)*c.LayerBytes
+	if first {
+		w += c.EmbedBytes
+	}
+	if last {
+		w += c.HeadBytes
+	}
+	if n.UsableBytes <= w {
+		return 0
+	}
+	return int((n.UsableBytes - w) / (uint64(k) * c.KVBytesPerToken))
+}
+
+// evenKV is the capacity of the even split (the first layers%n stages one
+// layer more), 0 when it does not fit.
+func evenKV(ns []Node, c Cost) int {
+	kv, lo := math.MaxInt, 0
+	for i, n := range ns {
+		k := c.Layers / len(ns)
+		if i < c.Layers%len(ns) {
+			k++
+		}
+		kv = min(kv, stageKV(n, c, i == 0, i == len(ns)-1, k))
+		lo += k
+	}
+	return kv
+}
+
+// TestBalanceProperties checks random clusters: the plan is valid, its
+// capacity is the best over all contiguous splits (brute force), and so at
+// least the even split's.
+func TestBalanceProperties(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	runs := 10000
+	if testing.Short() {
+		runs = 300
+	}
+	fitted := 0
+	for run := range runs {
+		nn := 1 + rng.IntN(4)
+		c := Cost{
+			Layers:          nn + rng.IntN(9),
+			LayerBytes:      uint64(1 + rng.IntN(100)),
+			EmbedBytes:      uint64(rng.IntN(300)),
+			HeadBytes:       uint64(rng.IntN(300)),
+			KVBytesPerToken: uint64(1 + rng.IntN(5)),
+			WorkspaceBytes:  uint64(rng.IntN(50)),
+		}
+		ns := make([]Node, nn)
+		for i := range ns {
+			ns[i] = Node{Name: fmt.Sprintf("n%d", i), UsableBytes: uint64(rng.IntN(3000))}
+		}
+		best := bruteBest(ns, c)
+		p, err := Balance(ns, c)
+		if best == 0 {
+			if err == nil {
+				t.Fatalf("run %d: %+v %+v: Balance found %+v where nothing fits", run, ns, c, p)
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatalf("run %d: %+v %+v: %v, brute force reaches %d", run, ns, c, err, best)
+		}
+		fitted++
+		checkPlan(t, p, ns, c)
+		if p.KVTokens != best {
+			t.Fatalf("run %d: %+v %+v: KV %d, brute force reaches %d", run, ns, c, p.KVTokens, best)
+		}
+		if even := evenKV(ns, c); even > 0 && p.KVTokens < even {
+			t.Fatalf("run %d: KV %d below the even split's %d", run, p.KVTokens, even)
+		}
+	}
+	if fitted < runs/4 {
+		t.Fatalf("only %d of %d random clusters fit: the generator tests little", fitted, runs)
+	}
+}
+
+func BenchmarkBalance(b *testing.B) {
+	cfg := model.Config{HiddenSize: 8192, NumLayers: 128, NumHeads: 64, NumKVHeads: 8, HeadDim: 128, IntermediateSize: 28672, VocabSize: 128256}
+	c := CostOf(&cfg, 2)
+	c.WorkspaceBytes = Workspace(&cfg, 512, 64)
+	rng := rand.New(rand.NewPCG(3, 4))
+	ns := make([]Node, 64)
+	for i := range ns {
+		ns[i] = Node{Name: fmt.Sprintf("gpu%02d", i), UsableBytes: uint64(40+rng.IntN(100)) * gib}
+	}
+	for b.Loop() {
+		if _, err := Balance(ns, c); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
