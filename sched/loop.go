@@ -14,7 +14,8 @@ import (
 // Executor runs steps through the pipeline; *pipeline.Driver is one.
 // Submit and Wait are called from two goroutines: Submit by the loop, Wait
 // by a waiter that calls it once for each submitted step that carries
-// sequences.
+// sequences. Once Wait has returned a step's result, nothing may read the
+// step any more: its slices are reused.
 type Executor interface {
 	// Submit sends a step without waiting for its result.
 	Submit(ctx context.Context, s *pipeline.Step) error

@@ -21,6 +21,8 @@ type Scheduler struct {
 	waiting []*seq          // not admitted or preempted, by arrival
 	free    []int32         // free KV blocks, reused last freed first
 	flights []*flight       // steps in flight, oldest first
+	spare   []*flight       // completed steps, their slices reused
+	outs    []Output        // Complete's result
 	toFree  []uint64        // sequences the stages drop with the next step
 
 	arrivals  uint64 // requests added so far
@@ -67,7 +69,8 @@ func (s *seq) generated() int { return len(s.tokens) - len(s.req.Prompt) }
 type flight struct {
 	batch   uint64
 	start   time.Time
-	entries []entry // one per stage.Seq, in batch order
+	seqs    []stage.Seq // the step's sequences
+	entries []entry     // one per sequence
 }
 
 type entry struct {
@@ -147,7 +150,10 @@ func (p *plan) full() bool { return p.budget == 0 || len(p.seqs) >= p.seqCap }
 // MaxConcurrentBatches steps are in flight or there is nothing to send. A
 // step with no sequences only frees sequences on the stages: it produces no
 // result and is not in flight. The step's slices alias the scheduler's
-// state, which never changes what they show: stages must not modify them.
+// state, which never changes what they show while the step is in flight:
+// stages must not modify them, and the step's Seqs are reused once
+// Complete has taken its result, so whoever runs the step must be done
+// with it by then.
 func (sc *Scheduler) Schedule() (*pipeline.Step, bool) {
 	if len(sc.flights) >= sc.cfg.MaxConcurrentBatches {
 		return nil, false
@@ -161,6 +167,8 @@ func (sc *Scheduler) Schedule() (*pipeline.Step, bool) {
 		active := len(sc.running) + len(sc.waiting)
 		p.seqCap = min(p.seqCap, (active+sc.cfg.MaxConcurrentBatches-1)/sc.cfg.MaxConcurrentBatches)
 	}
+	f := sc.spareFlight(min(p.seqCap, len(sc.running)+len(sc.waiting)))
+	p.seqs, p.entries = f.seqs, f.entries
 	for _, decodes := range []bool{true, false} {
 		for i := 0; i < len(sc.running) && !p.full(); {
 			s := sc.running[i]
@@ -190,17 +198,35 @@ func (sc *Scheduler) Schedule() (*pipeline.Step, bool) {
 		s.started = true
 		sc.running = insertByArrival(sc.running, s)
 	}
-	if len(p.seqs) == 0 && len(sc.toFree) == 0 {
-		return nil, false
+	if len(p.seqs) == 0 {
+		sc.spare = append(sc.spare, f)
+		if len(sc.toFree) == 0 {
+			return nil, false
+		}
 	}
 	sc.lastBatch = p.id
 	st := &pipeline.Step{Batch: stage.Batch{ID: p.id, Seqs: p.seqs}, Free: sc.toFree}
 	sc.toFree = nil
 	if len(p.seqs) > 0 {
-		sc.flights = append(sc.flights, &flight{batch: p.id, start: sc.clock(), entries: p.entries})
+		f.batch, f.start, f.seqs, f.entries = p.id, sc.clock(), p.seqs, p.entries
+		sc.flights = append(sc.flights, f)
 	}
 	return st, true
 }
+
+// spareFlight returns a flight record with room for n sequences, reusing
+// the slices of a completed step if one is spare.
+func (sc *Scheduler) spareFlight(n int) *flight {
+	if k := len(sc.spare); k > 0 {
+		f := sc.spare[k-1]
+		sc.spare = sc.spare[:k-1]
+		if cap(f.seqs) >= n {
+			return f
+		}
+	}
+	return &flight{seqs: make([]stage.Seq, 0, n), entries: make([]entry, 0, n)}
+}
+
 
 // chunk is how many positions s can feed in a step with budget tokens left
 // (false: none now). A chunk that reaches the end of the known tokens, or a
@@ -328,7 +354,8 @@ func (sc *Scheduler) release(s *seq) {
 // tokens to deliver, in batch order. Tokens of requests preempted,
 // cancelled or finished since the step was scheduled are dropped. A result
 // that does not match the step (another batch, missing or extra samples) is
-// an error and changes nothing.
+// an error and changes nothing. The returned slice is reused by the next
+// Complete.
 func (sc *Scheduler) Complete(r *pipeline.Result) ([]Output, error) {
 	if len(sc.flights) == 0 {
 		return nil, fmt.Errorf("result of batch %d, but no batch is in flight", r.Batch)
@@ -356,7 +383,7 @@ func (sc *Scheduler) Complete(r *pipeline.Result) ([]Output, error) {
 	sc.flights[0] = nil
 	sc.flights = sc.flights[1:]
 
-	outs := make([]Output, 0, len(r.Sampled))
+	outs := sc.outs[:0]
 	k = 0
 	for _, e := range f.entries {
 		s := e.s
@@ -387,6 +414,13 @@ func (sc *Scheduler) Complete(r *pipeline.Result) ([]Output, error) {
 		}
 		outs = append(outs, o)
 	}
+	sc.outs = outs
+	// The executor is done with the step: reuse its slices, dropping what
+	// they point at.
+	clear(f.seqs)
+	clear(f.entries)
+	f.seqs, f.entries = f.seqs[:0], f.entries[:0]
+	sc.spare = append(sc.spare, f)
 	d := sc.clock().Sub(f.start)
 	sc.stats.Steps++
 	sc.stats.LastStepTime = d

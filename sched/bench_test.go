@@ -1,0 +1,214 @@
+package sched_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/tandem-llm/tandem/pipeline"
+	"github.com/tandem-llm/tandem/sched"
+	"github.com/tandem-llm/tandem/stage"
+)
+
+// BenchmarkSchedStep measures one step of the core, Schedule and Complete,
+// with 256 running requests decoding (a finished request is replaced at
+// once, so some steps also carry a prefill).
+func BenchmarkSchedStep(b *testing.B) {
+	const running = 256
+	sc, err := sched.New(sched.Config{MaxNumBatchedTokens: 8192, MaxNumSeqs: running, NumBlocks: running * 16}, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	prompt := make([]int32, 100)
+	next := uint64(0)
+	add := func() {
+		next++
+		if err := sc.Add(sched.Request{ID: next, Prompt: prompt, MaxTokens: 128, StopTokens: []int32{2}}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	for range running {
+		add()
+	}
+	r := &pipeline.Result{}
+	step := func() {
+		st, ok := sc.Schedule()
+		if !ok {
+			b.Fatal("nothing scheduled")
+		}
+		r.Batch = st.Batch.ID
+		r.Sampled = r.Sampled[:0]
+		for i := range st.Batch.Seqs {
+			if q := &st.Batch.Seqs[i]; q.Sample {
+				r.Sampled = append(r.Sampled, stage.Sampled{Seq: q.ID, Token: 1})
+			}
+		}
+		outs, err := sc.Complete(r)
+		if err != nil {
+			b.Fatal(err)
+		}
+		for _, o := range outs {
+			if o.Finish != "" {
+				add()
+			}
+		}
+	}
+	step() // prefill everything
+	b.ReportAllocs()
+	for b.Loop() {
+		step()
+	}
+	if st := sc.Stats(); st.Running != running {
+		b.Fatalf("%d running, want %d", st.Running, running)
+	}
+}
+
+// simulate runs requests through the core against a model of a p-stage
+// pipeline in which every stage takes stageTime per step, whatever it
+// carries, and a step passes to the next stage as soon as that stage is
+// free. It returns the tokens delivered per second of simulated time over a
+// horizon of 400 single-step round trips, in which requests never run out
+// (a steady state: no ramp-down in the measure).
+func simulate(tb testing.TB, p, inflight int) float64 {
+	const (
+		stageTime = time.Millisecond
+		maxSeqs   = 8
+	)
+	horizon := 400 * time.Duration(p) * stageTime
+	var now time.Duration
+	start := time.Unix(0, 0)
+	sc, err := sched.New(sched.Config{MaxNumBatchedTokens: 256, MaxNumSeqs: maxSeqs, NumBlocks: 8192, MaxConcurrentBatches: inflight},
+		func() time.Time { return start.Add(now) })
+	if err != nil {
+		tb.Fatal(err)
+	}
+	for i := range 64 * p {
+		if err := sc.Add(sched.Request{ID: uint64(i), Prompt: make([]int32, 8), MaxTokens: 32 + i%64}); err != nil {
+			tb.Fatal(err)
+		}
+	}
+	type flying struct {
+		st   *pipeline.Step
+		done time.Duration
+	}
+	var (
+		queue  []flying
+		free   = make([]time.Duration, p) // when each stage is next free
+		tokens int
+	)
+	for {
+		for {
+			st, ok := sc.Schedule()
+			if !ok {
+				break
+			}
+			if len(st.Batch.Seqs) == 0 {
+				continue
+			}
+			t := now
+			for k := range free {
+				t = max(t, free[k]) + stageTime
+				free[k] = t
+			}
+			queue = append(queue, flying{st, t})
+		}
+		if st := sc.Stats(); st.Waiting == 0 {
+			tb.Fatalf("p=%d, %d in flight: requests ran out at %v, before the horizon %v", p, inflight, now, horizon)
+		}
+		f := queue[0]
+		queue = queue[1:]
+		if f.done > horizon {
+			return float64(tokens) / horizon.Seconds()
+		}
+		now = f.done
+		r := &pipeline.Result{Batch: f.st.Batch.ID}
+		for _, q := range f.st.Batch.Seqs {
+			if q.Sample {
+				r.Sampled = append(r.Sampled, stage.Sampled{Seq: q.ID, Token: 1})
+			}
+		}
+		outs, err := sc.Complete(r)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		tokens += len(outs)
+	}
+}
+
+// BenchmarkPipelineInFlight reports the throughput of a simulated p-stage
+// pipeline with a fixed stage time (see simulate: simulated time, not wall
+// time) as the steps in flight go from 1 to p+1, and the speedup over one
+// step in flight. ns/op is the scheduler's cost of the whole workload.
+func BenchmarkPipelineInFlight(b *testing.B) {
+	for _, p := range []int{2, 4, 8} {
+		base := simulate(b, p, 1)
+		for inflight := 1; inflight <= p+1; inflight++ {
+			b.Run(fmt.Sprintf("p=%d/inflight=%d", p, inflight), func(b *testing.B) {
+				var tput float64
+				for b.Loop() {
+					tput = simulate(b, p, inflight)
+				}
+				b.ReportMetric(tput, "tok/simsec")
+				b.ReportMetric(tput/base, "speedup")
+			})
+		}
+	}
+}
+
+// TestPipelineInFlightThroughput checks the pipeline-filling target: with
+// p steps in flight a p-stage pipeline of fixed stage time delivers at
+// least 0.95·p times the tokens per second of one step in flight.
+func TestPipelineInFlightThroughput(t *testing.T) {
+	for _, p := range []int{2, 4, 8} {
+		one := simulate(t, p, 1)
+		for _, inflight := range []int{p, p + 1} {
+			got := simulate(t, p, inflight)
+			t.Logf("p=%d: %d in flight %.0f tok/s, 1 in flight %.0f tok/s: ×%.3f", p, inflight, got, one, got/one)
+			if got < 0.95*float64(p)*one {
+				t.Errorf("p=%d, %d in flight: %.0f tok/s, want at least 0.95·%d·%.0f", p, inflight, got, p, one)
+			}
+		}
+	}
+}
+
+// TestLoopFillsPipeline checks the same target end to end, through the Loop
+// and the fake pipeline's goroutines on synctest's clock.
+func TestLoopFillsPipeline(t *testing.T) {
+	const p = 4
+	elapsed := func(inflight int) time.Duration {
+		var d time.Duration
+		synctest.Test(t, func(t *testing.T) {
+			fp := newFakePipe(fakePipeConfig{model: fakeModel{stages: p, vocab: 1000}, numBlocks: 1024, blockSize: 16, latency: fixedLatency(time.Millisecond)})
+			defer fp.Close()
+			l, err := sched.Start(sched.Config{MaxNumBatchedTokens: 256, MaxNumSeqs: 8, NumBlocks: 1024, MaxConcurrentBatches: inflight}, fp)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer l.Close()
+			begin := time.Now()
+			var wg sync.WaitGroup
+			for range 2 * p * 8 {
+				s, err := l.Submit(context.Background(), sched.Request{Prompt: make([]int32, 8), MaxTokens: 64})
+				if err != nil {
+					t.Fatal(err)
+				}
+				wg.Go(func() {
+					if toks, _, _ := recvAll(s); len(toks) != 64 {
+						t.Errorf("request %d: %d tokens, want 64", s.ID(), len(toks))
+					}
+				})
+			}
+			wg.Wait()
+			d = time.Since(begin)
+		})
+		return d
+	}
+	one, full := elapsed(1), elapsed(p)
+	t.Logf("%d stages: %v with 1 step in flight, %v with %d", p, one, full, p)
+	if float64(one) < 0.95*p*float64(full) {
+		t.Errorf("%d in flight is only ×%.2f faster than 1, want at least ×%.2f", p, float64(one)/float64(full), 0.95*p)
+	}
+}
