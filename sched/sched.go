@@ -227,7 +227,6 @@ func (sc *Scheduler) spareFlight(n int) *flight {
 	return &flight{seqs: make([]stage.Seq, 0, n), entries: make([]entry, 0, n)}
 }
 
-
 // chunk is how many positions s can feed in a step with budget tokens left
 // (false: none now). A chunk that reaches the end of the known tokens, or a
 // placeholder decode, samples.
