@@ -1,0 +1,150 @@
+package sched_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/tandem-llm/tandem/model"
+	"github.com/tandem-llm/tandem/model/randinit"
+	"github.com/tandem-llm/tandem/pipeline"
+	"github.com/tandem-llm/tandem/sched"
+	"github.com/tandem-llm/tandem/stage"
+	"github.com/tandem-llm/tandem/stage/cpu"
+)
+
+// cpuPipeline starts an in-process pipeline of CPU stages over ckpt, split
+// at the given layers.
+func cpuPipeline(t *testing.T, ckpt *model.Checkpoint, splits ...int) *pipeline.Driver {
+	t.Helper()
+	cfg := ckpt.Config()
+	bounds := append(append([]int{0}, splits...), cfg.NumLayers)
+	var stages []stage.Stage
+	for i := 0; i+1 < len(bounds); i++ {
+		st, err := cpu.New(cpu.Config{Model: cfg, Lo: bounds[i], Hi: bounds[i+1], Weights: ckpt, MaxTokens: 64, MaxSeqs: 8, Threads: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { st.Close() })
+		stages = append(stages, st)
+	}
+	d, err := pipeline.StartLocal(context.Background(), stages)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+// TestCPUCluster runs concurrent requests through the Loop over a real
+// two-stage CPU pipeline, with prompts chunked, two steps in flight and a
+// KV capacity small enough to force preemption, and checks every request's
+// tokens against the request run alone through pipeline.Generate on a
+// single stage.
+func TestCPUCluster(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "m")
+	o := randinit.DefaultOptions()
+	o.Seed = 11
+	if err := randinit.Write(dir, o); err != nil {
+		t.Fatal(err)
+	}
+	ckpt, err := model.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ckpt.Close()
+	vocab := ckpt.Config().VocabSize
+
+	var reqs []sched.Request
+	for i := range 10 {
+		r := sched.Request{Prompt: make([]int32, 1+(i*7)%23), MaxTokens: 3 + i%6}
+		for j := range r.Prompt {
+			r.Prompt[j] = int32((i*131 + j*17 + 3) % vocab)
+		}
+		if i%2 == 1 {
+			r.Sampling = stage.Sampling{Temperature: 0.8, TopK: 40, Seed: uint64(i)}
+		}
+		reqs = append(reqs, r)
+	}
+	alone := cpuPipeline(t, ckpt)
+	want := make([][]int32, len(reqs))
+	for i, r := range reqs {
+		err := pipeline.Generate(context.Background(), alone, []pipeline.Request{{ID: 1, Prompt: r.Prompt, MaxTokens: r.MaxTokens, Sampling: r.Sampling}},
+			pipeline.GenerateOptions{}, func(ev pipeline.Event) error {
+				want[i] = append(want[i], ev.Token.Token)
+				return nil
+			})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := alone.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// Request 0 stops on its second token.
+	reqs[0].StopTokens = []int32{want[0][1]}
+	want[0] = want[0][:slices.Index(want[0], want[0][1])+1]
+
+	goroutines := runtime.NumGoroutine()
+	for _, c := range []sched.Config{
+		{MaxNumBatchedTokens: 16, MaxNumSeqs: 4, BlockSize: 4, NumBlocks: 10, MaxConcurrentBatches: 2},
+		{MaxNumBatchedTokens: 7, MaxNumSeqs: 8, BlockSize: 2, NumBlocks: 16, MaxConcurrentBatches: 1},
+	} {
+		t.Run(fmt.Sprintf("tokens=%d,block=%d,blocks=%d,inflight=%d", c.MaxNumBatchedTokens, c.BlockSize, c.NumBlocks, c.MaxConcurrentBatches), func(t *testing.T) {
+			d := cpuPipeline(t, ckpt, 2)
+			defer d.Close()
+			l, err := sched.Start(c, d)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer l.Close()
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			got := make([][]int32, len(reqs))
+			var wg sync.WaitGroup
+			for i, r := range reqs {
+				s, err := l.Submit(ctx, r)
+				if err != nil {
+					t.Fatal(err)
+				}
+				wg.Go(func() {
+					for {
+						o, err := s.Recv(ctx)
+						if err == io.EOF {
+							return
+						}
+						if err != nil {
+							t.Errorf("request %d: %v", i, err)
+							return
+						}
+						got[i] = append(got[i], o.Token.Token)
+					}
+				})
+			}
+			wg.Wait()
+			for i := range reqs {
+				if !slices.Equal(got[i], want[i]) {
+					t.Errorf("request %d: %v, want %v (alone)", i, got[i], want[i])
+				}
+			}
+			st := l.Stats()
+			t.Logf("%d steps, %d preemptions, %d discarded", st.Steps, st.Preemptions, st.Discarded)
+			if c.NumBlocks == 10 && st.Preemptions == 0 {
+				t.Error("no preemption with a KV capacity of 10 blocks")
+			}
+		})
+	}
+	// Every goroutine of the loops and pipelines is gone.
+	deadline := time.Now().Add(5 * time.Second)
+	for runtime.NumGoroutine() > goroutines && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := runtime.NumGoroutine(); n > goroutines {
+		t.Errorf("%d goroutines after the runs, %d before", n, goroutines)
+	}
+}
