@@ -40,6 +40,11 @@ type Info struct {
 	// ActDType is the element type of activations this stage receives and
 	// sends.
 	ActDType collective.DType
+	// KVBlocks is the stage's KV capacity in blocks of BlockSize positions,
+	// addressed through Seq.Blocks; 0 for a stage without a paged cache,
+	// which ignores Seq.Blocks. The leader's capacity is the least KVBlocks
+	// of its stages, and every paged stage must use the leader's block size.
+	KVBlocks, BlockSize int
 }
 
 // Batch is one step's work: chunks of several sequences, each at its own
