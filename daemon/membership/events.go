@@ -27,21 +27,22 @@ func (m *Membership) observe(n *memberlist.Node, kind EventKind) {
 	} else {
 		mb.Meta = meta
 	}
-	m.evMu.Lock()
-	defer m.evMu.Unlock()
-	if m.closed {
-		return
-	}
 	if kind == Fail {
 		mb.State = Dead
 		if leaving {
 			kind, mb.State = Leave, Left
 		}
 	}
+	m.evMu.Lock()
+	if m.closed {
+		m.evMu.Unlock()
+		return
+	}
 	mb.Since = m.now()
 	m.members[n.Name] = &mb
-	m.log.Debug("membership event", "kind", kind, "member", n.Name, "addr", mb.Addr)
 	m.enqueue(Event{Kind: kind, Member: mb})
+	m.evMu.Unlock()
+	m.log.Debug("membership event", "kind", kind, "member", n.Name, "addr", mb.Addr)
 }
 
 // enqueue sends ev without blocking, dropping the oldest queued event when

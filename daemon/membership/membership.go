@@ -90,6 +90,7 @@ type Membership struct {
 	cancel   context.CancelFunc
 	wg       sync.WaitGroup
 	joined   chan struct{}
+	addr     atomic.Pointer[string] // LocalAddr, set by Start
 
 	// metaMu guards the encoded local metadata read by the meta delegate.
 	metaMu  sync.Mutex
@@ -100,11 +101,12 @@ type Membership struct {
 	// evMu guards the member table and the events channel. Delegates take
 	// it while memberlist holds its own locks, so no memberlist method is
 	// ever called with evMu held.
-	evMu       sync.Mutex
-	members    map[string]*Member
-	events     chan Event
-	closed     bool
-	dropped    atomic.Uint64
+	evMu    sync.Mutex
+	members map[string]*Member
+	events  chan Event
+	closed  bool
+	dropped atomic.Uint64
+	// nowForTest replaces time.Now in tests of the dead-member retention.
 	nowForTest func() time.Time
 }
 
@@ -237,6 +239,7 @@ func (m *Membership) Start(ctx context.Context) error {
 	}
 	m.ml, m.started = ml, true
 	local := ml.LocalNode().Address()
+	m.addr.Store(&local)
 	seeds := slices.DeleteFunc(slices.Clone(m.cfg.Seeds), func(s string) bool { return s == local })
 	m.log.Info("gossip started", "node", m.cfg.NodeName, "addr", local,
 		"encrypted", len(m.cfg.SecretKey) > 0, "seeds", seeds)
@@ -301,12 +304,10 @@ func (m *Membership) Joined() <-chan struct{} { return m.joined }
 // advertised address, with the port actually bound when BindPort was 0.
 // It is empty before Start.
 func (m *Membership) LocalAddr() string {
-	m.life.Lock()
-	defer m.life.Unlock()
-	if m.ml == nil {
-		return ""
+	if a := m.addr.Load(); a != nil {
+		return *a
 	}
-	return m.ml.LocalNode().Address()
+	return ""
 }
 
 // Members returns the members this node knows, sorted by name, this node

@@ -143,7 +143,7 @@ func TestClusterLifecycle(t *testing.T) {
 		}
 		return true
 	})
-	t.Logf("3-node cluster formed in %v (metadata everywhere %v after Start)", time.Since(start), formed)
+	t.Logf("3 nodes started and saw each other's metadata in %v (%v after the last Start returned)", time.Since(start), formed)
 	for _, m := range nodes {
 		got := m.Members()
 		if len(got) != 3 || got[0].Name != "n1" || got[1].Name != "n2" || got[2].Name != "n3" {
