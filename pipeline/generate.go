@@ -1,6 +1,7 @@
 package pipeline
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"slices"
@@ -36,6 +37,10 @@ type GenerateOptions struct {
 	// MaxContext is the model's context length: a request whose prompt
 	// plus MaxTokens exceeds it is refused before anything runs.
 	MaxContext int
+	// BlockSize is the stages' KV block size (0: 16). Generate gives each
+	// request its own blocks, lowest free ids first, and frees them when it
+	// finishes; the stages' capacity must cover the requests together.
+	BlockSize int
 }
 
 // Generate completes every request through d, one step at a time, calling
@@ -48,6 +53,7 @@ func Generate(ctx context.Context, d *Driver, reqs []Request, o GenerateOptions,
 		req      *Request
 		tokens   []int32 // prompt then generated
 		cached   int     // tokens already in the KV cache
+		blocks   []int32 // block table
 		produced int
 		done     bool
 	}
@@ -68,6 +74,20 @@ func Generate(ctx context.Context, d *Driver, reqs []Request, o GenerateOptions,
 		seqs[i] = &seq{req: r, tokens: slices.Clone(r.Prompt)}
 		byReq[r.ID] = seqs[i]
 	}
+	bs := o.BlockSize
+	if bs <= 0 {
+		bs = 16
+	}
+	var blocks blockIDs
+	// chunk is s's chunk of n tokens, its block table extended to cover it.
+	chunk := func(s *seq, n int, sample bool) stage.Seq {
+		end := s.cached + n
+		for len(s.blocks)*bs < end {
+			s.blocks = append(s.blocks, blocks.get())
+		}
+		nb := (end + bs - 1) / bs
+		return stage.Seq{ID: s.req.ID, Pos: s.cached, Tokens: s.tokens[s.cached:end], Blocks: s.blocks[:nb:nb], Sample: sample, Sampling: s.req.Sampling, Index: s.produced}
+	}
 	var free []uint64
 	for batchID := uint64(1); ; batchID++ {
 		b := stage.Batch{ID: batchID}
@@ -80,7 +100,7 @@ func Generate(ctx context.Context, d *Driver, reqs []Request, o GenerateOptions,
 			if s.done || s.cached < len(s.req.Prompt) || budget == 0 {
 				continue
 			}
-			b.Seqs = append(b.Seqs, stage.Seq{ID: s.req.ID, Pos: s.cached, Tokens: s.tokens[s.cached:], Sample: true, Sampling: s.req.Sampling, Index: s.produced})
+			b.Seqs = append(b.Seqs, chunk(s, len(s.tokens)-s.cached, true))
 			budget--
 		}
 		for _, s := range seqs {
@@ -88,7 +108,7 @@ func Generate(ctx context.Context, d *Driver, reqs []Request, o GenerateOptions,
 				continue
 			}
 			n := min(len(s.req.Prompt)-s.cached, budget)
-			b.Seqs = append(b.Seqs, stage.Seq{ID: s.req.ID, Pos: s.cached, Tokens: s.tokens[s.cached : s.cached+n], Sample: s.cached+n == len(s.req.Prompt), Sampling: s.req.Sampling, Index: s.produced})
+			b.Seqs = append(b.Seqs, chunk(s, n, s.cached+n == len(s.req.Prompt)))
 			budget -= n
 		}
 		if len(b.Seqs) == 0 {
@@ -130,10 +150,33 @@ func Generate(ctx context.Context, d *Driver, reqs []Request, o GenerateOptions,
 			if ev.Finish != "" {
 				s.done = true
 				free = append(free, s.req.ID)
+				blocks.put(s.blocks)
+				s.blocks = nil
 			}
 			if err := emit(ev); err != nil {
 				return err
 			}
 		}
 	}
+}
+
+// blockIDs hands out KV block ids, the lowest free one first.
+type blockIDs struct {
+	free []int32 // sorted, descending
+	next int32   // the lowest id never handed out
+}
+
+func (b *blockIDs) get() int32 {
+	if n := len(b.free); n > 0 {
+		id := b.free[n-1]
+		b.free = b.free[:n-1]
+		return id
+	}
+	b.next++
+	return b.next - 1
+}
+
+func (b *blockIDs) put(ids []int32) {
+	b.free = append(b.free, ids...)
+	slices.SortFunc(b.free, func(x, y int32) int { return cmp.Compare(y, x) })
 }

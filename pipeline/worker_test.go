@@ -44,7 +44,7 @@ func TestWorkerRefusesStaleEpoch(t *testing.T) {
 	}
 	defer st.Close()
 	step := func(epoch, batch uint64, pos int) *pipeline.Step {
-		return &pipeline.Step{Epoch: epoch, Batch: stage.Batch{ID: batch, Seqs: []stage.Seq{{ID: 1, Pos: pos, Tokens: []int32{5, 6}, Sample: true}}}}
+		return &pipeline.Step{Epoch: epoch, Batch: stage.Batch{ID: batch, Seqs: []stage.Seq{{ID: 1, Pos: pos, Tokens: []int32{5, 6}, Blocks: []int32{0}, Sample: true}}}}
 	}
 	ctl := &scriptedControl{steps: []*pipeline.Step{step(7, 1, 0), step(8, 2, 2), step(6, 3, 4), step(8, 4, 4)}}
 	w := &pipeline.Worker{Stage: st, Ctl: ctl, Epoch: 7}

@@ -20,25 +20,31 @@ import (
 )
 
 // cpuPipeline starts an in-process pipeline of CPU stages over ckpt, split
-// at the given layers.
-func cpuPipeline(t *testing.T, ckpt *model.Checkpoint, splits ...int) *pipeline.Driver {
+// at the given layers, with KV caches of the given blocks (0: the stage's
+// defaults). It returns the pipeline and the least capacity of its stages.
+func cpuPipeline(t *testing.T, ckpt *model.Checkpoint, numBlocks, blockSize int, splits ...int) (*pipeline.Driver, int) {
 	t.Helper()
 	cfg := ckpt.Config()
 	bounds := append(append([]int{0}, splits...), cfg.NumLayers)
 	var stages []stage.Stage
+	capacity := 0
 	for i := 0; i+1 < len(bounds); i++ {
-		st, err := cpu.New(cpu.Config{Model: cfg, Lo: bounds[i], Hi: bounds[i+1], Weights: ckpt, MaxTokens: 64, MaxSeqs: 8, Threads: 1})
+		st, err := cpu.New(cpu.Config{Model: cfg, Lo: bounds[i], Hi: bounds[i+1], Weights: ckpt, MaxTokens: 64, MaxSeqs: 8,
+			NumBlocks: numBlocks, BlockSize: blockSize, Threads: 1})
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { st.Close() })
 		stages = append(stages, st)
+		if info := st.Info(); capacity == 0 || info.KVBlocks < capacity {
+			capacity = info.KVBlocks
+		}
 	}
 	d, err := pipeline.StartLocal(context.Background(), stages)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return d
+	return d, capacity
 }
 
 // TestCPUCluster runs concurrent requests through the Loop over a real
@@ -71,7 +77,7 @@ func TestCPUCluster(t *testing.T) {
 		}
 		reqs = append(reqs, r)
 	}
-	alone := cpuPipeline(t, ckpt)
+	alone, _ := cpuPipeline(t, ckpt, 0, 0)
 	want := make([][]int32, len(reqs))
 	for i, r := range reqs {
 		err := pipeline.Generate(context.Background(), alone, []pipeline.Request{{ID: 1, Prompt: r.Prompt, MaxTokens: r.MaxTokens, Sampling: r.Sampling}},
@@ -96,8 +102,12 @@ func TestCPUCluster(t *testing.T) {
 		{MaxNumBatchedTokens: 7, MaxNumSeqs: 8, BlockSize: 2, NumBlocks: 16, MaxConcurrentBatches: 1},
 	} {
 		t.Run(fmt.Sprintf("tokens=%d,block=%d,blocks=%d,inflight=%d", c.MaxNumBatchedTokens, c.BlockSize, c.NumBlocks, c.MaxConcurrentBatches), func(t *testing.T) {
-			d := cpuPipeline(t, ckpt, 2)
+			// The stages' paged caches hold exactly the scheduler's blocks.
+			d, capacity := cpuPipeline(t, ckpt, c.NumBlocks, c.BlockSize, 2)
 			defer d.Close()
+			if capacity != c.NumBlocks {
+				t.Fatalf("stages report %d KV blocks, want %d", capacity, c.NumBlocks)
+			}
 			l, err := sched.Start(c, d)
 			if err != nil {
 				t.Fatal(err)

@@ -267,7 +267,9 @@ func workload(t *testing.T, ctx context.Context, d *pipeline.Driver, vocab int) 
 	for step := 0; step < 5; step++ {
 		b := stage.Batch{ID: uint64(step + 1)}
 		for id := uint64(1); id <= uint64(len(lens)); id++ {
-			b.Seqs = append(b.Seqs, stage.Seq{ID: id, Pos: pos[id], Tokens: next[id], Sample: true, Logits: true, Index: len(r.tokens[id])})
+			// Two blocks of 16 positions each, ids 2·id and 2·id+1.
+			blocks := []int32{int32(2 * id), int32(2*id + 1)}
+			b.Seqs = append(b.Seqs, stage.Seq{ID: id, Pos: pos[id], Tokens: next[id], Blocks: blocks, Sample: true, Logits: true, Index: len(r.tokens[id])})
 		}
 		res, err := d.Step(ctx, &pipeline.Step{Batch: b})
 		if err != nil {

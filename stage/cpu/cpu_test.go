@@ -57,6 +57,8 @@ func TestNewErrors(t *testing.T) {
 		}, "llama3"},
 		{"no max tokens", func(c *Config, w stagetest.Weights) { c.MaxTokens = 0 }, "max tokens"},
 		{"negative threads", func(c *Config, w stagetest.Weights) { c.Threads = -1 }, "threads"},
+		{"negative KV blocks", func(c *Config, w stagetest.Weights) { c.NumBlocks = -1 }, "KV cache of -1 blocks"},
+		{"negative block size", func(c *Config, w stagetest.Weights) { c.BlockSize = -4 }, "blocks of -4 positions"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -128,15 +130,19 @@ func TestLoadsOnlyItsTensors(t *testing.T) {
 }
 
 // logitsOf runs one batch on a fresh whole-model stage with the given
-// number of threads and returns every logits row and the samples.
-func logitsOf(t *testing.T, sh stagetest.Shape, w stagetest.Weights, threads int, b *stage.Batch) ([][]float32, []stage.Sampled) {
+// number of threads and KV block size, in block tables scrambled by seed,
+// and returns every logits row and the samples.
+func logitsOf(t *testing.T, sh stagetest.Shape, w stagetest.Weights, threads, blockSize int, seed uint64, b *stage.Batch) ([][]float32, []stage.Sampled) {
 	t.Helper()
 	m := sh.Model
-	st, err := New(Config{Model: &m, Lo: 0, Hi: m.NumLayers, Weights: w, MaxTokens: 128, MaxSeqs: 8, Threads: threads})
+	st, err := New(Config{Model: &m, Lo: 0, Hi: m.NumLayers, Weights: w, MaxTokens: 128, MaxSeqs: 8, BlockSize: blockSize, Threads: threads})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer st.Close()
+	if err := stagetest.TablesFor([]stage.Stage{st}, seed).Fill(b); err != nil {
+		t.Fatal(err)
+	}
 	out, err := st.Forward(context.Background(), b)
 	if err != nil {
 		t.Fatal(err)
@@ -164,12 +170,38 @@ func TestThreadsBitIdentical(t *testing.T) {
 		}
 		b.Seqs = append(b.Seqs, stage.Seq{ID: uint64(i), Tokens: toks, Logits: true})
 	}
-	want, _ := logitsOf(t, sh, w, 1, b)
+	want, _ := logitsOf(t, sh, w, 1, 16, 1, b)
 	for _, threads := range []int{2, 5, 16} {
-		got, _ := logitsOf(t, sh, w, threads, b)
+		got, _ := logitsOf(t, sh, w, threads, 16, 1, b)
 		for i := range want {
 			if !slices.Equal(got[i], want[i]) {
 				t.Fatalf("threads %d: logits row %d differs from one thread", threads, i)
+			}
+		}
+	}
+}
+
+// TestBlocksBitIdentical checks that the KV block size and which blocks a
+// sequence is given do not change a single bit of the logits: attention
+// gathers the same keys and values in the same order.
+func TestBlocksBitIdentical(t *testing.T) {
+	sh := shape(t, "llama-gqa2-tied-bf16")
+	w := stagetest.RandomWeights(&sh.Model, sh.DType, 6)
+	rng := rand.New(rand.NewPCG(6, 6))
+	b := &stage.Batch{ID: 1}
+	for i, n := range []int{50, 1, 17, 33} {
+		toks := make([]int32, n)
+		for j := range toks {
+			toks[j] = int32(rng.IntN(sh.Model.VocabSize))
+		}
+		b.Seqs = append(b.Seqs, stage.Seq{ID: uint64(i), Tokens: toks, Logits: true})
+	}
+	want, _ := logitsOf(t, sh, w, 2, 512, 1, b) // one block per sequence
+	for _, tc := range []struct{ blockSize, seed int }{{1, 2}, {3, 3}, {16, 4}, {16, 5}} {
+		got, _ := logitsOf(t, sh, w, 2, tc.blockSize, uint64(tc.seed), b)
+		for i := range want {
+			if !slices.Equal(got[i], want[i]) {
+				t.Fatalf("block size %d, tables scrambled by %d: logits row %d differs from contiguous blocks", tc.blockSize, tc.seed, i)
 			}
 		}
 	}
@@ -187,10 +219,10 @@ func TestSamplingIndependentOfBatch(t *testing.T) {
 			Sampling: stage.Sampling{Temperature: 1.3, TopK: 50, TopP: 0.97, Seed: 42, Logprobs: 2}}
 	}
 	for index := range 8 {
-		_, alone := logitsOf(t, sh, w, 2, &stage.Batch{ID: 1, Seqs: []stage.Seq{seq(7, index)}})
+		_, alone := logitsOf(t, sh, w, 2, 16, 1, &stage.Batch{ID: 1, Seqs: []stage.Seq{seq(7, index)}})
 		other := seq(8, index+1)
 		other.Sampling.Seed = 5
-		_, mixed := logitsOf(t, sh, w, 2, &stage.Batch{ID: 2, Seqs: []stage.Seq{
+		_, mixed := logitsOf(t, sh, w, 2, 16, 2, &stage.Batch{ID: 2, Seqs: []stage.Seq{
 			{ID: 1, Tokens: []int32{1, 2, 3}, Logits: true}, other, seq(9, index),
 		}})
 		a, m := alone[0], mixed[1]
@@ -269,19 +301,23 @@ func bench(b *testing.B, m *model.Config) {
 	}
 	var pos int
 	var next int32
+	blocks := make([]int32, st.Info().KVBlocks) // covers every position
+	for i := range blocks {
+		blocks[i] = int32(i)
+	}
 	b.ResetTimer()
 	for i := range b.N {
 		if i%64 == 0 {
 			b.StopTimer()
 			st.Free(1)
-			out, err := st.Forward(ctx, &stage.Batch{Seqs: []stage.Seq{{ID: 1, Tokens: prompt, Sample: true}}})
+			out, err := st.Forward(ctx, &stage.Batch{Seqs: []stage.Seq{{ID: 1, Tokens: prompt, Blocks: blocks, Sample: true}}})
 			if err != nil {
 				b.Fatal(err)
 			}
 			pos, next = len(prompt), out.Sampled[0].Token
 			b.StartTimer()
 		}
-		out, err := st.Forward(ctx, &stage.Batch{Seqs: []stage.Seq{{ID: 1, Pos: pos, Tokens: []int32{next}, Sample: true}}})
+		out, err := st.Forward(ctx, &stage.Batch{Seqs: []stage.Seq{{ID: 1, Pos: pos, Tokens: []int32{next}, Blocks: blocks, Sample: true}}})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -321,8 +357,8 @@ func (c *cancelAfter) Err() error {
 }
 
 // TestCancelBetweenLayers cuts a Forward short after its first layer and
-// checks that the caches are as before: the new sequence is forgotten and
-// the old one continues where it was, matching the reference.
+// checks that the cached lengths are as before: the new sequence is
+// forgotten and the old one continues where it was, matching the reference.
 func TestCancelBetweenLayers(t *testing.T) {
 	sh := shape(t, "llama-4layers")
 	m := sh.Model
@@ -337,20 +373,25 @@ func TestCancelBetweenLayers(t *testing.T) {
 	}
 	defer st.Close()
 	prompt := []int32{9, 8, 7, 6, 5, 4, 3, 2}
-	if _, err := st.Forward(context.Background(), &stage.Batch{Seqs: []stage.Seq{{ID: 1, Tokens: prompt[:4]}}}); err != nil {
-		t.Fatal(err)
-	}
+	tables := stagetest.TablesFor([]stage.Stage{st}, 1)
+	first := &stage.Batch{Seqs: []stage.Seq{{ID: 1, Tokens: prompt[:4]}}}
 	batch := &stage.Batch{Seqs: []stage.Seq{
 		{ID: 1, Pos: 4, Tokens: prompt[4:], Logits: true},
 		{ID: 2, Tokens: prompt, Logits: true},
 	}}
+	if err := errors.Join(tables.Fill(first), tables.Fill(batch)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Forward(context.Background(), first); err != nil {
+		t.Fatal(err)
+	}
 	// Err is asked once on entry and once before each layer: fail at the second layer.
 	_, err = st.Forward(&cancelAfter{Context: context.Background(), limit: 2}, batch)
 	if !errors.Is(err, context.Canceled) {
 		t.Fatalf("Forward cut short: error %v, want context.Canceled", err)
 	}
-	if len(st.caches) != 1 || st.caches[1].n != 4 {
-		t.Fatalf("after a cancelled Forward: %d caches, seq 1 holds %d tokens; want 1 cache of 4", len(st.caches), st.caches[1].n)
+	if len(st.seqs) != 1 || st.seqs[1].n != 4 {
+		t.Fatalf("after a cancelled Forward: %d sequences, seq 1 holds %d tokens; want 1 sequence of 4", len(st.seqs), st.seqs[1].n)
 	}
 	out, err := st.Forward(context.Background(), batch)
 	if err != nil {

@@ -17,9 +17,16 @@
 // the final norm and LM head on the last (the embedding again when the model
 // ties them). Every buffer a Forward needs whose size depends on the model or
 // on MaxTokens is allocated in New, except the rows of logits asked for with
-// Seq.Logits beyond MaxSeqs of them and the KV caches, which grow with the
-// sequences (each sequence's cache is contiguous per layer and doubles when it
-// fills, up to Model.MaxPositions).
+// Seq.Logits beyond MaxSeqs of them.
+//
+// The KV cache is paged and allocated in New: one key and one value pool per
+// layer, of NumBlocks blocks of BlockSize positions (Info reports both). The
+// leader owns the blocks: each Seq carries its block table, and position p of
+// a sequence is row Blocks[p/BlockSize]·BlockSize + p%BlockSize of the pools;
+// attention gathers the sequence's keys and values through the table. The
+// stage keeps of each sequence only its cached length, so that a chunk must
+// start where the sequence's cache ends; Free forgets it. A table too short
+// for the chunk, or a block id outside [0, NumBlocks), fails the batch.
 //
 // Sampling (last stage) works on the float32 logits of a sequence's last
 // position. Log-probabilities are a float64 log-softmax of the raw logits.
@@ -36,12 +43,13 @@
 //
 //	st, err := cpu.New(cpu.Config{
 //		Model: cfg, Lo: 0, Hi: cfg.NumLayers, Weights: checkpoint,
-//		MaxTokens: 512, MaxSeqs: 16,
+//		MaxTokens: 512, MaxSeqs: 16, NumBlocks: 4096, BlockSize: 16,
 //	})
 //	if err != nil { ... }
 //	defer st.Close()
+//	// A 40-token prompt in blocks 12, 3 and 7 (positions 0-15, 16-31, 32-47).
 //	out, err := st.Forward(ctx, &stage.Batch{ID: 1, Seqs: []stage.Seq{{
-//		ID: 7, Pos: 0, Tokens: prompt, Sample: true,
+//		ID: 7, Pos: 0, Tokens: prompt, Blocks: []int32{12, 3, 7}, Sample: true,
 //	}}})
 //
 // A stage other than the first reads its activations from Input(), which the

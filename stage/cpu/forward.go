@@ -10,41 +10,30 @@ import (
 	"github.com/tandem-llm/tandem/stage"
 )
 
-// kvCache is one sequence's keys and values for each layer of the stage:
-// k[l] and v[l] hold cap rows of NumKVHeads·HeadDim values, the first n of
-// which are filled.
-type kvCache struct {
-	n, cap int
-	k, v   [][]float32
-}
-
-// reserve grows the cache so that it holds at least need rows, doubling its
-// capacity up to limit.
-func (c *kvCache) reserve(need, limit, rowLen int) {
-	if need <= c.cap {
-		return
-	}
-	newCap := min(max(need, 2*c.cap, 16), limit)
-	for l := range c.k {
-		k := make([]float32, newCap*rowLen)
-		copy(k, c.k[l][:c.n*rowLen])
-		c.k[l] = k
-		v := make([]float32, newCap*rowLen)
-		copy(v, c.v[l][:c.n*rowLen])
-		c.v[l] = v
-	}
-	c.cap = newCap
+// seqState is what the stage keeps of a sequence between steps: how many
+// of its positions are in the KV cache. The keys and values themselves are
+// in the pools, in the blocks of the sequence's block table.
+type seqState struct {
+	n int
 }
 
 // seqRun is one sequence's chunk placed in the batch: rows [row, row+n) at
-// positions [pos, pos+n).
+// positions [pos, pos+n), its keys and values in blocks.
 type seqRun struct {
 	pos, n, row int
-	cache       *kvCache
+	state       *seqState
+	blocks      []int32
+}
+
+// slot is the pool row of position p.
+func (r *seqRun) slot(p, blockSize int) int {
+	return int(r.blocks[p/blockSize])*blockSize + p%blockSize
 }
 
 // Forward implements stage.Stage. A batch that fails validation, or a
-// Forward cut short by ctx, leaves every KV cache as it was.
+// Forward cut short by ctx, leaves every sequence's cached length as it
+// was (a Forward cut short may have written its chunks' keys and values
+// into their blocks, past the cached positions).
 func (s *Stage) Forward(ctx context.Context, b *stage.Batch) (*stage.Output, error) {
 	if s.closed {
 		return nil, fmt.Errorf("batch %d: cpu stage [%d,%d) is closed", b.ID, s.lo, s.hi)
@@ -65,7 +54,7 @@ func (s *Stage) Forward(ctx context.Context, b *stage.Batch) (*stage.Output, err
 		s.layer(li, rows)
 	}
 	for _, run := range s.runs {
-		run.cache.n = run.pos + run.n
+		run.state.n = run.pos + run.n
 	}
 	out := &stage.Output{}
 	if !s.last {
@@ -108,14 +97,23 @@ func (s *Stage) validateSeq(q *stage.Seq) error {
 		return errors.New("empty chunk")
 	}
 	cached := 0
-	if c := s.caches[q.ID]; c != nil {
-		cached = c.n
+	if st := s.seqs[q.ID]; st != nil {
+		cached = st.n
 	}
 	if q.Pos != cached {
 		return fmt.Errorf("chunk starts at position %d but %d tokens are cached", q.Pos, cached)
 	}
 	if q.Pos+n > s.m.MaxPositions {
 		return fmt.Errorf("chunk of %d tokens at position %d runs past the model's %d positions", n, q.Pos, s.m.MaxPositions)
+	}
+	need := (q.Pos + n + s.blockSize - 1) / s.blockSize
+	if len(q.Blocks) < need {
+		return fmt.Errorf("block table of %d blocks does not cover positions [0,%d) in blocks of %d", len(q.Blocks), q.Pos+n, s.blockSize)
+	}
+	for i, b := range q.Blocks[:need] {
+		if b < 0 || int(b) >= s.numBlocks {
+			return fmt.Errorf("block %d of the table is %d, outside the stage's [0,%d)", i, b, s.numBlocks)
+		}
 	}
 	if s.first {
 		for i, t := range q.Tokens {
@@ -132,9 +130,9 @@ func (s *Stage) validateSeq(q *stage.Seq) error {
 	return nil
 }
 
-// prepare lays the batch out in rows, creates and grows the caches and fills
-// the residual stream with the embeddings (first stage) or the received
-// activations. It returns the number of rows.
+// prepare lays the batch out in rows, creates the state of new sequences
+// and fills the residual stream with the embeddings (first stage) or the
+// received activations. It returns the number of rows.
 func (s *Stage) prepare(b *stage.Batch) int {
 	s.runs = s.runs[:0]
 	s.created = s.created[:0]
@@ -142,14 +140,13 @@ func (s *Stage) prepare(b *stage.Batch) int {
 	row := 0
 	for i := range b.Seqs {
 		q := &b.Seqs[i]
-		c := s.caches[q.ID]
-		if c == nil {
-			c = &kvCache{k: make([][]float32, len(s.layers)), v: make([][]float32, len(s.layers))}
-			s.caches[q.ID] = c
+		st := s.seqs[q.ID]
+		if st == nil {
+			st = &seqState{}
+			s.seqs[q.ID] = st
 			s.created = append(s.created, q.ID)
 		}
-		c.reserve(q.Pos+len(q.Tokens), s.m.MaxPositions, s.kvDim)
-		s.runs = append(s.runs, seqRun{pos: q.Pos, n: len(q.Tokens), row: row, cache: c})
+		s.runs = append(s.runs, seqRun{pos: q.Pos, n: len(q.Tokens), row: row, state: st, blocks: q.Blocks})
 		if s.first {
 			for j, t := range q.Tokens {
 				copy(s.buf.x[(row+j)*h:(row+j+1)*h], s.embed[int(t)*h:(int(t)+1)*h])
@@ -163,11 +160,11 @@ func (s *Stage) prepare(b *stage.Batch) int {
 	return row
 }
 
-// rollback forgets the caches this Forward created. Caches that existed keep
-// their length; rows written past it are unused.
+// rollback forgets the sequences this Forward created. Sequences that
+// existed keep their cached length; rows written past it are unused.
 func (s *Stage) rollback() {
 	for _, id := range s.created {
-		delete(s.caches, id)
+		delete(s.seqs, id)
 	}
 }
 
@@ -185,16 +182,16 @@ func (s *Stage) layer(li, rows int) {
 	qkv := s.buf.qkv[:rows*s.qkvDim]
 	s.linear(qkv, s.qkvDim, xn, rows, h, l.qkv, l.qkvBias, false)
 	half := hd / 2
+	kc, vc := s.kPool[li], s.vPool[li]
 	for _, run := range s.runs {
-		kc, vc := run.cache.k[li], run.cache.v[li]
 		for i := range run.n {
 			r := run.row + i
 			qkvRow := qkv[r*s.qkvDim : (r+1)*s.qkvDim]
 			// q and k heads are contiguous: rotate them in one pass.
 			applyRope(qkvRow[:s.qDim+s.kvDim], hd, s.buf.cos[r*half:(r+1)*half], s.buf.sin[r*half:(r+1)*half])
-			p := run.pos + i
-			copy(kc[p*s.kvDim:(p+1)*s.kvDim], qkvRow[s.qDim:s.qDim+s.kvDim])
-			copy(vc[p*s.kvDim:(p+1)*s.kvDim], qkvRow[s.qDim+s.kvDim:])
+			slot := run.slot(run.pos+i, s.blockSize)
+			copy(kc[slot*s.kvDim:(slot+1)*s.kvDim], qkvRow[s.qDim:s.qDim+s.kvDim])
+			copy(vc[slot*s.kvDim:(slot+1)*s.kvDim], qkvRow[s.qDim+s.kvDim:])
 		}
 	}
 	s.attention(li)
@@ -219,11 +216,14 @@ func (s *Stage) layer(li, rows int) {
 
 // attention computes causal grouped-query attention of every row's query
 // heads over its sequence's cached keys and values (which already include
-// the batch's own rows), writing the heads' outputs into buf.attn.
+// the batch's own rows), gathered block by block through the sequence's
+// block table, writing the heads' outputs into buf.attn.
 func (s *Stage) attention(li int) {
 	nh, hd := s.m.NumHeads, s.m.HeadDim
 	group := nh / s.m.NumKVHeads
 	maxPos := s.m.MaxPositions
+	bs, kvDim := s.blockSize, s.kvDim
+	kc, vc := s.kPool[li], s.vPool[li]
 	work := 0
 	for _, run := range s.runs {
 		work += run.n * (run.pos + run.n) * 2 * hd * nh
@@ -232,17 +232,19 @@ func (s *Stage) attention(li int) {
 		run := &s.runs[item/nh]
 		h := item % nh
 		kvOff := (h / group) * hd
-		kc, vc := run.cache.k[li], run.cache.v[li]
 		scores := s.buf.scores[worker*maxPos : (worker+1)*maxPos]
 		for i := range run.n {
 			r := run.row + i
 			q := s.buf.qkv[r*s.qkvDim+h*hd : r*s.qkvDim+(h+1)*hd]
 			sc := scores[:run.pos+i+1]
 			m := float32(math.Inf(-1))
-			for j := range sc {
-				v := dot(q, kc[j*s.kvDim+kvOff:j*s.kvDim+kvOff+hd]) * s.attnScale
-				sc[j] = v
-				m = max(m, v)
+			for j0 := 0; j0 < len(sc); j0 += bs {
+				off := int(run.blocks[j0/bs])*bs*kvDim + kvOff
+				for j := j0; j < min(j0+bs, len(sc)); j, off = j+1, off+kvDim {
+					v := dot(q, kc[off:off+hd]) * s.attnScale
+					sc[j] = v
+					m = max(m, v)
+				}
 			}
 			var sum float32
 			for j, v := range sc {
@@ -252,8 +254,11 @@ func (s *Stage) attention(li int) {
 			}
 			out := s.buf.attn[r*s.qDim+h*hd : r*s.qDim+(h+1)*hd]
 			clear(out)
-			for j, e := range sc {
-				axpy(e, vc[j*s.kvDim+kvOff:j*s.kvDim+kvOff+hd], out)
+			for j0 := 0; j0 < len(sc); j0 += bs {
+				off := int(run.blocks[j0/bs])*bs*kvDim + kvOff
+				for j := j0; j < min(j0+bs, len(sc)); j, off = j+1, off+kvDim {
+					axpy(sc[j], vc[off:off+hd], out)
+				}
 			}
 			inv := 1 / sum
 			for d := range out {

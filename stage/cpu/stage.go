@@ -26,9 +26,17 @@ type Config struct {
 	Weights Weights
 	// MaxTokens and MaxSeqs bound one batch.
 	MaxTokens, MaxSeqs int
+	// NumBlocks and BlockSize size the paged KV cache: NumBlocks blocks of
+	// BlockSize positions, for every layer of the stage (BlockSize 0:
+	// DefaultBlockSize; NumBlocks 0: enough for MaxSeqs sequences of
+	// Model.MaxPositions). The leader's block size must be the same.
+	NumBlocks, BlockSize int
 	// Threads is how many goroutines a Forward uses (0: GOMAXPROCS).
 	Threads int
 }
+
+// DefaultBlockSize is the KV block size when Config.BlockSize is 0.
+const DefaultBlockSize = 16
 
 // Stage is a CPU pipeline stage. It implements stage.Stage.
 type Stage struct {
@@ -46,12 +54,15 @@ type Stage struct {
 	embed        []float32 // [Vocab × Hidden], first stage
 	norm         []float32 // final norm, last stage
 	lmHead       []float32 // [Vocab × Hidden], last stage (aliases embed when tied)
-	caches       map[uint64]*kvCache
+	seqs         map[uint64]*seqState
+	numBlocks    int
+	blockSize    int
+	kPool, vPool [][]float32 // per layer: [NumBlocks·BlockSize × kvDim]
 	closed       bool
 	sampler      sampler
 	buf          buffers
 	runs         []seqRun        // the current batch's chunks, in batch order
-	created      []uint64        // sequences the current Forward added to caches
+	created      []uint64        // sequences the current Forward added to seqs
 	headRows     []int           // rows whose logits the current batch needs
 	inputBuffer  collective.Host // byte view of buf.in
 	outputBuffer collective.Host // byte view of buf.x
@@ -103,7 +114,9 @@ func New(cfg Config) (*Stage, error) {
 		kvDim:     m.KVDim(),
 		attnScale: float32(1 / math.Sqrt(float64(m.HeadDim))),
 		invFreq:   ropeInvFreq(&m),
-		caches:    make(map[uint64]*kvCache),
+		seqs:      make(map[uint64]*seqState),
+		blockSize: cfg.BlockSize,
+		numBlocks: cfg.NumBlocks,
 		runs:      make([]seqRun, 0, cfg.MaxSeqs),
 		created:   make([]uint64, 0, cfg.MaxSeqs),
 	}
@@ -118,6 +131,7 @@ func New(cfg Config) (*Stage, error) {
 	return s, nil
 }
 
+// checkConfig checks cfg and fills in the KV cache's defaults.
 func checkConfig(cfg *Config) error {
 	m := cfg.Model
 	if m == nil {
@@ -147,6 +161,17 @@ func checkConfig(cfg *Config) error {
 		return fmt.Errorf("max tokens %d and max seqs %d must be positive", cfg.MaxTokens, cfg.MaxSeqs)
 	case cfg.Threads < 0:
 		return fmt.Errorf("threads %d is negative", cfg.Threads)
+	case cfg.NumBlocks < 0 || cfg.BlockSize < 0:
+		return fmt.Errorf("KV cache of %d blocks of %d positions: neither may be negative", cfg.NumBlocks, cfg.BlockSize)
+	}
+	if cfg.BlockSize == 0 {
+		cfg.BlockSize = DefaultBlockSize
+	}
+	if cfg.NumBlocks == 0 {
+		cfg.NumBlocks = cfg.MaxSeqs * ((m.MaxPositions + cfg.BlockSize - 1) / cfg.BlockSize)
+	}
+	if cfg.NumBlocks > math.MaxInt32 {
+		return fmt.Errorf("KV cache of %d blocks: block ids are 32-bit", cfg.NumBlocks)
 	}
 	if rs := m.RopeScaling; rs != nil {
 		if rs.Type != "llama3" {
@@ -176,6 +201,12 @@ func (s *Stage) allocate() {
 	b.cos = make([]float32, t*s.m.HeadDim/2)
 	b.sin = make([]float32, t*s.m.HeadDim/2)
 	b.scores = make([]float32, s.threads*s.m.MaxPositions)
+	s.kPool = make([][]float32, len(s.layers))
+	s.vPool = make([][]float32, len(s.layers))
+	for l := range s.layers {
+		s.kPool[l] = make([]float32, s.numBlocks*s.blockSize*s.kvDim)
+		s.vPool[l] = make([]float32, s.numBlocks*s.blockSize*s.kvDim)
+	}
 	if s.last {
 		b.logits = make([]float32, s.maxSeqs*s.m.VocabSize)
 		s.sampler = newSampler(s.m.VocabSize)
@@ -201,6 +232,8 @@ func (s *Stage) Info() stage.Info {
 		MaxTokens: s.maxTokens,
 		MaxSeqs:   s.maxSeqs,
 		ActDType:  collective.F32,
+		KVBlocks:  s.numBlocks,
+		BlockSize: s.blockSize,
 	}
 }
 
@@ -213,9 +246,11 @@ func (s *Stage) Input() collective.Buffer {
 	return s.inputBuffer
 }
 
-// Free implements stage.Stage. Freeing an unknown sequence does nothing.
+// Free implements stage.Stage: the stage forgets the sequence's cached
+// length, so that it may start again at position 0. Its blocks are the
+// leader's. Freeing an unknown sequence does nothing.
 func (s *Stage) Free(seq uint64) {
-	delete(s.caches, seq)
+	delete(s.seqs, seq)
 }
 
 // Close implements stage.Stage: it drops the weights, buffers and caches.
@@ -223,7 +258,8 @@ func (s *Stage) Free(seq uint64) {
 func (s *Stage) Close() error {
 	s.closed = true
 	s.layers, s.embed, s.norm, s.lmHead = nil, nil, nil, nil
-	s.caches = nil
+	s.seqs = nil
+	s.kPool, s.vPool = nil, nil
 	s.buf = buffers{}
 	s.sampler = sampler{}
 	s.inputBuffer, s.outputBuffer = nil, nil

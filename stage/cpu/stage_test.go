@@ -11,7 +11,8 @@ import (
 // number of threads, closed when t ends.
 func newTestStage(t *testing.T, s stagetest.Spec) stage.Stage {
 	t.Helper()
-	st, err := New(Config{Model: s.Model, Lo: s.Lo, Hi: s.Hi, Weights: s.Weights, MaxTokens: s.MaxTokens, MaxSeqs: s.MaxSeqs, Threads: 3})
+	st, err := New(Config{Model: s.Model, Lo: s.Lo, Hi: s.Hi, Weights: s.Weights, MaxTokens: s.MaxTokens, MaxSeqs: s.MaxSeqs,
+		NumBlocks: s.KVBlocks, BlockSize: s.BlockSize, Threads: 3})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -20,5 +21,5 @@ func newTestStage(t *testing.T, s stagetest.Spec) stage.Stage {
 }
 
 func TestConformance(t *testing.T) {
-	stagetest.Run(t, stagetest.Backend{New: newTestStage, Tol: 1e-5, SplitTol: 1e-6})
+	stagetest.Run(t, stagetest.Backend{New: newTestStage, Tol: 1e-5, SplitTol: 1e-6, Paged: true})
 }

@@ -34,8 +34,15 @@
 // chunked against whole prefill; a model split over 2, 3 and 4 stages
 // against one stage (logits and greedy tokens); batch validation (every
 // malformed batch is refused, names the sequence at fault and leaves the
-// caches unchanged); Free; Info and Input; Forward after Close. It logs the
-// largest relative error it measured for each comparison.
+// caches unchanged); Free; Info and Input; Forward after Close; and, for a
+// backend with a paged KV cache (Backend.Paged), block-table validation,
+// blocks scattered over the pool, a capacity of exactly the blocks in use
+// and blocks reused after Free. It logs the largest relative error it
+// measured for each comparison.
+//
+// Every batch the suite sends carries block tables from BlockTables, which
+// hands out blocks in a scrambled order as a leader would; tests of a
+// backend's own use it for the batches they build by hand.
 //
 // # Concurrency
 //

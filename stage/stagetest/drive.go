@@ -16,13 +16,21 @@ import (
 type pipeline struct {
 	stages   []stage.Stage
 	transfer func(t *testing.T, out *stage.Output, next stage.Stage)
+	tables   *BlockTables
 }
 
-// forward runs one batch through every stage, moving each stage's
-// activations into the next one's Input, and returns the last stage's
-// output.
+func newPipeline(transfer func(*testing.T, *stage.Output, stage.Stage), stages ...stage.Stage) *pipeline {
+	return &pipeline{stages: stages, transfer: transfer, tables: TablesFor(stages, uint64(len(stages)))}
+}
+
+// forward gives the batch's sequences block tables, runs it through every
+// stage, moving each stage's activations into the next one's Input, and
+// returns the last stage's output.
 func (p *pipeline) forward(ctx context.Context, t *testing.T, b *stage.Batch) (*stage.Output, error) {
 	t.Helper()
+	if err := p.tables.Fill(b); err != nil {
+		t.Fatal(err)
+	}
 	for i, st := range p.stages {
 		out, err := st.Forward(ctx, b)
 		if err != nil {

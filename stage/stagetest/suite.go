@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 
@@ -27,6 +28,10 @@ type Backend struct {
 	// SplitTol bounds the relative error between the logits of a model split
 	// over several stages and the same model on one stage.
 	SplitTol float64
+	// Paged says the backend keeps a paged KV cache addressed through
+	// Seq.Blocks, sized by Spec.KVBlocks and Spec.BlockSize and reported in
+	// Info; Run then checks it too.
+	Paged bool
 }
 
 // Spec is the stage a test asks the backend for.
@@ -35,6 +40,9 @@ type Spec struct {
 	Weights            Weights
 	Lo, Hi             int
 	MaxTokens, MaxSeqs int
+	// KVBlocks and BlockSize size a paged KV cache (0: the backend's
+	// defaults); backends without one ignore them.
+	KVBlocks, BlockSize int
 }
 
 // Run runs the conformance suite against a backend.
@@ -50,6 +58,9 @@ func Run(t *testing.T, b Backend) {
 	t.Run("free", func(t *testing.T) { testFree(t, b) })
 	t.Run("info", func(t *testing.T) { testInfo(t, b) })
 	t.Run("close", func(t *testing.T) { testClose(t, b) })
+	if b.Paged {
+		t.Run("paged", func(t *testing.T) { testPaged(t, b) })
+	}
 }
 
 // whole prefills every prompt in the first batch and decodes in lock step;
@@ -85,10 +96,11 @@ func testReference(t *testing.T, b Backend, sh Shape, seed uint64) {
 			sampling: stage.Sampling{Logprobs: 3 * (i % 2)},
 		})
 	}
-	spec := Spec{Model: &m, Weights: w, Lo: 0, Hi: m.NumLayers, MaxTokens: 256, MaxSeqs: 8}
+	// Block sizes of 1 and 3 make every sequence span many blocks.
+	spec := Spec{Model: &m, Weights: w, Lo: 0, Hi: m.NumLayers, MaxTokens: 256, MaxSeqs: 8, BlockSize: []int{0, 1, 3, 16}[seed%4]}
 	runs := map[string]map[uint64]*result{}
 	for _, sch := range []schedule{whole, chunked} {
-		p := &pipeline{stages: []stage.Stage{b.New(t, spec)}, transfer: b.Transfer}
+		p := newPipeline(b.Transfer, b.New(t, spec))
 		res := drive(t, p, reqs, sch)
 		runs[sch.name] = res
 		worst := 0.0
@@ -172,12 +184,12 @@ func testSplit(t *testing.T, b Backend) {
 		})
 	}
 	build := func(bounds []int) *pipeline {
-		p := &pipeline{transfer: b.Transfer}
+		var stages []stage.Stage
 		for i := range len(bounds) - 1 {
-			spec := Spec{Model: &m, Weights: w, Lo: bounds[i], Hi: bounds[i+1], MaxTokens: 64, MaxSeqs: 8}
-			p.stages = append(p.stages, b.New(t, spec))
+			spec := Spec{Model: &m, Weights: w, Lo: bounds[i], Hi: bounds[i+1], MaxTokens: 64, MaxSeqs: 8, BlockSize: 4}
+			stages = append(stages, b.New(t, spec))
 		}
-		return p
+		return newPipeline(b.Transfer, stages...)
 	}
 	single := drive(t, build([]int{0, 4}), reqs, chunked)
 	for _, bounds := range [][]int{{0, 2, 4}, {0, 1, 3, 4}, {0, 1, 2, 3, 4}} {
@@ -214,7 +226,7 @@ func testValidation(t *testing.T, b Backend) {
 		t.Fatal(err)
 	}
 	st := b.New(t, Spec{Model: &m, Weights: w, Lo: 0, Hi: m.NumLayers, MaxTokens: 16, MaxSeqs: 3})
-	p := &pipeline{stages: []stage.Stage{st}, transfer: b.Transfer}
+	p := newPipeline(b.Transfer, st)
 	const a, c, d = 1001, 2002, 3003
 	rng := rand.New(rand.NewPCG(7, 3))
 	promptA := randomTokens(rng, 8, m.VocabSize)
@@ -293,7 +305,7 @@ func testFree(t *testing.T, b Backend) {
 		t.Fatal(err)
 	}
 	st := b.New(t, Spec{Model: &m, Weights: w, Lo: 0, Hi: m.NumLayers, MaxTokens: 32, MaxSeqs: 4})
-	p := &pipeline{stages: []stage.Stage{st}, transfer: b.Transfer}
+	p := newPipeline(b.Transfer, st)
 	rng := rand.New(rand.NewPCG(11, 4))
 	p1, p2, p3 := randomTokens(rng, 6, m.VocabSize), randomTokens(rng, 9, m.VocabSize), randomTokens(rng, 10, m.VocabSize)
 	ctx := context.Background()
@@ -322,9 +334,12 @@ func testInfo(t *testing.T, b Backend) {
 	m := sh.Model
 	w := RandomWeights(&m, sh.DType, 13)
 	for _, r := range [][2]int{{0, 1}, {1, 3}, {3, 4}, {0, 4}} {
-		spec := Spec{Model: &m, Weights: w, Lo: r[0], Hi: r[1], MaxTokens: 48, MaxSeqs: 5}
+		spec := Spec{Model: &m, Weights: w, Lo: r[0], Hi: r[1], MaxTokens: 48, MaxSeqs: 5, KVBlocks: 10, BlockSize: 4}
 		st := b.New(t, spec)
 		info := st.Info()
+		if b.Paged && (info.KVBlocks != spec.KVBlocks || info.BlockSize != spec.BlockSize) {
+			t.Errorf("stage [%d,%d): Info reports %d KV blocks of %d positions, want %d of %d", r[0], r[1], info.KVBlocks, info.BlockSize, spec.KVBlocks, spec.BlockSize)
+		}
 		if info.Backend == "" || info.Lo != r[0] || info.Hi != r[1] || info.First != (r[0] == 0) || info.Last != (r[1] == 4) ||
 			info.Hidden != m.HiddenSize || info.Vocab != m.VocabSize || info.MaxTokens != 48 || info.MaxSeqs != 5 || info.ActDType.Size() == 0 {
 			t.Errorf("stage [%d,%d): Info %+v does not describe the spec", r[0], r[1], info)
@@ -350,6 +365,83 @@ func testClose(t *testing.T, b Backend) {
 	if _, err := st.Forward(context.Background(), &stage.Batch{ID: 1, Seqs: []stage.Seq{{ID: 1, Tokens: []int32{1}}}}); err == nil {
 		t.Error("Forward after Close succeeded")
 	}
+}
+
+// testPaged checks a paged KV cache: bad block tables are refused, naming
+// the sequence, and move nothing; tables of scattered blocks give the
+// reference's logits; a capacity of exactly the blocks in use suffices; and
+// the blocks of a freed sequence serve another.
+func testPaged(t *testing.T, b Backend) {
+	sh := Shapes()[0]
+	m := sh.Model
+	w := RandomWeights(&m, sh.DType, 19)
+	ref, err := NewReference(&m, w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const blockSize, blocks = 3, 8
+	st := b.New(t, Spec{Model: &m, Weights: w, Lo: 0, Hi: m.NumLayers, MaxTokens: 32, MaxSeqs: 4, KVBlocks: blocks, BlockSize: blockSize})
+	tables := NewBlockTables(blocks, blockSize, 19)
+	rng := rand.New(rand.NewPCG(19, 6))
+	promptA, promptB, promptC := randomTokens(rng, 10, m.VocabSize), randomTokens(rng, 14, m.VocabSize), randomTokens(rng, 7, m.VocabSize)
+	ctx := context.Background()
+	forward := func(b *stage.Batch) *stage.Output {
+		t.Helper()
+		if err := tables.Fill(b); err != nil {
+			t.Fatal(err)
+		}
+		out, err := st.Forward(ctx, b)
+		if err != nil {
+			t.Fatalf("batch %d: %v", b.ID, err)
+		}
+		return out
+	}
+	forward(&stage.Batch{ID: 1, Seqs: []stage.Seq{{ID: 1, Tokens: promptA[:5]}}})
+	// A continues to 10 positions (4 blocks), B starts with 12 (4 blocks):
+	// every block is in use.
+	good := stage.Batch{ID: 2, Seqs: []stage.Seq{
+		{ID: 1, Pos: 5, Tokens: promptA[5:], Logits: true},
+		{ID: 2, Tokens: promptB[:12], Logits: true},
+	}}
+	if err := tables.Fill(&good); err != nil {
+		t.Fatal(err)
+	}
+	tableA, tableB := good.Seqs[0].Blocks, good.Seqs[1].Blocks
+	for _, tc := range []struct {
+		name   string
+		a, b   []int32
+		culprt uint64
+	}{
+		{"table too short", tableA[:3], tableB, 1},
+		{"no table", tableA, nil, 2},
+		{"block id past the capacity", tableA, []int32{tableB[0], tableB[1], blocks, tableB[3]}, 2},
+		{"negative block id", []int32{tableA[0], -1, tableA[2], tableA[3]}, tableB, 1},
+	} {
+		bad := stage.Batch{ID: 3, Seqs: slices.Clone(good.Seqs)}
+		bad.Seqs[0].Blocks, bad.Seqs[1].Blocks = tc.a, tc.b
+		_, err := st.Forward(ctx, &bad)
+		switch {
+		case err == nil:
+			t.Errorf("%s: batch accepted", tc.name)
+		case !strings.Contains(err.Error(), fmt.Sprint(tc.culprt)):
+			t.Errorf("%s: error %q does not name seq %d", tc.name, err, tc.culprt)
+		}
+	}
+	out, err := st.Forward(ctx, &good)
+	if err != nil {
+		t.Fatalf("valid batch after the refused ones: %v", err)
+	}
+	checkRows(t, "seq A in scattered blocks", out.Logits[0].Rows, ref.Logits(promptA)[5:], b.Tol)
+	checkRows(t, "seq B in scattered blocks", out.Logits[1].Rows, ref.Logits(promptB[:12]), b.Tol)
+	// A leaves; C takes 3 of its blocks, B the fourth.
+	st.Free(1)
+	tables.Free(1)
+	out = forward(&stage.Batch{ID: 4, Seqs: []stage.Seq{
+		{ID: 3, Tokens: promptC, Logits: true},
+		{ID: 2, Pos: 12, Tokens: promptB[12:], Logits: true},
+	}})
+	checkRows(t, "seq C in the blocks of a freed sequence", out.Logits[0].Rows, ref.Logits(promptC), b.Tol)
+	checkRows(t, "seq B next to it", out.Logits[1].Rows, ref.Logits(promptB)[12:], b.Tol)
 }
 
 // checkRows compares logits rows with reference rows.
