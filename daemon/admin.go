@@ -44,11 +44,12 @@ func (a *adminServer) Status(context.Context, *tandemv1.StatusRequest) (*tandemv
 	resp.Leader, resp.LeaderAddr = d.leader.Name, d.leader.Meta.GRPCAddr
 	resp.Reason = d.reason
 	if p := d.pipe; p != nil {
+		st := p.eng.stats()
 		resp.Epoch = p.epoch
-		resp.KvTokens = uint64(p.eng.lim.kvTokens)
+		resp.KvTokens = uint64(p.eng.kvTokens)
 		resp.Serving = !d.draining && p.eng.stopErr() == nil
-		resp.RequestsRunning = uint32(p.eng.running.Load())
-		resp.RequestsWaiting = uint32(p.eng.waiting.Load())
+		resp.RequestsRunning = uint32(st.Running)
+		resp.RequestsWaiting = uint32(st.Waiting)
 		for i, s := range p.stages {
 			resp.Stages = append(resp.Stages, &tandemv1.Stage{
 				Index:       uint32(i),
@@ -57,7 +58,7 @@ func (a *adminServer) Status(context.Context, *tandemv1.StatusRequest) (*tandemv
 				LayerHi:     uint32(s.Hi),
 				Backend:     s.member.Meta.Backend,
 				MemoryBytes: s.member.Meta.MemFree,
-				KvTokens:    uint64(s.kv),
+				KvTokens:    uint64(s.kvTokens),
 			})
 		}
 	}

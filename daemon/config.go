@@ -165,9 +165,10 @@ func (b *ByteSize) UnmarshalText(t []byte) error {
 	return nil
 }
 
+// String writes the size in the largest binary unit that divides it.
 func (b ByteSize) String() string {
-	for _, u := range byteUnits[:4] {
-		if b >= ByteSize(u.mult) && uint64(b)%u.mult == 0 && (u.mult == 1<<40 || uint64(b)/u.mult < 1024) {
+	for i := 3; i >= 0; i-- {
+		if u := byteUnits[i]; b > 0 && uint64(b)%u.mult == 0 {
 			return fmt.Sprintf("%d%s", uint64(b)/u.mult, u.suffix)
 		}
 	}
@@ -204,7 +205,12 @@ func ParseConfig(data []byte) (Config, error) {
 	if err := dec.Decode(&cfg); err != nil {
 		var strict *toml.StrictMissingError
 		if errors.As(err, &strict) {
-			return Config{}, fmt.Errorf("unknown keys:\n%s", strict.String())
+			var errs []error
+			for _, e := range strict.Errors {
+				row, _ := e.Position()
+				errs = append(errs, fmt.Errorf("line %d: unknown key %s", row, strings.Join(e.Key(), ".")))
+			}
+			return Config{}, errors.Join(errs...)
 		}
 		var de *toml.DecodeError
 		if errors.As(err, &de) {

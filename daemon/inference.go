@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -11,6 +12,7 @@ import (
 	"github.com/tandem-llm/tandem/model"
 	"github.com/tandem-llm/tandem/model/tokenizer"
 	tandemv1 "github.com/tandem-llm/tandem/proto/tandem/v1"
+	"github.com/tandem-llm/tandem/sched"
 	"github.com/tandem-llm/tandem/stage"
 )
 
@@ -39,7 +41,7 @@ type inferenceServer struct {
 
 // generation is a validated Generate request.
 type generation struct {
-	req      request
+	req      sched.Request
 	stop     []string
 	logprobs bool
 }
@@ -58,21 +60,21 @@ func (s *inferenceServer) validate(in *tandemv1.GenerateRequest) (*generation, e
 				return nil, invalidf("prompt_token_ids[%d] = %d is outside the vocabulary [0, %d)", i, id, vocab)
 			}
 		}
-		g.req.prompt = slices.Clone(in.GetPromptTokenIds())
+		g.req.Prompt = slices.Clone(in.GetPromptTokenIds())
 	case in.GetPrompt() != "":
-		g.req.prompt = s.tok.Encode(in.GetPrompt(), true)
-		if len(g.req.prompt) == 0 {
+		g.req.Prompt = s.tok.Encode(in.GetPrompt(), true)
+		if len(g.req.Prompt) == 0 {
 			return nil, invalidf("prompt %q encodes to no tokens", in.GetPrompt())
 		}
 	default:
 		return nil, invalidf("empty prompt: set prompt or prompt_token_ids")
 	}
-	g.req.maxTokens = int(in.GetMaxTokens())
-	if g.req.maxTokens == 0 {
-		g.req.maxTokens = defaultMaxTokens
+	g.req.MaxTokens = int(in.GetMaxTokens())
+	if g.req.MaxTokens == 0 {
+		g.req.MaxTokens = defaultMaxTokens
 	}
-	if n, ctxLen := len(g.req.prompt), s.model.MaxPositions; n+g.req.maxTokens > ctxLen {
-		return nil, invalidf("prompt of %d tokens plus max_tokens %d exceeds the context length %d", n, g.req.maxTokens, ctxLen)
+	if n, ctxLen := len(g.req.Prompt), s.model.MaxPositions; n+g.req.MaxTokens > ctxLen {
+		return nil, invalidf("prompt of %d tokens plus max_tokens %d exceeds the context length %d", n, g.req.MaxTokens, ctxLen)
 	}
 	if len(in.GetStop()) > maxStopStrings {
 		return nil, invalidf("%d stop strings, at most %d", len(in.GetStop()), maxStopStrings)
@@ -91,10 +93,10 @@ func (s *inferenceServer) validate(in *tandemv1.GenerateRequest) (*generation, e
 			return nil, invalidf("stop_token_ids[%d] = %d is outside the vocabulary [0, %d)", i, id, vocab)
 		}
 	}
-	g.req.stopTokens = slices.Clone(in.GetStopTokenIds())
+	g.req.StopTokens = slices.Clone(in.GetStopTokenIds())
 	if !in.GetIgnoreEos() {
 		for _, id := range s.model.EOS {
-			g.req.stopTokens = append(g.req.stopTokens, int32(id))
+			g.req.StopTokens = append(g.req.StopTokens, int32(id))
 		}
 	}
 	t, p := float64(in.GetTemperature()), float64(in.GetTopP())
@@ -111,7 +113,7 @@ func (s *inferenceServer) validate(in *tandemv1.GenerateRequest) (*generation, e
 		return nil, invalidf("logprobs %d: at most %d", in.GetLogprobs(), maxLogprobs)
 	}
 	g.logprobs = in.Logprobs != nil
-	g.req.sampling = stage.Sampling{
+	g.req.Sampling = stage.Sampling{
 		Temperature: in.GetTemperature(),
 		TopP:        in.GetTopP(),
 		TopK:        int(in.GetTopK()),
@@ -135,53 +137,93 @@ func (s *inferenceServer) generate(ctx context.Context, in *tandemv1.GenerateReq
 	if err != nil {
 		return err
 	}
-	r := &g.req
-	r.out = newTokenQueue()
-	if err := e.submit(ctx, r); err != nil {
+	if len(g.stop) > 0 {
+		// The scheduler ends the request on the token that completes a stop
+		// string, freeing its KV blocks at once; this stream's own decoder
+		// cuts the text there.
+		check, seen := newTextStream(s.tok, g.stop), 0
+		g.req.StopCheck = func(generated []int32) bool {
+			for ; seen < len(generated) && !check.stopped; seen++ {
+				check.add(generated[seen])
+			}
+			return check.stopped
+		}
+	}
+	// Leaving cancels ctx, which cancels the request in the scheduler.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := e.submit(ctx, g.req)
+	if err != nil {
 		return err
 	}
-	// From here on the engine holds the request: leaving frees it.
-	defer e.cancel(r)
 	text := newTextStream(s.tok, g.stop)
 	produced := 0
 	for {
-		toks, ended, reason, err := r.out.take(ctx)
+		outs, err := recvReady(ctx, stream)
 		if err != nil {
-			return err
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			return unavailablef("the pipeline failed under the request: %v", err)
 		}
 		msg := &tandemv1.GenerateResponse{}
-		for _, t := range toks {
+		finish := ""
+		for _, o := range outs {
 			produced++
-			msg.TokenIds = append(msg.TokenIds, t.Token)
+			msg.TokenIds = append(msg.TokenIds, o.Token.Token)
 			if g.logprobs {
-				msg.Logprobs = append(msg.Logprobs, logprobsOf(t))
+				msg.Logprobs = append(msg.Logprobs, logprobsOf(o.Token))
 			}
-			msg.Text += text.add(t.Token)
+			msg.Text += text.add(o.Token.Token)
+			finish = o.Finish
 			if text.stopped {
-				break // the tokens after the stop string are dropped
+				finish = sched.FinishStop
+			}
+			if finish != "" {
+				break
 			}
 		}
-		if text.stopped {
-			ended, reason = true, finishStop
-		} else if ended && reason != "" {
-			msg.Text += text.flush()
-		}
-		if ended {
-			msg.FinishReason = finishReasons[reason]
-			msg.Usage = &tandemv1.Usage{PromptTokens: uint32(len(r.prompt)), CompletionTokens: uint32(produced)}
+		if finish != "" {
+			if !text.stopped {
+				msg.Text += text.flush()
+			}
+			msg.FinishReason = finishReasons[finish]
+			msg.Usage = &tandemv1.Usage{PromptTokens: uint32(len(g.req.Prompt)), CompletionTokens: uint32(produced)}
 		}
 		if err := send(msg); err != nil {
 			return fmt.Errorf("send to client: %w", err)
 		}
-		if ended {
+		if finish != "" {
 			return nil
 		}
 	}
 }
 
+// errNoneReady cancels the context of a Recv that must not wait.
+var errNoneReady = errors.New("no token ready")
+
+// recvReady waits for the stream's next token and returns it with every
+// other token already delivered, so one message carries them all.
+func recvReady(ctx context.Context, s *sched.Stream) ([]sched.Output, error) {
+	o, err := s.Recv(ctx)
+	if err != nil {
+		return nil, err
+	}
+	outs := []sched.Output{o}
+	now, cancel := context.WithCancelCause(ctx)
+	cancel(errNoneReady)
+	for o.Finish == "" {
+		if o, err = s.Recv(now); err != nil {
+			break // nothing more ready, or the end, which the next call sees
+		}
+		outs = append(outs, o)
+	}
+	return outs, nil
+}
+
 var finishReasons = map[string]tandemv1.FinishReason{
-	finishStop:   tandemv1.FinishReason_FINISH_REASON_STOP,
-	finishLength: tandemv1.FinishReason_FINISH_REASON_LENGTH,
+	sched.FinishStop:   tandemv1.FinishReason_FINISH_REASON_STOP,
+	sched.FinishLength: tandemv1.FinishReason_FINISH_REASON_LENGTH,
 }
 
 func logprobsOf(t stage.Sampled) *tandemv1.TokenLogprobs {

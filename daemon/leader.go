@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strconv"
 	"sync"
@@ -19,6 +20,7 @@ import (
 	"github.com/tandem-llm/tandem/model"
 	"github.com/tandem-llm/tandem/pipeline"
 	tandemv1 "github.com/tandem-llm/tandem/proto/tandem/v1"
+	"github.com/tandem-llm/tandem/sched"
 )
 
 // cpuDTypeBytes is the size of a weight element on the CPU backend (it
@@ -29,7 +31,6 @@ const cpuDTypeBytes = 4
 type pipelineState struct {
 	epoch  uint64
 	stages []stageState
-	kv     int
 	eng    *engine
 	ended  chan struct{} // closed when the engine's goroutine has returned
 }
@@ -37,8 +38,8 @@ type pipelineState struct {
 // stageState is one stage of the leader's pipeline.
 type stageState struct {
 	placement.Stage
-	member membership.Member
-	kv     int // as the stage reported it
+	member   membership.Member
+	kvTokens int // the stage's KV capacity as it reported it
 }
 
 // buildResult is what an attempt to build the pipeline ends with.
@@ -122,7 +123,7 @@ func (d *Daemon) supervise(ctx context.Context) {
 			d.runEngine(r.pipe)
 			d.setHealth(true)
 			d.notifyReady("leading a pipeline")
-			d.log.Info("pipeline serving", "epoch", r.pipe.epoch, "stages", stageSummary(r.pipe.stages), "kv_tokens", r.pipe.kv)
+			d.log.Info("pipeline serving", "epoch", r.pipe.epoch, "stages", stageSummary(r.pipe.stages), "kv_tokens", r.pipe.eng.kvTokens)
 		case <-d.endedPipeline():
 			d.mu.Lock()
 			p := d.pipe
@@ -277,7 +278,7 @@ func (d *Daemon) build(ctx context.Context, cands []membership.Member) (*pipelin
 	for _, m := range cands {
 		byName[m.Name] = m
 	}
-	p := &pipelineState{epoch: epoch, kv: plan.KVTokens, ended: make(chan struct{})}
+	p := &pipelineState{epoch: epoch, ended: make(chan struct{})}
 	conns := make([]*grpc.ClientConn, len(plan.Stages))
 	defer func() {
 		for _, c := range conns {
@@ -309,7 +310,7 @@ func (d *Daemon) build(ctx context.Context, cands []membership.Member) (*pipelin
 		resp, err := tandemv1.NewNodeClient(conns[i]).Load(ctx, &tandemv1.LoadRequest{
 			Epoch: epoch, Leader: d.cfg.Name, ModelId: d.ckpt.Identity(), Index: uint32(i),
 			LayerLo: uint32(s.Lo), LayerHi: uint32(s.Hi),
-			MaxBatchTokens: uint32(d.cfg.Stage.MaxBatchTokens), MaxSeqs: uint32(d.cfg.Stage.MaxSeqs),
+			MaxBatchTokens: uint32(d.cfg.Stage.MaxBatchTokens), MaxSeqs: uint32(d.cfg.Stage.MaxSeqs), BlockSize: sched.DefaultBlockSize,
 		}, grpc.Trailer(&trailer))
 		if err != nil {
 			d.noteRefusedEpoch(err, trailer)
@@ -325,10 +326,10 @@ func (d *Daemon) build(ctx context.Context, cands []membership.Member) (*pipelin
 		release()
 		return nil, err
 	}
-	maxSeqLen := mcfg.MaxPositions
+	maxSeqLen, blocks := mcfg.MaxPositions, math.MaxInt32
 	for i, l := range loads {
-		p.stages[i].kv = int(l.GetKvTokens())
-		p.kv = min(p.kv, int(l.GetKvTokens()))
+		p.stages[i].kvTokens = int(l.GetKvBlocks()) * sched.DefaultBlockSize
+		blocks = min(blocks, int(l.GetKvBlocks()))
 		maxSeqLen = min(maxSeqLen, int(l.GetMaxSeqLen()))
 	}
 	err = forEach(len(conns), func(i int) error {
@@ -361,11 +362,18 @@ func (d *Daemon) build(ctx context.Context, cands []membership.Member) (*pipelin
 		release()
 		return nil, err
 	}
-	p.eng = newEngine(drv, epoch, engineLimits{
-		maxBatchTokens: d.cfg.Stage.MaxBatchTokens,
-		maxSeqs:        d.cfg.Stage.MaxSeqs,
-		kvTokens:       min(p.kv, maxSeqLen*d.cfg.Stage.MaxSeqs),
+	p.eng, err = newEngine(drv, epoch, sched.Config{
+		MaxNumBatchedTokens:  d.cfg.Stage.MaxBatchTokens,
+		MaxNumSeqs:           d.cfg.Stage.MaxSeqs,
+		BlockSize:            sched.DefaultBlockSize,
+		NumBlocks:            blocks,
+		MaxConcurrentBatches: len(loads),
+		MaxModelLen:          maxSeqLen,
 	})
+	if err != nil {
+		drv.Close()
+		return nil, err
+	}
 	return p, nil
 }
 

@@ -93,19 +93,26 @@ func (s *stageSlot) load(ctx context.Context, in *tandemv1.LoadRequest) (*tandem
 	if lo >= hi || hi > cfg.NumLayers {
 		return nil, invalidf("layers [%d, %d): the model has layers [0, %d)", lo, hi, cfg.NumLayers)
 	}
-	if in.GetMaxBatchTokens() == 0 || in.GetMaxSeqs() == 0 {
-		return nil, invalidf("max_batch_tokens %d and max_seqs %d: want at least 1", in.GetMaxBatchTokens(), in.GetMaxSeqs())
+	if in.GetMaxBatchTokens() == 0 || in.GetMaxSeqs() == 0 || in.GetBlockSize() == 0 {
+		return nil, invalidf("max_batch_tokens %d, max_seqs %d and block_size %d: want at least 1", in.GetMaxBatchTokens(), in.GetMaxSeqs(), in.GetBlockSize())
 	}
-	kv, err := stageKVTokens(cfg, s.usable, lo, hi, int(in.GetMaxBatchTokens()), int(in.GetMaxSeqs()))
+	maxSeqs, bs := int(in.GetMaxSeqs()), int(in.GetBlockSize())
+	kv, err := stageKVTokens(cfg, s.usable, lo, hi, int(in.GetMaxBatchTokens()), maxSeqs)
 	if err != nil {
 		return nil, preconditionf("node %s: %v", s.name, err)
+	}
+	// The memory's worth of blocks, but no more than every sequence of a
+	// full batch at the model's context length needs.
+	blocks := min(kv/bs, maxSeqs*((cfg.MaxPositions+bs-1)/bs))
+	if blocks < 1 {
+		return nil, preconditionf("node %s: layers [%d, %d) leave room for %d tokens of KV cache, less than a block of %d", s.name, lo, hi, kv, bs)
 	}
 	s.release()
 	s.epoch = in.GetEpoch()
 	if err := s.ckpt.CheckLayers(lo, hi, lo == 0, hi == cfg.NumLayers); err != nil {
 		return nil, fmt.Errorf("node %s: %w", s.name, err)
 	}
-	st, err := cpu.New(cpu.Config{Model: cfg, Lo: lo, Hi: hi, Weights: s.ckpt, MaxTokens: int(in.GetMaxBatchTokens()), MaxSeqs: int(in.GetMaxSeqs())})
+	st, err := cpu.New(cpu.Config{Model: cfg, Lo: lo, Hi: hi, Weights: s.ckpt, MaxTokens: int(in.GetMaxBatchTokens()), MaxSeqs: maxSeqs, NumBlocks: blocks, BlockSize: bs})
 	if err != nil {
 		return nil, fmt.Errorf("node %s: load layers [%d, %d): %w", s.name, lo, hi, err)
 	}
@@ -117,7 +124,8 @@ func (s *stageSlot) load(ctx context.Context, in *tandemv1.LoadRequest) (*tandem
 	if a.ctlLn, err = pipeline.ListenControl(s.listen.Control); err != nil {
 		return fail(fmt.Errorf("node %s: %w", s.name, err))
 	}
-	resp := &tandemv1.LoadResponse{ControlAddr: advertised(a.ctlLn.Addr(), s.listen.Advertise), Backend: "cpu", ModelId: s.ckpt.Identity(), KvTokens: uint64(kv), MaxSeqLen: uint32(cfg.MaxPositions)}
+	info := st.Info()
+	resp := &tandemv1.LoadResponse{ControlAddr: advertised(a.ctlLn.Addr(), s.listen.Advertise), Backend: info.Backend, ModelId: s.ckpt.Identity(), KvBlocks: uint64(info.KVBlocks), MaxSeqLen: uint32(cfg.MaxPositions)}
 	if lo > 0 {
 		if a.dataLn, err = (collective.ListenConfig{Link: dataLink(lo), Logger: s.log}).Listen(s.listen.Data); err != nil {
 			return fail(fmt.Errorf("node %s: %w", s.name, err))
@@ -132,7 +140,7 @@ func (s *stageSlot) load(ctx context.Context, in *tandemv1.LoadRequest) (*tandem
 		defer s.wg.Done()
 		s.serve(actx, a)
 	}()
-	s.log.Info("stage loaded", "epoch", a.epoch, "index", a.index, "layers", fmt.Sprintf("[%d,%d)", lo, hi), "leader", in.GetLeader(), "kv_tokens", kv)
+	s.log.Info("stage loaded", "epoch", a.epoch, "index", a.index, "layers", fmt.Sprintf("[%d,%d)", lo, hi), "leader", in.GetLeader(), "kv_blocks", info.KVBlocks, "block_size", bs)
 	return resp, nil
 }
 

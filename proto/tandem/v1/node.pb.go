@@ -35,8 +35,11 @@ type LoadRequest struct {
 	// Bounds of one batch.
 	MaxBatchTokens uint32 `protobuf:"varint,7,opt,name=max_batch_tokens,json=maxBatchTokens,proto3" json:"max_batch_tokens,omitempty"`
 	MaxSeqs        uint32 `protobuf:"varint,8,opt,name=max_seqs,json=maxSeqs,proto3" json:"max_seqs,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// Positions per block of the paged KV cache: the same on every stage,
+	// since a block id means the same block everywhere.
+	BlockSize     uint32 `protobuf:"varint,9,opt,name=block_size,json=blockSize,proto3" json:"block_size,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *LoadRequest) Reset() {
@@ -125,6 +128,13 @@ func (x *LoadRequest) GetMaxSeqs() uint32 {
 	return 0
 }
 
+func (x *LoadRequest) GetBlockSize() uint32 {
+	if x != nil {
+		return x.BlockSize
+	}
+	return 0
+}
+
 type LoadResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Where the leader connects its control link.
@@ -133,8 +143,9 @@ type LoadResponse struct {
 	DataAddr string `protobuf:"bytes,2,opt,name=data_addr,json=dataAddr,proto3" json:"data_addr,omitempty"`
 	Backend  string `protobuf:"bytes,3,opt,name=backend,proto3" json:"backend,omitempty"`
 	ModelId  string `protobuf:"bytes,4,opt,name=model_id,json=modelId,proto3" json:"model_id,omitempty"`
-	// The stage's KV capacity in tokens, from the memory it may use.
-	KvTokens uint64 `protobuf:"varint,5,opt,name=kv_tokens,json=kvTokens,proto3" json:"kv_tokens,omitempty"`
+	// The stage's KV capacity in blocks of block_size positions, from the
+	// memory it may use.
+	KvBlocks uint64 `protobuf:"varint,5,opt,name=kv_blocks,json=kvBlocks,proto3" json:"kv_blocks,omitempty"`
 	// The longest sequence (prompt and completion) the stage can hold.
 	MaxSeqLen     uint32 `protobuf:"varint,6,opt,name=max_seq_len,json=maxSeqLen,proto3" json:"max_seq_len,omitempty"`
 	unknownFields protoimpl.UnknownFields
@@ -199,9 +210,9 @@ func (x *LoadResponse) GetModelId() string {
 	return ""
 }
 
-func (x *LoadResponse) GetKvTokens() uint64 {
+func (x *LoadResponse) GetKvBlocks() uint64 {
 	if x != nil {
-		return x.KvTokens
+		return x.KvBlocks
 	}
 	return 0
 }
@@ -386,7 +397,7 @@ var File_tandem_v1_node_proto protoreflect.FileDescriptor
 
 const file_tandem_v1_node_proto_rawDesc = "" +
 	"\n" +
-	"\x14tandem/v1/node.proto\x12\ttandem.v1\"\xe7\x01\n" +
+	"\x14tandem/v1/node.proto\x12\ttandem.v1\"\x86\x02\n" +
 	"\vLoadRequest\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12\x16\n" +
 	"\x06leader\x18\x02 \x01(\tR\x06leader\x12\x19\n" +
@@ -395,13 +406,15 @@ const file_tandem_v1_node_proto_rawDesc = "" +
 	"\blayer_lo\x18\x05 \x01(\rR\alayerLo\x12\x19\n" +
 	"\blayer_hi\x18\x06 \x01(\rR\alayerHi\x12(\n" +
 	"\x10max_batch_tokens\x18\a \x01(\rR\x0emaxBatchTokens\x12\x19\n" +
-	"\bmax_seqs\x18\b \x01(\rR\amaxSeqs\"\xc0\x01\n" +
+	"\bmax_seqs\x18\b \x01(\rR\amaxSeqs\x12\x1d\n" +
+	"\n" +
+	"block_size\x18\t \x01(\rR\tblockSize\"\xc0\x01\n" +
 	"\fLoadResponse\x12!\n" +
 	"\fcontrol_addr\x18\x01 \x01(\tR\vcontrolAddr\x12\x1b\n" +
 	"\tdata_addr\x18\x02 \x01(\tR\bdataAddr\x12\x18\n" +
 	"\abackend\x18\x03 \x01(\tR\abackend\x12\x19\n" +
 	"\bmodel_id\x18\x04 \x01(\tR\amodelId\x12\x1b\n" +
-	"\tkv_tokens\x18\x05 \x01(\x04R\bkvTokens\x12\x1e\n" +
+	"\tkv_blocks\x18\x05 \x01(\x04R\bkvBlocks\x12\x1e\n" +
 	"\vmax_seq_len\x18\x06 \x01(\rR\tmaxSeqLen\"L\n" +
 	"\x0eConnectRequest\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12$\n" +

@@ -1,0 +1,145 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/tandem-llm/tandem/daemon"
+	"github.com/tandem-llm/tandem/model/tokenizer"
+)
+
+// startDaemon runs a one-node cluster (leader and only stage) in this
+// process with an admin token, and returns its gRPC address once it serves.
+func startDaemon(t *testing.T, modelDir, token string) string {
+	t.Helper()
+	tokenFile := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(tokenFile, []byte(token), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	d, err := daemon.New(daemon.Config{
+		Name:     "solo",
+		Model:    modelDir,
+		Listen:   daemon.ListenConfig{GRPC: "127.0.0.1:0", Gossip: "127.0.0.1:0"},
+		Cluster:  daemon.ClusterConfig{FastFailureDetection: true},
+		Stage:    daemon.StageConfig{Memory: 1 << 30},
+		Security: daemon.SecurityConfig{AdminTokenFile: tokenFile},
+	}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- d.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("daemon: %v", err)
+		}
+	})
+	select {
+	case <-d.Listening():
+	case err := <-done:
+		t.Fatal(err)
+	}
+	addr := d.Addrs().GRPC
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	for start := time.Now(); ; time.Sleep(20 * time.Millisecond) {
+		r, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{})
+		if err == nil && r.GetStatus() == healthpb.HealthCheckResponse_SERVING {
+			return addr
+		}
+		if time.Since(start) > 20*time.Second {
+			t.Fatalf("daemon not serving: %v %v", r, err)
+		}
+	}
+}
+
+// TestStatusAndGenerate runs the status and generate commands against a
+// daemon: the table and JSON status, the admin token from the environment,
+// and generate's streamed text against its JSON response and the
+// tokenizer.
+func TestStatusAndGenerate(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "m")
+	if _, err := run(t, "", "model", "init", "--out", dir); err != nil {
+		t.Fatal(err)
+	}
+	addr := startDaemon(t, dir, "tok-123")
+
+	if _, err := run(t, "", "status", "--addr", addr); err == nil || !strings.Contains(err.Error(), "Unauthenticated") {
+		t.Errorf("status without the token: %v, want Unauthenticated", err)
+	}
+	t.Setenv(addrEnv, addr)
+	t.Setenv(tokenEnv, "tok-123")
+	out, err := run(t, "", "status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range []string{"leader:    solo at " + addr, "pipeline:  serving", "MEMBER", "solo", "alive", "STAGE", "[0, 4)"} {
+		if !strings.Contains(out, w) {
+			t.Errorf("status table lacks %q:\n%s", w, out)
+		}
+	}
+	out, err = run(t, "", "status", "--json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st struct {
+		Leader  string
+		Serving bool
+		Stages  []struct{ Node string }
+	}
+	if err := json.Unmarshal([]byte(out), &st); err != nil || st.Leader != "solo" || !st.Serving || len(st.Stages) != 1 {
+		t.Errorf("status --json: %+v, %v:\n%s", st, err, out)
+	}
+
+	out, err = run(t, "", "generate", "--max-tokens", "6", "--json", "--logprobs", "2", "--ignore-eos", "Hello", "world")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var resp struct {
+		Text         string
+		TokenIDs     []int32 `json:"tokenIds"`
+		Logprobs     []struct{ Top []json.RawMessage }
+		FinishReason string
+		Usage        struct{ PromptTokens, CompletionTokens int }
+	}
+	if err := json.Unmarshal([]byte(out), &resp); err != nil {
+		t.Fatalf("generate --json: %v:\n%s", err, out)
+	}
+	tok, err := tokenizer.Load(filepath.Join(dir, "tokenizer.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(resp.TokenIDs) != 6 || len(resp.Logprobs) != 6 || len(resp.Logprobs[0].Top) != 2 || resp.FinishReason != "FINISH_REASON_LENGTH" ||
+		resp.Usage.CompletionTokens != 6 || resp.Usage.PromptTokens != len(tok.Encode("Hello world", true)) {
+		t.Errorf("generate --json: %+v", resp)
+	}
+	if want := tok.Decode(resp.TokenIDs, true); resp.Text != want {
+		t.Errorf("text %q, want the decoded tokens %q", resp.Text, want)
+	}
+	out, err = run(t, "", "generate", "--max-tokens", "6", "--ignore-eos", "Hello", "world")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := resp.Text + "\nfinish: length; "; !strings.HasPrefix(out, want) {
+		t.Errorf("streamed generate printed %q, want it to start with %q", out, want)
+	}
+	if _, err := run(t, "", "generate", "--ids", "1,99999"); err == nil || !strings.Contains(err.Error(), "InvalidArgument") {
+		t.Errorf("generate with an id out of the vocabulary: %v, want InvalidArgument", err)
+	}
+}

@@ -1,0 +1,146 @@
+package daemon
+
+import (
+	"encoding/base64"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestExampleConfig parses the commented example and checks a key of every
+// section.
+func TestExampleConfig(t *testing.T) {
+	cfg, err := LoadConfig("testdata/tandemd.toml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Name != "node-a" || cfg.Listen.GRPC != "127.0.0.1:7400" || cfg.Cluster.ExpectStages != 2 ||
+		cfg.Stage.Memory != 8<<30 || time.Duration(cfg.Cluster.DrainTimeout) != 30*time.Second ||
+		cfg.Security.AdminTokenFile != "/etc/tandem/admin.token" || len(cfg.Plan) != 2 || cfg.Plan[1].Layers != [2]int{16, 32} ||
+		cfg.Cluster.LeaderEligible == nil || !*cfg.Cluster.LeaderEligible {
+		t.Errorf("example config parsed as %+v", cfg)
+	}
+	full, err := cfg.withDefaults()
+	if err != nil {
+		t.Errorf("example config: %v", err)
+	}
+	if full.Stage.MaxSeqs != 64 || full.Stage.Backend != "cpu" {
+		t.Errorf("with defaults: %+v", full.Stage)
+	}
+}
+
+func TestConfigErrors(t *testing.T) {
+	for _, tc := range []struct {
+		name, toml, want string
+	}{
+		{"unknown key", "model = \"m\"\n[stage]\nmemroy = \"1GiB\"\n", "line 3: unknown key stage.memroy"},
+		{"unknown section", "model = \"m\"\n[cluser]\nseeds = []\n", "cluser"},
+		{"bad size", "model = \"m\"\n[stage]\nmemory = \"lots\"\n", "size \"lots\""},
+		{"bad duration", "model = \"m\"\n[cluster]\ndrain_timeout = \"soon\"\n", "soon"},
+		{"wrong type", "model = 3\n", "line 1"},
+	} {
+		_, err := ParseConfig([]byte(tc.toml))
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v, want an error mentioning %q", tc.name, err, tc.want)
+		}
+	}
+	for _, tc := range []struct {
+		name string
+		cfg  Config
+		want string
+	}{
+		{"no model", Config{Name: "n"}, "model"},
+		{"bad grpc address", Config{Name: "n", Model: "m", Listen: ListenConfig{GRPC: "7400"}}, "listen.grpc"},
+		{"bad seed", Config{Name: "n", Model: "m", Cluster: ClusterConfig{Seeds: []string{"host"}}}, "cluster.seeds"},
+		{"cuda", Config{Name: "n", Model: "m", Stage: StageConfig{Backend: "cuda"}}, "only cpu"},
+		{"cert without key", Config{Name: "n", Model: "m", Security: SecurityConfig{TLSCertFile: "c"}}, "go together"},
+		{"bad plan", Config{Name: "n", Model: "m", Plan: []PlanRange{{Node: "a", Layers: [2]int{3, 3}}}}, "plan[0]"},
+		{"negative expect", Config{Name: "n", Model: "m", Cluster: ClusterConfig{ExpectStages: -1}}, "expect_stages"},
+	} {
+		_, err := tc.cfg.withDefaults()
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v, want an error mentioning %q", tc.name, err, tc.want)
+		}
+	}
+}
+
+func TestByteSize(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want ByteSize
+		text string
+	}{
+		{"1024", 1024, "1KiB"},
+		{"8GiB", 8 << 30, "8GiB"},
+		{"1.5 GiB", 3 << 29, "1536MiB"},
+		{"2GB", 2e9, "1953125KiB"},
+		{"1000", 1000, "1000"},
+		{"512MiB", 512 << 20, "512MiB"},
+		{"7B", 7, "7"},
+	} {
+		got, err := ParseByteSize(tc.in)
+		if err != nil || got != tc.want || got.String() != tc.text {
+			t.Errorf("ParseByteSize(%q) = %d (%s), %v; want %d (%s)", tc.in, got, got, err, tc.want, tc.text)
+		}
+	}
+	for _, bad := range []string{"", "GiB", "-1GiB", "1e30TiB", "12XB"} {
+		if _, err := ParseByteSize(bad); err == nil {
+			t.Errorf("ParseByteSize(%q) succeeded", bad)
+		}
+	}
+}
+
+// TestSecretsStayOut checks the secret files' validation, and that a
+// configuration logged with slog names the files but not what they hold.
+func TestSecretsStayOut(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, data string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(data), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	key := base64.StdEncoding.EncodeToString([]byte("0123456789abcdef"))
+	cfg := Config{Name: "n", Model: "m", Security: SecurityConfig{AdminTokenFile: write("token", "hunter2\n")}, Cluster: ClusterConfig{GossipKeyFile: write("key", key)}}
+	s, err := cfg.readSecrets()
+	if err != nil || s.adminToken != "hunter2" || len(s.gossipKey) != 16 {
+		t.Fatalf("secrets %+v, %v", s, err)
+	}
+	var logged strings.Builder
+	slog.New(slog.NewTextHandler(&logged, nil)).Info("config", "config", cfg)
+	if strings.Contains(logged.String(), "hunter2") || strings.Contains(logged.String(), key) || !strings.Contains(logged.String(), "config.admin_token=true") {
+		t.Errorf("logged config: %s", logged.String())
+	}
+	for _, tc := range []struct {
+		name string
+		cfg  Config
+		want string
+	}{
+		{"empty token", Config{Security: SecurityConfig{AdminTokenFile: write("empty", " \n")}}, "empty"},
+		{"missing token", Config{Security: SecurityConfig{AdminTokenFile: filepath.Join(dir, "nope")}}, "admin_token_file"},
+		{"not base64", Config{Cluster: ClusterConfig{GossipKeyFile: write("k1", "!!")}}, "not base64"},
+		{"short key", Config{Cluster: ClusterConfig{GossipKeyFile: write("k2", base64.StdEncoding.EncodeToString([]byte("short")))}}, "5 bytes"},
+	} {
+		_, err := tc.cfg.readSecrets()
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v, want an error mentioning %q", tc.name, err, tc.want)
+		}
+	}
+}
+
+func TestParseMeminfo(t *testing.T) {
+	good := "MemTotal:       16318480 kB\nMemFree:         1000 kB\nMemAvailable:    8159240 kB\nBuffers: 1 kB\n"
+	total, avail, err := parseMeminfo([]byte(good))
+	if err != nil || total != 16318480<<10 || avail != 8159240<<10 {
+		t.Errorf("parseMeminfo: %d %d %v", total, avail, err)
+	}
+	for _, bad := range []string{"MemTotal: 5 kB\n", "MemTotal: x kB\nMemAvailable: 1 kB\n", "MemTotal: 5 MB\nMemAvailable: 1 kB\n"} {
+		if _, _, err := parseMeminfo([]byte(bad)); err == nil {
+			t.Errorf("parseMeminfo(%q) succeeded", bad)
+		}
+	}
+}
