@@ -111,7 +111,10 @@ func (sc *Scheduler) Add(r Request) error {
 	if err := sc.cfg.check(&r); err != nil {
 		return fmt.Errorf("request %d: %w", r.ID, err)
 	}
-	s := &seq{req: r, arrival: sc.arrivals, tokens: slices.Clip(slices.Clone(r.Prompt))}
+	// Room for the tokens to generate, up to a bound, saves regrowing.
+	tokens := make([]int32, len(r.Prompt), len(r.Prompt)+min(r.MaxTokens, 1024))
+	copy(tokens, r.Prompt)
+	s := &seq{req: r, arrival: sc.arrivals, tokens: tokens}
 	sc.arrivals++
 	sc.seqs[r.ID] = s
 	sc.waiting = append(sc.waiting, s)
