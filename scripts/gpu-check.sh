@@ -14,11 +14,16 @@
 # 32 teacher-forced decode steps) and times transformers' eager bf16 decode
 # step, (3) runs the stage/cuda GPU tests: the comparison with the reference
 # (relative L2 of logits <= 2e-2 at every position, same top-1 wherever the
-# reference's top-1/top-2 gap exceeds 0.1), (4) CPU backend vs CUDA backend on
+# reference's top-1/top-2 gap exceeds 0.1; transformers' own bf16 error is
+# reported beside it), (4) CPU backend vs CUDA backend on
 # tiny checkpoints, the conformance suite, the sampler and kernel-cache tests,
-# (5) decode step times at batch 1 and 32 next to the HBM floor, and (6) with
-# two GPUs, a model split over both through NCCL against the same model on
-# one. Logs and summary.json go to $OUT; the summary table is printed last.
+# (5) decode step times at batch 1, 8 and 32 in each CUDA-graph mode (NONE,
+# PIECEWISE, FULL, FULL_AND_PIECEWISE) next to the HBM floor, with the time
+# and memory of capturing the graphs, (6) with two GPUs, a model split over
+# both through NCCL against the same model on one, and (7) the CUDA-graph
+# tests: replays against eager runs on one and two stages, refused steps,
+# and 2,000 random requests with zero device memory growth. Logs and
+# summary.json go to $OUT; the summary table is printed last.
 #
 # Run it with the device tool as:
 #   bash scripts/gpu-check.sh   (here), then on the device with carry [".carry"]:
@@ -61,11 +66,11 @@ step "(1, 2) checkpoints and float32 references with transformers"
 # Init std 0.02 (transformers' default) is what tandem is held to; at 0.05
 # the random network is chaotic enough that bf16 inference itself (tandem or
 # transformers) strays past the bounds, so that case is informational.
-python3 scripts/hf_ref.py --shape llama1b --std 0.02 --out "$WORK" --time-batches 1,32 2>&1 | tee -a "$LOG" || status=1
+python3 scripts/hf_ref.py --shape llama1b --std 0.02 --out "$WORK" --time-batches 1,8,32 2>&1 | tee -a "$LOG" || status=1
 python3 scripts/hf_ref.py --shape llama1b --std 0.05 --name llama1b-std0.05 --informational --out "$WORK" 2>&1 | tee -a "$LOG" || status=1
 python3 scripts/hf_ref.py --shape qwen2 --std 0.02 --out "$WORK" 2>&1 | tee -a "$LOG" || status=1
 
-step "(3, 4, 5) stage/cuda GPU tests"
+step "(3, 4, 5, 7) stage/cuda GPU tests"
 TANDEM_HF_DIR=$WORK TANDEM_BENCH_CHECKPOINT=$WORK/llama1b TANDEM_RESULTS=$RESULTS TANDEM_CACHE_DIR=$WORK/cache \
 	.carry/cuda/cuda.test -test.v -test.timeout 480s 2>&1 | tee -a "$LOG" || status=1
 

@@ -3,7 +3,8 @@
 
 For one model shape it: builds a random-init checkpoint with Hugging Face
 transformers (fixed torch seed) and saves it in bf16 with save_pretrained;
-computes the float32 reference on exactly those bf16-rounded weights (a
+computes the float32 reference on exactly those bf16-rounded weights, with
+the rotary inverse frequencies in float32 as from_pretrained computes them (a
 prefill of a random prompt, then teacher-forced greedy decode steps through
 the KV cache), saving every position's logits as raw little-endian float32
 plus the token sequence; measures how far transformers' own bf16 forward on
@@ -72,7 +73,27 @@ def make_config(shape, std):
     return cls(**s), (LlamaForCausalLM if arch == "llama" else Qwen2ForCausalLM)
 
 
+def rotary_modules(model):
+    """The modules holding rotary inverse frequencies (the inv_freq buffer)."""
+    return [m for m in model.modules() if "inv_freq" in m._buffers]
+
+
+def cast(model, dtype, inv_freq):
+    """model.to(dtype), keeping the rotary inverse frequencies in float32.
+
+    nn.Module.to(dtype) casts every floating-point buffer, the non-persistent
+    inv_freq included: cast to bf16 and back, a "float32" model would rotate
+    by angles pos * inv_freq with inv_freq rounded to bf16, an error growing
+    with the position that no checkpoint carries (the buffer is not saved;
+    from_pretrained computes it in float32)."""
+    model = model.to(dtype)
+    for m, f in zip(rotary_modules(model), inv_freq):
+        m.inv_freq = f.clone()
+    return model
+
+
 def build(name, std, seed):
+    """Returns the bf16 model and the float32 rotary inverse frequencies."""
     config, cls = make_config(SHAPES[name], std)
     torch.manual_seed(seed)
     with torch.device("cuda"):
@@ -87,12 +108,19 @@ def build(name, std, seed):
                 p.copy_(1 + 0.1 * torch.randn(p.shape, generator=g, device="cuda"))
             elif pname.endswith(".bias"):
                 p.copy_(0.1 * torch.randn(p.shape, generator=g, device="cuda"))
-    return model.to(torch.bfloat16).eval()
+    inv_freq = [m.inv_freq.detach().float().clone() for m in rotary_modules(model)]
+    return cast(model, torch.bfloat16, inv_freq).eval(), inv_freq
 
 
-def reference(model, prompt, steps):
+def inv_freq_rounding(inv_freq):
+    """Largest relative change bf16 rounding makes to the inverse frequencies
+    (what a plain .to(bfloat16) would have done to them)."""
+    return max(float(((f.bfloat16().float() - f).abs() / f).max()) for f in inv_freq)
+
+
+def reference(model, prompt, steps, inv_freq):
     """Prefill then `steps` greedy decode steps in float32; returns (tokens, logits)."""
-    model = model.float()
+    model = cast(model, torch.float32, inv_freq)
     ids = torch.tensor(prompt, device="cuda")[None]
     rows = []
     with torch.no_grad():
@@ -111,9 +139,9 @@ def reference(model, prompt, steps):
     return tokens, torch.cat(rows, 0)
 
 
-def bf16_baseline(model, tokens, ref):
+def bf16_baseline(model, tokens, ref, inv_freq):
     """Relative L2 error per position of transformers' bf16 logits against ref."""
-    model = model.to(torch.bfloat16)
+    model = cast(model, torch.bfloat16, inv_freq)
     with torch.no_grad():
         out = model(input_ids=torch.tensor(tokens, device="cuda")[None]).logits[0].float()
     return ((out - ref).norm(dim=-1) / ref.norm(dim=-1)).tolist()
@@ -159,7 +187,7 @@ def main():
 
     name = args.name or args.shape
     t0 = time.time()
-    model = build(args.shape, args.std, args.seed)
+    model, inv_freq = build(args.shape, args.std, args.seed)
     model.save_pretrained(os.path.join(args.out, name))
     t1 = time.time()
     info = {"name": name, "shape": args.shape, "std": args.std, "seed": args.seed,
@@ -170,14 +198,15 @@ def main():
     vocab = model.config.vocab_size
     gen = torch.Generator().manual_seed(args.seed + 2)
     prompt = torch.randint(0, vocab, (args.prompt,), generator=gen).tolist()
-    tokens, logits = reference(model, prompt, args.steps)
+    tokens, logits = reference(model, prompt, args.steps, inv_freq)
     top2 = logits.topk(2, dim=-1).values
     gap = (top2[:, 0] - top2[:, 1])
     info["positions"] = logits.shape[0]
     info["gap_gt_0.1"] = int((gap > 0.1).sum())
     info["gap_median"] = float(gap.median())
     info["logit_std"] = float(logits.std())
-    base = bf16_baseline(model, tokens, logits)
+    base = bf16_baseline(model, tokens, logits, inv_freq)
+    info["inv_freq_bf16_rounding"] = inv_freq_rounding(inv_freq)
     info["hf_bf16_max_rel_l2"] = max(base)
     info["hf_bf16_mean_rel_l2"] = sum(base) / len(base)
     info["hf_bf16_rel_l2"] = base

@@ -53,17 +53,28 @@ def main():
     dec = res.get("decode")
     if dec:
         hft = hf.get("llama1b", {}).get("hf_eager_decode_ms", {})
+        floor = dec["floor_ms"]
         print(f"-- decode step, Llama-3.2-1B shape ({dec['weight_bytes']} weight bytes), {dec['device']}")
-        print(f"   copy bandwidth {dec['copy_bw_bytes_per_s'] / 1e12:.2f} TB/s -> HBM floor {dec['floor_ms']:.3f} ms")
-        print(f"{'batch':>6} {'tandem wall ms':>15} {'tandem GPU ms':>14} {'HF eager ms':>12} {'floor ms':>9} {'x floor':>8}")
-        for b in ("1", "32"):
-            d = dec.get("batch_" + b)
-            if not d:
-                continue
+        print(f"   copy bandwidth {dec['copy_bw_bytes_per_s'] / 1e12:.2f} TB/s -> HBM floor {floor:.3f} ms")
+        print(f"   CUDA graphs (FULL_AND_PIECEWISE keys, 1-512 tokens, full decode 1-32): {dec['graph_keys']} keys, "
+              f"{dec['graphs']} graphs, {dec['graph_nodes']} nodes, captured in {dec['capture_s']:.3f} s, "
+              f"{dec['graph_bytes'] / 2**20:.1f} MiB (full decode graphs {dec['full_graph_bytes'] / 2**20:.1f} MiB, "
+              f"{dec['piecewise_graphs']} piecewise graphs {dec['piecewise_graph_bytes'] / 2**20:.1f} MiB)")
+        print(f"{'batch':>6} {'mode':<19} {'wall ms':>8} {'GPU ms':>8} {'wall/GPU':>9} {'x floor':>8} {'HF eager ms':>12}")
+        for b in ("1", "8", "32"):
             h = hft.get(b)
             hs = f"{h:.3f}" if h is not None else "-"
-            print(f"{b:>6} {d['wall_ms']:>15.3f} {d['gpu_ms']:>14.3f} {hs:>12} {dec['floor_ms']:>9.3f} "
-                  f"{d['wall_ms'] / dec['floor_ms']:>8.2f}")
+            for mode in ("NONE", "PIECEWISE", "FULL", "FULL_AND_PIECEWISE"):
+                d = dec.get(f"batch_{b}_{mode}")
+                if not d:
+                    continue
+                print(f"{b:>6} {mode:<19} {d['wall_ms']:>8.3f} {d['gpu_ms']:>8.3f} {d['wall_ms'] / d['gpu_ms']:>9.3f} "
+                      f"{d['wall_ms'] / floor:>8.2f} {hs:>12}")
+        print(f"   eager prefill of 512 tokens: {dec['prefill_512_gpu_ms']:.3f} ms GPU")
+    lr = res.get("graphs_long_run")
+    if lr:
+        print(f"-- CUDA graphs, long run: {lr['requests']} requests in {lr['steps']} steps ({lr['full_steps']} FULL, "
+              f"{lr['piecewise_steps']} PIECEWISE); device memory in use grew by {lr['growth_bytes']} bytes")
     tg = res.get("two_gpu")
     if tg:
         print(f"-- model split over two GPUs through NCCL vs one GPU: {tg['positions']} positions, "

@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"github.com/tandem-llm/tandem/collective"
+	"github.com/tandem-llm/tandem/graphs"
 )
 
 // Stage runs the forward pass of one contiguous layer range [Lo, Hi) of a
@@ -45,6 +46,10 @@ type Info struct {
 	// which ignores Seq.Blocks. The leader's capacity is the least KVBlocks
 	// of its stages, and every paged stage must use the leader's block size.
 	KVBlocks, BlockSize int
+	// Graphs is how much of the CUDA-graph machinery the stage can
+	// capture; the zero value, graphs.Never, is a stage without graphs
+	// (the CPU backend).
+	Graphs graphs.Support
 }
 
 // Batch is one step's work: chunks of several sequences, each at its own
@@ -52,6 +57,12 @@ type Info struct {
 type Batch struct {
 	ID   uint64
 	Seqs []Seq
+	// Graph is the leader's dispatch decision for the step: the runtime
+	// mode and the descriptor of the CUDA graph every stage replays. The
+	// zero value runs the step eagerly (mode None), as does a None step
+	// whose descriptor holds the batch's token count. A stage that cannot
+	// replay the step it is told to must fail it, never run it eagerly.
+	Graph graphs.Step
 }
 
 // NumTokens is the number of token rows in the batch.

@@ -1,7 +1,8 @@
 // Package cuda is the CUDA backend of a pipeline stage: it runs the forward
 // pass of layers [Lo, Hi) of a Llama-family model (Llama, Mistral, Qwen2) on
-// one GPU with bf16 weights and bf16 GEMM inputs, fp32 accumulation, an fp32
-// residual stream, and on the last stage samples on the device.
+// one GPU with bf16 weights, compensated bf16 GEMM inputs, fp32 accumulation,
+// an fp32 residual stream, and on the last stage samples on the device; it
+// captures and replays CUDA graphs of its steps.
 //
 // # Kernels
 //
@@ -15,37 +16,72 @@
 // afresh and replaced. The sources need no CUDA headers (bf16 is handled as
 // raw 16-bit patterns). Matrix products go through cuBLAS (bf16 inputs,
 // fp32 accumulation and output); q|k|v and gate|up weights are fused so each
-// is one GEMM. Per layer: RMSNorm of the residual stream (fp32 statistics)
-// into bf16; the q|k|v GEMM; one kernel that adds the Qwen2 bias, applies
-// rotary embeddings (rotate_half layout, fp32 angles pos·inv_freq with
-// llama3 scaling of inv_freq precomputed on the host) and writes q and the
-// KV cache in bf16; causal grouped-query attention with an fp32 online
-// softmax, one block per (token, head); the o GEMM, which adds its result
-// into the residual stream itself (beta 1); RMSNorm; the gate|up GEMM;
-// SiLU-and-multiply into bf16; the down GEMM, again adding into the
-// residual. The last stage normalises only the rows it needs logits for and
-// computes them in fp32.
+// is one GEMM. Per layer: RMSNorm of the residual stream (fp32 statistics,
+// adding the previous layer's pending down projection first) into bf16;
+// the q|k|v GEMM; one kernel that adds the Qwen2 bias, applies rotary
+// embeddings (rotate_half layout, fp32 angles pos·inv_freq with llama3
+// scaling of inv_freq precomputed on the host) and writes q and the KV
+// cache in bf16; causal grouped-query attention with an fp32 online
+// softmax, one block per (token, head); the o GEMM; RMSNorm, adding the o
+// projection into the residual stream first; the gate|up GEMM;
+// SiLU-and-multiply into bf16; the down GEMM. The last stage normalises
+// only the rows it needs logits for and computes them in fp32; other
+// stages end by adding the last down projection into the residual stream
+// they hand on.
 //
-// Only GEMM inputs, q and the KV cache are rounded to bf16; the residual
-// stream and GEMM outputs stay fp32. Against transformers' float32 forward
-// on the same bf16 weights this strays no further than transformers' own
-// bf16 forward does, and on average less (scripts/gpu-check.sh measures
-// both; figures in NOTES.md).
+// The layer GEMMs are compensated: each bf16 input holds a value's bf16
+// rounding and, T rows further, the bf16 rounding of the remainder, so one
+// GEMM of 2T rows against the same weights (read once) computes x·Wᵀ as
+// if x had about 16 significant bits, and the kernel reading its output
+// sums the two halves. Decode is bound by the weight reads, so this costs
+// about 2-3% of a decode step and 24% of a long prefill (NOTES.md). What
+// is still rounded to bf16: q, the KV cache, and the LM head's input.
+// Against transformers' float32 forward on the same bf16 weights the
+// logits stray half as far as without compensation and a third as far as
+// transformers' own bf16 forward (scripts/gpu-check.sh measures both).
 //
 // # Memory
 //
 // New uploads the stage's weights (its layers, plus the embedding on the
 // first stage and the final norm and LM head on the last; the embedding
 // again when tied) converted to bf16 into one allocation, and allocates
-// every buffer a Forward uses once: activations for MaxTokens rows, fp32
-// logits for MaxLogitRows rows, the packed batch description, a cuBLAS
-// workspace, pinned host buffers for results, and the KV cache. Forward
-// allocates no device memory. The KV cache is contiguous per sequence slot:
-// per layer, [slot × MaxSeqLen rows][kv heads][head dim] for K and again for
-// V. Kernels reach it only through row indices in the batch description
-// (the row each token writes, the row of each token's position 0), so a
-// paged cache can replace the slots by changing those indices alone.
-// Memory reports the weight, workspace and KV bytes and the KV capacity.
+// every buffer a Forward uses once, zeroed: activations for MaxTokens rows
+// (the layer GEMMs' inputs and outputs for twice that), fp32 logits for
+// MaxLogitRows rows, the packed batch description, a cuBLAS workspace,
+// pinned host buffers for results, and the KV cache, after holding back
+// Config.GraphMemory for CUDA graphs. Forward allocates no device memory.
+// The KV cache is contiguous per sequence slot: per layer, [slot ×
+// MaxSeqLen rows][kv heads][head dim] for K and again for V, plus one
+// scratch row. Kernels reach it only through row indices in the batch
+// description (the row each token writes, the row of each token's
+// position 0), so a paged cache can replace the slots by changing those
+// indices alone. Memory reports the weight, workspace, KV and graph bytes
+// and the KV capacity.
+//
+// # CUDA graphs
+//
+// Info reports graphs.Always: the kernels take every per-token fact (token,
+// position, cache rows, logits rows, sampling parameters) from the batch
+// description at a fixed device address, so one graph serves any batch
+// of its token count. Capture, given the leader dispatcher's keys, runs an
+// eager warm-up of each key's shape and captures it, largest first, on the
+// stage's own stream, into two wrappers bound to a runtime mode each:
+// FULL, one graph of the whole step, attention included; PIECEWISE, one
+// graph per dense segment (the input, each stretch between two attention
+// calls, the head), attention running eagerly between them. NCCL is not
+// captured: a stage's neighbour may be a CPU or TCP stage, and the
+// transport moves activations into Input before Forward. Forward obeys
+// Batch.Graph: for a Full or Piecewise step it pads the batch description
+// to the key's shape (padding tokens read token 0 at position 0 and write
+// and attend to the scratch KV row; padding logits rows and samples are
+// computed and ignored) and replays; a step whose key was not captured
+// fails, never running eagerly; the zero Step (or None) runs eagerly.
+// With Config.GraphDebug every replay checks that the buffers baked into
+// the graph are still where they were at capture. Capture measures the
+// device memory the graphs take (cuMemGetInfo, per key and in total;
+// Graphs reports it) and fails when it exceeds Config.GraphMemory, held
+// back before the KV cache was allocated; after Capture nothing allocates,
+// so device memory in use stays constant.
 //
 // # Sampling
 //
@@ -69,6 +105,9 @@
 //	})
 //	if errors.Is(err, gpu.ErrNoDriver) { /* use the CPU backend */ }
 //	defer st.Close()
+//	// optional: graphs for the keys of the leader's graphs.Dispatcher
+//	if err := st.Capture(dispatcher.Keys()); err != nil { ... }
+//	batch.Graph = graphs.Step{Mode: mode, Desc: desc} // from Dispatch
 //	out, err := st.Forward(ctx, batch)
 //
 // Activations between stages are the fp32 residual stream (ActDType F32),
@@ -86,5 +125,7 @@
 // concurrently with another, and an Output is valid only until the next
 // Forward. Device work runs inside Device.Do on the gpu.Device's own
 // goroutine, ordered on the stage's stream; several stages may share one
-// Device (Config.Device), each with its own stream.
+// Device (Config.Device), each with its own stream. Capture holds the
+// device goroutine for its whole run, so no other stage's work can slip
+// into a graph being captured.
 package cuda

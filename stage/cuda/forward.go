@@ -7,14 +7,16 @@ import (
 
 	"github.com/tandem-llm/tandem/collective"
 	"github.com/tandem-llm/tandem/gpu"
+	"github.com/tandem-llm/tandem/graphs"
 	"github.com/tandem-llm/tandem/stage"
 )
 
-// Forward runs one batch: it validates the batch, uploads its packed
-// description with one copy, orders every kernel and GEMM on the stage's
-// stream and waits for them. On the last stage it copies back the sampled
-// tokens and the requested logits. The Output and the buffers it points at
-// are valid until the next Forward.
+// Forward runs one batch: it validates the batch and its graph step,
+// uploads its packed description with one copy, then either orders every
+// kernel and GEMM on the stage's stream (mode None) or replays the graphs
+// of the step's key, and waits. On the last stage it copies back the
+// sampled tokens and the requested logits. The Output and the buffers it
+// points at are valid until the next Forward.
 func (s *Stage) Forward(ctx context.Context, b *stage.Batch) (*stage.Output, error) {
 	if s.closed {
 		return nil, fmt.Errorf("cuda stage [%d,%d): forward after close", s.lo, s.hi)
@@ -22,11 +24,23 @@ func (s *Stage) Forward(ctx context.Context, b *stage.Batch) (*stage.Output, err
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("cuda stage [%d,%d): batch %d: %w", s.lo, s.hi, b.ID, err)
 	}
+	step := b.Graph
+	if step != (graphs.Step{}) {
+		name := fmt.Sprintf("[%d,%d) on GPU %d", s.lo, s.hi, s.dev.Ordinal())
+		if err := step.Validate(name, b.NumTokens(), len(b.Seqs), s.g.keys); err != nil {
+			return nil, fmt.Errorf("cuda stage [%d,%d): batch %d: %w", s.lo, s.hi, b.ID, err)
+		}
+	}
 	if err := s.pl.build(b, &s.p); err != nil {
 		return nil, fmt.Errorf("cuda stage [%d,%d): %w", s.lo, s.hi, err)
 	}
+	s.step, s.sh = step, shape{s.p.tokens, s.p.rows, s.p.nSampled}
+	if step.Mode != graphs.None {
+		s.sh = s.pl.keyShape(step)
+		s.pl.pad(&s.p, s.sh)
+	}
 	if err := s.dev.Do(s.run); err != nil {
-		return nil, fmt.Errorf("cuda stage [%d,%d): batch %d: %w", s.lo, s.hi, b.ID, err)
+		return nil, fmt.Errorf("cuda stage [%d,%d): batch %d (%s): %w", s.lo, s.hi, b.ID, step, err)
 	}
 	s.pl.commit(b, &s.p)
 	return s.output(b), nil
@@ -34,70 +48,32 @@ func (s *Stage) Forward(ctx context.Context, b *stage.Batch) (*stage.Output, err
 
 // run orders the batch's work and waits for it. Device goroutine only.
 func (s *Stage) run() error {
-	m := &s.m
-	p := &s.p
 	lay := s.pl.lay
-	T := p.tokens
-	H := m.HiddenSize
+	p := &s.p
 	st := s.stream
-	word := func(off int) gpu.DevicePtr { return s.b.batch + gpu.DevicePtr(4*off) }
-	tokens, pos, cacheRow, kvBase := word(lay.tokens()), word(lay.pos()), word(lay.cacheRow()), word(lay.kvBase())
 	if err := gpu.CopyHtoDAsync(s.b.batch, s.hostBatch[:4*lay.words()], st); err != nil {
 		return fmt.Errorf("upload batch description: %w", err)
 	}
 	if err := s.events[0].Record(st); err != nil {
 		return err
 	}
-	if s.first {
-		a := s.args.Reset().Ptr(tokens).Ptr(s.weights.embed).Ptr(s.b.resid).Int32(int32(H))
-		if err := s.launch(kEmbed, gpu.Dim3{X: uint32(T)}, gpu.Dim3{X: embedThreads}, a); err != nil {
-			return err
-		}
-	} else if err := gpu.CopyDtoDAsync(s.b.resid, s.b.in, T*H*4, st); err != nil {
-		return fmt.Errorf("copy input activations: %w", err)
+	if err := s.forwardPass(s.step, s.sh); err != nil {
+		return err
 	}
-	scale := float32(1 / math.Sqrt(float64(m.HeadDim)))
-	for i, lw := range s.layers {
-		kc := s.kcache + gpu.DevicePtr(i*s.kvLayer)
-		vc := s.vcache + gpu.DevicePtr(i*s.kvLayer)
-		if err := s.rmsnorm(T, lw.inNorm, 0); err != nil {
-			return err
-		}
-		if err := s.linear(s.b.qkv, s.b.normed, lw.qkv, T, H, s.qkvDim, 0); err != nil {
-			return fmt.Errorf("layer %d qkv: %w", s.lo+i, err)
-		}
-		a := s.args.Reset().Ptr(s.b.qkv).Ptr(lw.qkvBias).Ptr(s.b.invFreq).Ptr(pos).Ptr(cacheRow).
-			Ptr(s.b.q).Ptr(kc).Ptr(vc).Int32(int32(m.NumHeads)).Int32(int32(m.NumKVHeads)).Int32(int32(m.HeadDim))
-		if err := s.launch(kRopeQKV, gpu.Dim3{X: uint32(T), Y: uint32(m.NumHeads + m.NumKVHeads)}, gpu.Dim3{X: uint32(m.HeadDim / 2)}, a); err != nil {
-			return err
-		}
-		a = s.args.Reset().Ptr(s.b.q).Ptr(kc).Ptr(vc).Ptr(s.b.attn).Ptr(kvBase).Ptr(pos).
-			Int32(int32(m.NumHeads)).Int32(int32(m.NumKVHeads)).Int32(int32(m.HeadDim)).Float32(scale)
-		if err := s.launch(kAttention, gpu.Dim3{X: uint32(T), Y: uint32(m.NumHeads)}, gpu.Dim3{X: attentionThreads}, a); err != nil {
-			return err
-		}
-		// The residual add is the GEMM's own: resid = attn·Woᵀ + 1·resid.
-		if err := s.linear(s.b.resid, s.b.attn, lw.o, T, s.qDim, H, 1); err != nil {
-			return fmt.Errorf("layer %d o_proj: %w", s.lo+i, err)
-		}
-		if err := s.rmsnorm(T, lw.postNorm, 0); err != nil {
-			return err
-		}
-		if err := s.linear(s.b.gateUp, s.b.normed, lw.gateUp, T, H, 2*m.IntermediateSize, 0); err != nil {
-			return fmt.Errorf("layer %d gate/up: %w", s.lo+i, err)
-		}
-		a = s.args.Reset().Ptr(s.b.gateUp).Ptr(s.b.act).Int32(int32(m.IntermediateSize))
-		grid := gpu.Dim3{X: uint32((m.IntermediateSize + siluThreads - 1) / siluThreads), Y: uint32(T)}
-		if err := s.launch(kSiluMul, grid, gpu.Dim3{X: siluThreads}, a); err != nil {
-			return err
-		}
-		if err := s.linear(s.b.resid, s.b.act, lw.down, T, m.IntermediateSize, H, 1); err != nil {
-			return fmt.Errorf("layer %d down: %w", s.lo+i, err)
+	if s.last && p.nSampled > 0 {
+		n := p.nSampled * (2 + 2*MaxLogprobs)
+		if err := gpu.CopyDtoHAsync(gpu.AsBytes(s.hostSample[:n]), s.b.sampleOut, st); err != nil {
+			return fmt.Errorf("copy sampled tokens: %w", err)
 		}
 	}
-	if s.last && p.rows > 0 {
-		if err := s.head(); err != nil {
-			return err
+	// Logits asked for with Seq.Logits: each sequence's rows are
+	// contiguous in the logits buffer.
+	V := s.m.VocabSize
+	for i, start := range p.logitStart {
+		n := p.logitCount[i]
+		dst := gpu.AsBytes(s.hostLogits[start*V : (start+n)*V])
+		if err := gpu.CopyDtoHAsync(dst, s.b.logits+gpu.DevicePtr(4*start*V), st); err != nil {
+			return fmt.Errorf("copy logits: %w", err)
 		}
 	}
 	if err := s.events[1].Record(st); err != nil {
@@ -114,58 +90,162 @@ func (s *Stage) run() error {
 	return nil
 }
 
-// head computes the logits rows the batch asks for (final norm of the
-// selected rows, LM head in fp32), samples, and copies results back.
-// Device goroutine only.
-func (s *Stage) head() error {
+// forwardPass orders the stage's work for a step of shape sh: the full
+// wrapper around all of it, and within it the dense segments, each in the
+// piecewise wrapper, with attention between them. A wrapper replays (or,
+// during Capture, captures) its graph when the step's mode is its own, and
+// otherwise runs its part straight through: mode None runs everything
+// eagerly, Piecewise replays the segments around eager attention, Full
+// replays one graph. Device goroutine only.
+func (s *Stage) forwardPass(step graphs.Step, sh shape) error {
+	return s.g.full.call(s, step, 0, func() error {
+		L := s.hi - s.lo
+		for i := 0; i <= L; i++ {
+			if err := s.g.piecewise.call(s, step, i, func() error { return s.segment(i, sh) }); err != nil {
+				return err
+			}
+			if i < L {
+				if err := s.attention(i, sh); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	})
+}
+
+// segment orders dense segment i of L+1, the work between two attention
+// calls: segment 0 takes the stage's input (embedding or received
+// activations); segment i > 0 finishes layer i-1 (o projection, norm,
+// MLP); segment i < L starts layer i (norm, q|k|v projection, rotary
+// embedding and KV cache write); segment L ends the stage (the LM head and
+// sampling on the last stage, else the residual stream handed on).
+func (s *Stage) segment(i int, sh shape) error {
 	m := &s.m
-	p := &s.p
+	T, H, I := sh.tokens, m.HiddenSize, m.IntermediateSize
+	L := s.hi - s.lo
+	// The layer GEMMs are compensated: their inputs are T rows of bf16
+	// values then T rows of rounding remainders, their outputs two halves
+	// lo = T rows apart (kernels/00_common.cu).
+	lo, n := T, 2*T
+	word := func(off int) gpu.DevicePtr { return s.b.batch + gpu.DevicePtr(4*off) }
 	lay := s.pl.lay
-	st := s.stream
-	rows := s.b.batch + gpu.DevicePtr(4*lay.logitRows())
-	if err := s.rmsnorm(p.rows, s.weights.norm, rows); err != nil {
-		return err
-	}
-	if err := s.linear(s.b.logits, s.b.normed, s.weights.lmHead, p.rows, m.HiddenSize, m.VocabSize, 0); err != nil {
-		return fmt.Errorf("LM head: %w", err)
-	}
-	if p.nSampled > 0 {
-		params := s.b.batch + gpu.DevicePtr(4*lay.sample())
-		a := s.args.Reset().Ptr(s.b.logits).Int32(int32(m.VocabSize)).Ptr(params).Ptr(s.b.sampleOut).Int32(MaxLogprobs)
-		if err := s.launch(kSample, gpu.Dim3{X: uint32(p.nSampled)}, gpu.Dim3{X: sampleThreads}, a); err != nil {
+	if i == 0 {
+		if s.first {
+			a := s.args.Reset().Ptr(word(lay.tokens())).Ptr(s.weights.embed).Ptr(s.b.resid).Int32(int32(H))
+			if err := s.launch(kEmbed, gpu.Dim3{X: uint32(T)}, gpu.Dim3{X: embedThreads}, a); err != nil {
+				return err
+			}
+		} else if err := gpu.CopyDtoDAsync(s.b.resid, s.b.in, T*H*4, s.stream); err != nil {
+			return fmt.Errorf("copy input activations: %w", err)
+		}
+	} else {
+		lw := s.layers[i-1]
+		layer := s.lo + i - 1
+		if err := s.linear(s.b.y, s.b.attn, lw.o, n, s.qDim, H); err != nil {
+			return fmt.Errorf("layer %d o_proj: %w", layer, err)
+		}
+		if err := s.rmsnorm(T, s.b.y, lo, lw.postNorm, lo, 0); err != nil {
 			return err
 		}
-		n := p.nSampled * (2 + 2*MaxLogprobs)
-		if err := gpu.CopyDtoHAsync(gpu.AsBytes(s.hostSample[:n]), s.b.sampleOut, st); err != nil {
-			return fmt.Errorf("copy sampled tokens: %w", err)
+		if err := s.linear(s.b.gateUp, s.b.normed, lw.gateUp, n, H, 2*I); err != nil {
+			return fmt.Errorf("layer %d gate/up: %w", layer, err)
+		}
+		a := s.args.Reset().Ptr(s.b.gateUp).Ptr(s.b.act).Int32(int32(lo)).Int32(int32(I))
+		grid := gpu.Dim3{X: uint32((I + siluThreads - 1) / siluThreads), Y: uint32(T)}
+		if err := s.launch(kSiluMul, grid, gpu.Dim3{X: siluThreads}, a); err != nil {
+			return err
+		}
+		if err := s.linear(s.b.y, s.b.act, lw.down, n, I, H); err != nil {
+			return fmt.Errorf("layer %d down: %w", layer, err)
 		}
 	}
-	// Logits asked for with Seq.Logits: each sequence's rows are
-	// contiguous in the logits buffer.
-	V := m.VocabSize
-	for i, start := range p.logitStart {
-		n := p.logitCount[i]
-		dst := gpu.AsBytes(s.hostLogits[start*V : (start+n)*V])
-		if err := gpu.CopyDtoHAsync(dst, s.b.logits+gpu.DevicePtr(4*start*V), st); err != nil {
-			return fmt.Errorf("copy logits: %w", err)
+	if i < L {
+		lw := s.layers[i]
+		var y gpu.DevicePtr // the previous layer's down projection
+		if i > 0 {
+			y = s.b.y
 		}
+		if err := s.rmsnorm(T, y, lo, lw.inNorm, lo, 0); err != nil {
+			return err
+		}
+		if err := s.linear(s.b.qkv, s.b.normed, lw.qkv, n, H, s.qkvDim); err != nil {
+			return fmt.Errorf("layer %d qkv: %w", s.lo+i, err)
+		}
+		kc, vc := s.kvLayerPtrs(i)
+		a := s.args.Reset().Ptr(s.b.qkv).Int32(int32(lo)).Ptr(lw.qkvBias).Ptr(s.b.invFreq).Ptr(word(lay.pos())).
+			Ptr(word(lay.cacheRow())).Ptr(s.b.q).Ptr(kc).Ptr(vc).
+			Int32(int32(m.NumHeads)).Int32(int32(m.NumKVHeads)).Int32(int32(m.HeadDim))
+		grid := gpu.Dim3{X: uint32(T), Y: uint32(m.NumHeads + m.NumKVHeads)}
+		return s.launch(kRopeQKV, grid, gpu.Dim3{X: uint32(m.HeadDim / 2)}, a)
+	}
+	if !s.last {
+		a := s.args.Reset().Ptr(s.b.resid).Ptr(s.b.y).Int32(int32(lo)).Int32(int32(H))
+		grid := gpu.Dim3{X: uint32((H + addThreads - 1) / addThreads), Y: uint32(T)}
+		return s.launch(kResidualAdd, grid, gpu.Dim3{X: addThreads}, a)
+	}
+	if sh.rows > 0 {
+		return s.head(sh, lo)
 	}
 	return nil
 }
 
-// rmsnorm normalises rows of the residual stream with weight w into the
-// bf16 buffer normed; rowmap (0: none) selects the rows (see norm.cu).
-func (s *Stage) rmsnorm(rows int, w, rowmap gpu.DevicePtr) error {
-	a := s.args.Reset().Ptr(s.b.resid).Ptr(w).Ptr(s.b.normed).Ptr(rowmap).
-		Int32(int32(s.m.HiddenSize)).Float32(float32(s.m.RMSNormEps))
+// kvLayerPtrs are the K and V caches of the stage's layer i.
+func (s *Stage) kvLayerPtrs(i int) (k, v gpu.DevicePtr) {
+	off := gpu.DevicePtr(i * s.kvLayer)
+	return s.kcache + off, s.vcache + off
+}
+
+// attention orders the attention of the stage's layer i over the KV cache.
+func (s *Stage) attention(i int, sh shape) error {
+	m := &s.m
+	lay := s.pl.lay
+	word := func(off int) gpu.DevicePtr { return s.b.batch + gpu.DevicePtr(4*off) }
+	kc, vc := s.kvLayerPtrs(i)
+	scale := float32(1 / math.Sqrt(float64(m.HeadDim)))
+	a := s.args.Reset().Ptr(s.b.q).Ptr(kc).Ptr(vc).Ptr(s.b.attn).Int32(int32(sh.tokens)).
+		Ptr(word(lay.kvBase())).Ptr(word(lay.pos())).
+		Int32(int32(m.NumHeads)).Int32(int32(m.NumKVHeads)).Int32(int32(m.HeadDim)).Float32(scale)
+	return s.launch(kAttention, gpu.Dim3{X: uint32(sh.tokens), Y: uint32(m.NumHeads)}, gpu.Dim3{X: attentionThreads}, a)
+}
+
+// head computes the logits rows of the step (the final norm of the
+// selected rows, adding the last down projection, whose second half is lo
+// rows on; the LM head in fp32) and samples.
+func (s *Stage) head(sh shape, lo int) error {
+	m := &s.m
+	lay := s.pl.lay
+	rows := s.b.batch + gpu.DevicePtr(4*lay.logitRows())
+	if err := s.rmsnorm(sh.rows, s.b.y, lo, s.weights.norm, 0, rows); err != nil {
+		return err
+	}
+	if err := s.linear(s.b.logits, s.b.normed, s.weights.lmHead, sh.rows, m.HiddenSize, m.VocabSize); err != nil {
+		return fmt.Errorf("LM head: %w", err)
+	}
+	if sh.sampled == 0 {
+		return nil
+	}
+	params := s.b.batch + gpu.DevicePtr(4*lay.sample())
+	a := s.args.Reset().Ptr(s.b.logits).Int32(int32(m.VocabSize)).Ptr(params).Ptr(s.b.sampleOut).Int32(MaxLogprobs)
+	return s.launch(kSample, gpu.Dim3{X: uint32(sh.sampled)}, gpu.Dim3{X: sampleThreads}, a)
+}
+
+// rmsnorm adds the pending GEMM output y (0: none; its second half lo rows
+// on) into the residual stream and normalises its rows with weight w into
+// the bf16 buffer normed, the rounding remainders outlo rows on (0: none);
+// rowmap (0: none) selects the rows and leaves the residual stream as it
+// is (see norm.cu).
+func (s *Stage) rmsnorm(rows int, y gpu.DevicePtr, lo int, w gpu.DevicePtr, outlo int, rowmap gpu.DevicePtr) error {
+	a := s.args.Reset().Ptr(s.b.resid).Ptr(y).Int32(int32(lo)).Ptr(w).Ptr(s.b.normed).Int32(int32(outlo)).
+		Ptr(rowmap).Int32(int32(s.m.HiddenSize)).Float32(float32(s.m.RMSNormEps))
 	return s.launch(kRMSNorm, gpu.Dim3{X: uint32(rows)}, gpu.Dim3{X: normThreads}, a)
 }
 
-// linear computes the fp32 row-major y[tokens×out] = x·Wᵀ + beta·y for bf16
-// x [tokens×in] and a bf16 Hugging Face weight W [out×in], accumulating in
-// fp32 (beta 1 adds into y, the residual stream).
-func (s *Stage) linear(y, x, w gpu.DevicePtr, tokens, in, out int, beta float32) error {
-	return s.blas.Gemm(gpu.OpT, gpu.OpN, out, tokens, in, 1, w, gpu.R16BF, in, x, gpu.R16BF, in, beta, y, gpu.R32F, out)
+// linear computes the fp32 row-major y[rows×out] = x·Wᵀ for bf16 x
+// [rows×in] and a bf16 Hugging Face weight W [out×in], accumulating in
+// fp32.
+func (s *Stage) linear(y, x, w gpu.DevicePtr, rows, in, out int) error {
+	return s.blas.Gemm(gpu.OpT, gpu.OpN, out, rows, in, 1, w, gpu.R16BF, in, x, gpu.R16BF, in, 0, y, gpu.R32F, out)
 }
 
 func (s *Stage) launch(name string, grid, block gpu.Dim3, a *gpu.KernelArgs) error {

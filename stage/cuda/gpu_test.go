@@ -195,7 +195,8 @@ func TestMemoryReport(t *testing.T) {
 	if mem.WeightBytes < want || mem.WeightBytes > want+int64(256*(3+6*m.NumLayers)) {
 		t.Errorf("weight bytes %d; want %d plus alignment", mem.WeightBytes, want)
 	}
-	if wantKV := int64(2 * m.NumLayers * 3 * 40 * kv * 2); mem.KVBytes != wantKV || mem.KVSlots != 3 || mem.KVPositions != 40 {
+	// 3 slots of 40 positions and the scratch row.
+	if wantKV := int64(2 * m.NumLayers * (3*40 + 1) * kv * 2); mem.KVBytes != wantKV || mem.KVSlots != 3 || mem.KVPositions != 40 {
 		t.Errorf("KV %d bytes, %d slots × %d positions; want %d bytes, 3 × 40", mem.KVBytes, mem.KVSlots, mem.KVPositions, wantKV)
 	}
 	if mem.WorkspaceBytes < cublasWorkspace {

@@ -4,17 +4,13 @@ import (
 	"context"
 	"encoding/binary"
 	"encoding/json"
-	"fmt"
 	"math"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
-	"sort"
 	"strings"
 	"testing"
-	"time"
 
-	"github.com/tandem-llm/tandem/gpu"
 	"github.com/tandem-llm/tandem/model"
 	"github.com/tandem-llm/tandem/model/randinit"
 	"github.com/tandem-llm/tandem/stage"
@@ -144,11 +140,10 @@ func top2f(v []float32) (int, int) {
 // the same tokens in the same batches, prefills in chunks of 16 and lags
 // behind, so prefill chunks mix with decodes and the slots must stay apart.
 //
-// Bound at each position: relative L2 error ≤ 2e-2, or, where transformers'
-// own bf16 forward already strays further (deep random networks amplify
-// bf16 rounding), ≤ 1.25 × that error; and the same top-1 token wherever the
-// reference's top-1/top-2 gap exceeds 0.1. How many positions exceed 2e-2 is
-// reported.
+// Bound at each position: relative L2 error ≤ 2e-2, and the same top-1
+// token wherever the reference's top-1/top-2 gap exceeds 0.1. Transformers'
+// own bf16 forward against the same reference is reported beside it, for
+// information (it exceeds 2e-2 on the 1B shape).
 func TestHFReference(t *testing.T) {
 	dir := os.Getenv("TANDEM_HF_DIR")
 	if dir == "" {
@@ -245,8 +240,8 @@ func testHFCase(t *testing.T, dir, name string) {
 			if hc.Informational {
 				continue
 			}
-			if bound := max(bf16Tol, 1.25*hf.BF16RelL2[p]); !(rel <= bound) {
-				t.Errorf("seq %d position %d: relative L2 error %.4g above %.4g (transformers bf16: %.4g)", k+1, p, rel, bound, hf.BF16RelL2[p])
+			if !(rel <= bf16Tol) {
+				t.Errorf("seq %d position %d: relative L2 error %.4g above %.4g (transformers bf16: %.4g)", k+1, p, rel, bf16Tol, hf.BF16RelL2[p])
 			}
 			if decisive && !top1 {
 				t.Errorf("seq %d position %d: top-1 differs where the reference's top-1/top-2 gap exceeds 0.1", k+1, p)
@@ -302,7 +297,13 @@ func TestCPUAgainstGPU(t *testing.T) {
 				if pos == 0 {
 					n = 32
 				}
-				b := &stage.Batch{ID: uint64(step), Seqs: []stage.Seq{{ID: 5, Pos: pos, Tokens: toks[pos : pos+n], Logits: true}}}
+				// The CPU backend's paged cache needs a block table; the
+				// CUDA stage ignores it.
+				blocks := make([]int32, (pos+n+cpu.DefaultBlockSize-1)/cpu.DefaultBlockSize)
+				for i := range blocks {
+					blocks[i] = int32(i)
+				}
+				b := &stage.Batch{ID: uint64(step), Seqs: []stage.Seq{{ID: 5, Pos: pos, Tokens: toks[pos : pos+n], Blocks: blocks, Logits: true}}}
 				co, err := cs.Forward(ctx, b)
 				if err != nil {
 					t.Fatal(err)
@@ -329,152 +330,4 @@ func TestCPUAgainstGPU(t *testing.T) {
 		})
 	}
 	writeResult(t, "cpu_vs_gpu", results)
-}
-
-// TestDecodeTiming times eager decode steps of the checkpoint in
-// TANDEM_BENCH_CHECKPOINT at batch 1 and 32 (median of 50 steps after 10 of
-// warm-up, each after a 64-token prefill), next to the HBM floor: weight
-// bytes over the device-to-device copy bandwidth measured here.
-func TestDecodeTiming(t *testing.T) {
-	dir := os.Getenv("TANDEM_BENCH_CHECKPOINT")
-	if dir == "" {
-		t.Skip("TANDEM_BENCH_CHECKPOINT is not set: nothing to time")
-	}
-	dev := device(t)
-	bw := copyBandwidth(t, dev)
-	ck, err := model.Open(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ck.Close()
-	cfg := ck.Config()
-	st := newTestStage(t, Config{Model: cfg, Lo: 0, Hi: cfg.NumLayers, Weights: ck, MaxTokens: 512, MaxSeqs: 32, MaxSeqLen: 256})
-	floor := float64(st.Memory().WeightBytes) / bw
-	res := map[string]any{"weight_bytes": st.Memory().WeightBytes, "copy_bw_bytes_per_s": bw, "floor_ms": floor * 1e3,
-		"device": dev.Info().Name}
-	rng := rand.New(rand.NewPCG(1, 1))
-	ctx := context.Background()
-	next := uint64(1)
-	for _, batch := range []int{1, 32} {
-		ids := make([]uint64, batch)
-		last := make([]int32, batch)
-		const prompt = 64
-		for i := 0; i < batch; i += 8 {
-			b := &stage.Batch{ID: next}
-			next++
-			for j := i; j < min(batch, i+8); j++ {
-				ids[j] = next*100 + uint64(j)
-				toks := make([]int32, prompt)
-				for k := range toks {
-					toks[k] = int32(rng.IntN(cfg.VocabSize))
-				}
-				b.Seqs = append(b.Seqs, stage.Seq{ID: ids[j], Tokens: toks, Sample: true})
-			}
-			out, err := st.Forward(ctx, b)
-			if err != nil {
-				t.Fatal(err)
-			}
-			for k, s := range out.Sampled {
-				last[i+k] = s.Token
-			}
-		}
-		var wall, dev []float64
-		for step := 0; step < 60; step++ {
-			b := &stage.Batch{ID: next}
-			next++
-			for j := range ids {
-				b.Seqs = append(b.Seqs, stage.Seq{ID: ids[j], Pos: prompt + step, Tokens: []int32{last[j]}, Sample: true, Index: step + 1})
-			}
-			start := time.Now()
-			out, err := st.Forward(ctx, b)
-			el := time.Since(start)
-			if err != nil {
-				t.Fatal(err)
-			}
-			for k, s := range out.Sampled {
-				last[k] = s.Token
-			}
-			if step >= 10 {
-				wall = append(wall, float64(el)/1e6)
-				dev = append(dev, float64(st.LastStepTime())/1e6)
-			}
-		}
-		for _, id := range ids {
-			st.Free(id)
-		}
-		r := map[string]float64{"wall_ms": median(wall), "gpu_ms": median(dev)}
-		res[fmt.Sprint("batch_", batch)] = r
-		t.Logf("batch %d: decode step %.3f ms wall, %.3f ms GPU (floor %.3f ms)", batch, r["wall_ms"], r["gpu_ms"], floor*1e3)
-	}
-	writeResult(t, "decode", res)
-}
-
-func median(v []float64) float64 {
-	s := append([]float64(nil), v...)
-	sort.Float64s(s)
-	return s[len(s)/2]
-}
-
-// copyBandwidth measures device-to-device copy bandwidth (bytes read plus
-// written per second) with a 1 GiB copy, median of 10 after 2 of warm-up.
-func copyBandwidth(t *testing.T, dev *gpu.Device) float64 {
-	t.Helper()
-	const n = 1 << 30
-	var times []float64
-	err := dev.Do(func() error {
-		a, err := gpu.Alloc(n)
-		if err != nil {
-			return err
-		}
-		defer a.Free()
-		b, err := gpu.Alloc(n)
-		if err != nil {
-			return err
-		}
-		defer b.Free()
-		s, err := gpu.NewStream()
-		if err != nil {
-			return err
-		}
-		defer s.Destroy()
-		if err := gpu.MemsetD32Async(a.Ptr(), 0x3f803f80, n/4, s); err != nil {
-			return err
-		}
-		e0, err := gpu.NewEvent()
-		if err != nil {
-			return err
-		}
-		defer e0.Destroy()
-		e1, err := gpu.NewEvent()
-		if err != nil {
-			return err
-		}
-		defer e1.Destroy()
-		for i := 0; i < 12; i++ {
-			if err := e0.Record(s); err != nil {
-				return err
-			}
-			if err := gpu.CopyDtoDAsync(b.Ptr(), a.Ptr(), n, s); err != nil {
-				return err
-			}
-			if err := e1.Record(s); err != nil {
-				return err
-			}
-			if err := e1.Synchronize(); err != nil {
-				return err
-			}
-			d, err := gpu.Elapsed(e0, e1)
-			if err != nil {
-				return err
-			}
-			if i >= 2 {
-				times = append(times, d.Seconds())
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		t.Fatalf("copy bandwidth: %v", err)
-	}
-	return 2 * n / median(times)
 }

@@ -14,16 +14,17 @@ var kernelFS embed.FS
 // Kernel entry points of the program in kernels/, with the launch shapes
 // their sources document.
 const (
-	kEmbed     = "embed"
-	kRMSNorm   = "rmsnorm"
-	kRopeQKV   = "rope_qkv"
-	kAttention = "attention"
-	kSiluMul   = "silu_mul"
-	kSample    = "sample"
+	kEmbed       = "embed"
+	kRMSNorm     = "rmsnorm"
+	kResidualAdd = "residual_add"
+	kRopeQKV     = "rope_qkv"
+	kAttention   = "attention"
+	kSiluMul     = "silu_mul"
+	kSample      = "sample"
 )
 
 // kernelNames lists every entry point New looks up.
-var kernelNames = []string{kEmbed, kRMSNorm, kRopeQKV, kAttention, kSiluMul, kSample}
+var kernelNames = []string{kEmbed, kRMSNorm, kResidualAdd, kRopeQKV, kAttention, kSiluMul, kSample}
 
 // Launch constants shared with the sources.
 const (
@@ -34,6 +35,7 @@ const (
 	normThreads      = 256
 	embedThreads     = 256
 	siluThreads      = 256
+	addThreads       = 256
 	// MaxLogprobs is the most top alternatives one sampled token reports.
 	MaxLogprobs = 20
 )

@@ -41,6 +41,10 @@ func newKVSlots(slots, maxLen int) *kvSlots {
 	return k
 }
 
+// scratch is the cache row past every slot's rows: padding rows of a
+// replayed graph write their keys and values there and attend to it alone.
+func (k *kvSlots) scratch() int { return len(k.length) * k.maxLen }
+
 // release drops a sequence's slot; unknown sequences are ignored.
 func (k *kvSlots) release(seq uint64) {
 	s, ok := k.slot[seq]
@@ -200,6 +204,42 @@ func (pl *planner) addOutputs(b *stage.Batch, s *stage.Seq, p *plan) error {
 	q[7] = int32(sp.Logprobs)
 	p.nSampled++
 	return nil
+}
+
+// shape is what a step's kernels are launched for: token rows, logits rows
+// and sampled sequences. An eager step has the batch's own; a replayed
+// graph has those it was captured for, which the batch's are padded to.
+type shape struct{ tokens, rows, sampled int }
+
+// pad fills the description past the batch's own rows up to sh, so that
+// the padding of a replayed graph is harmless: token rows read token 0 at
+// position 0 and write and attend to the scratch KV row, logits rows
+// normalise token row 0, and sampled entries sample logits row 0 greedily
+// with no alternatives. Their results are never read.
+func (pl *planner) pad(p *plan, sh shape) {
+	lay := pl.lay
+	w := p.words
+	scr := int32(pl.kv.scratch())
+	for r := p.tokens; r < sh.tokens; r++ {
+		w[lay.tokens()+r] = 0
+		w[lay.pos()+r] = 0
+		w[lay.cacheRow()+r] = scr
+		w[lay.kvBase()+r] = scr
+	}
+	for r := p.rows; r < sh.rows; r++ {
+		w[lay.logitRows()+r] = 0
+	}
+	for i := p.nSampled; i < sh.sampled; i++ {
+		clear(w[lay.sample()+sampleParams*i : lay.sample()+sampleParams*(i+1)])
+	}
+}
+
+// padding makes p a batch of padding alone, of shape sh: what Capture's
+// eager warm-up runs.
+func (pl *planner) padding(p *plan, sh shape) {
+	p.tokens, p.rows, p.nSampled, p.fresh = 0, 0, 0, 0
+	p.slots, p.logitStart, p.logitCount = p.slots[:0], p.logitStart[:0], p.logitCount[:0]
+	pl.pad(p, sh)
 }
 
 // commit records a batch that ran: new sequences take their slots and

@@ -9,6 +9,7 @@ import (
 
 	"github.com/tandem-llm/tandem/collective"
 	"github.com/tandem-llm/tandem/gpu"
+	"github.com/tandem-llm/tandem/graphs"
 	"github.com/tandem-llm/tandem/model"
 	"github.com/tandem-llm/tandem/model/safetensors"
 	"github.com/tandem-llm/tandem/stage"
@@ -42,15 +43,27 @@ type Config struct {
 	// CacheDir holds compiled kernels ("": $TANDEM_CACHE_DIR/kernels or the
 	// user cache directory's tandem/kernels).
 	CacheDir string
+	// GraphMemory is device memory New holds back for CUDA graphs before
+	// it allocates the KV cache, so that the cache cannot take what the
+	// graphs will need: Capture releases it, captures, and fails when the
+	// graphs took more. 0 holds nothing back.
+	GraphMemory int64
+	// GraphDebug makes every graph replay check that the buffers the
+	// graph reads and writes are still those it was captured with, and
+	// fail the step naming the one that moved.
+	GraphDebug bool
 }
 
 // Memory is what a stage holds on its device.
 type Memory struct {
 	WeightBytes    int64 // weights of the stage's layers, embedding, norm, LM head
 	WorkspaceBytes int64 // activations, logits, batch description, cuBLAS workspace
-	KVBytes        int64 // the KV cache
+	KVBytes        int64 // the KV cache, with one scratch row for padding
 	KVSlots        int   // sequences the cache holds at once
 	KVPositions    int   // positions per sequence
+	// GraphBytes is what the CUDA graphs took (after Capture), or the
+	// memory held back for them (Config.GraphMemory) before.
+	GraphBytes int64
 }
 
 // layerW points at one layer's weights on the device. q|k|v and gate|up are
@@ -62,14 +75,16 @@ type layerW struct {
 }
 
 // bufs points at the persistent activation buffers, sized for MaxTokens
-// rows (logits for MaxLogitRows). The residual stream and the GEMM outputs
-// that feed element-wise kernels are fp32; GEMM inputs, q and the KV cache
-// are bf16.
+// rows (logits for MaxLogitRows), twice that for the layer GEMMs' inputs
+// and outputs (compensated: values and rounding remainders). The residual
+// stream and GEMM outputs are fp32 (y is the output of the o and down
+// projections, added into the residual stream by the next kernel); GEMM
+// inputs, q and the KV cache are bf16.
 type bufs struct {
-	in, resid, qkv, gateUp   gpu.DevicePtr // fp32
-	normed, q, attn, act     gpu.DevicePtr // bf16
-	logits, sampleOut, batch gpu.DevicePtr
-	invFreq                  gpu.DevicePtr
+	in, resid, y, qkv, gateUp gpu.DevicePtr // fp32
+	normed, q, attn, act      gpu.DevicePtr // bf16
+	logits, sampleOut, batch  gpu.DevicePtr
+	invFreq                   gpu.DevicePtr
 }
 
 // Stage is a CUDA pipeline stage. It implements stage.Stage.
@@ -107,6 +122,11 @@ type Stage struct {
 	args        gpu.KernelArgs
 	out         stage.Output
 	closed      bool
+	g           graphState
+	// The step Forward runs: its graph step (mode None: eager) and the
+	// shape its kernels are launched for.
+	step graphs.Step
+	sh   shape
 }
 
 // New builds the stage: compiles (or loads from the cache) the kernels,
@@ -117,6 +137,9 @@ func New(cfg Config) (*Stage, error) {
 		return nil, fmt.Errorf("cuda stage: %w", err)
 	}
 	s := &Stage{m: *cfg.Model, lo: cfg.Lo, hi: cfg.Hi, dev: cfg.Device}
+	s.g.debug = cfg.GraphDebug
+	s.g.full = wrapper{mode: graphs.Full, graphs: map[segKey]graphExec{}}
+	s.g.piecewise = wrapper{mode: graphs.Piecewise, graphs: map[segKey]graphExec{}}
 	if s.dev == nil {
 		if err := gpu.Probe(); err != nil {
 			return nil, fmt.Errorf("cuda stage: no GPU: %w", err)
@@ -179,7 +202,10 @@ func checkConfig(cfg *Config) error {
 	if cfg.MaxLogitRows < cfg.MaxSeqs && cfg.MaxLogitRows < cfg.MaxTokens {
 		return fmt.Errorf("max logits rows %d is below max seqs %d: every sequence may sample", cfg.MaxLogitRows, cfg.MaxSeqs)
 	}
-	if int64(cfg.KVSlots)*int64(cfg.MaxSeqLen) > 1<<31-1 {
+	if cfg.GraphMemory < 0 {
+		return fmt.Errorf("graph memory %d must not be negative", cfg.GraphMemory)
+	}
+	if int64(cfg.KVSlots)*int64(cfg.MaxSeqLen)+1 > 1<<31-1 {
 		return fmt.Errorf("KV cache of %d slots × %d positions has more rows than an int32 indexes", cfg.KVSlots, cfg.MaxSeqLen)
 	}
 	return nil
@@ -264,23 +290,27 @@ func (a *arena) take(bytes int) int {
 // nothing while a stream is captured.
 const cublasWorkspace = 32 << 20
 
-// allocate creates the workspace and KV cache, and the pinned host buffers.
+// allocate creates the workspace, holds back the graph memory, creates the
+// KV cache and the pinned host buffers. Device memory starts zeroed, so
+// rows a step does not write (padding) never hold NaNs.
 func (s *Stage) allocate(cfg *Config, lay layout) error {
 	m := &s.m
 	const bf, f32 = 2, 4
-	T, H := cfg.MaxTokens, m.HiddenSize
+	T, H, I := cfg.MaxTokens, m.HiddenSize, m.IntermediateSize
+	const f = 2 // rows per token of the layer GEMMs' inputs and outputs
 	var a arena
 	var in int
 	if !s.first {
 		in = a.take(T * H * f32)
 	}
 	resid := a.take(T * H * f32)
-	normed := a.take(T * H * bf)
-	qkv := a.take(T * s.qkvDim * f32)
+	y := a.take(f * T * H * f32)
+	normed := a.take(f * T * H * bf)
+	qkv := a.take(f * T * s.qkvDim * f32)
 	q := a.take(T * s.qDim * bf)
-	attn := a.take(T * s.qDim * bf)
-	gateUp := a.take(T * 2 * m.IntermediateSize * f32)
-	act := a.take(T * m.IntermediateSize * bf)
+	attn := a.take(f * T * s.qDim * bf)
+	gateUp := a.take(f * T * 2 * I * f32)
+	act := a.take(f * T * I * bf)
 	var logits, sampleOut int
 	if s.last {
 		logits = a.take(lay.maxLogitRows * m.VocabSize * 4)
@@ -293,8 +323,11 @@ func (s *Stage) allocate(cfg *Config, lay layout) error {
 	if err != nil {
 		return err
 	}
+	if err := gpu.MemsetD8Async(work.Ptr(), 0, a.size, s.stream); err != nil {
+		return fmt.Errorf("clear activations: %w", err)
+	}
 	p := func(off int) gpu.DevicePtr { return work.Ptr() + gpu.DevicePtr(off) }
-	s.b = bufs{in: p(in), resid: p(resid), normed: p(normed), qkv: p(qkv), q: p(q), attn: p(attn),
+	s.b = bufs{in: p(in), resid: p(resid), y: p(y), normed: p(normed), qkv: p(qkv), q: p(q), attn: p(attn),
 		gateUp: p(gateUp), act: p(act), logits: p(logits), sampleOut: p(sampleOut),
 		batch: p(batch), invFreq: p(freq)}
 	if s.first {
@@ -308,16 +341,31 @@ func (s *Stage) allocate(cfg *Config, lay layout) error {
 	}
 	s.mem.WorkspaceBytes = int64(a.size)
 
-	s.kvLayer = cfg.KVSlots * cfg.MaxSeqLen * s.kvDim * bf
+	if cfg.GraphMemory > 0 {
+		if s.g.reserve, err = gpu.Alloc(int(cfg.GraphMemory)); err != nil {
+			return fmt.Errorf("hold back %d bytes for CUDA graphs: %w", cfg.GraphMemory, err)
+		}
+		s.g.budget = cfg.GraphMemory
+		s.mem.GraphBytes = cfg.GraphMemory
+	}
+
+	// One row past the slots is the scratch row that padding rows write.
+	s.kvLayer = (cfg.KVSlots*cfg.MaxSeqLen + 1) * s.kvDim * bf
 	layers := s.hi - s.lo
 	kv, err := s.alloc(2*layers*s.kvLayer, "the KV cache")
 	if err != nil {
 		return err
 	}
+	if err := gpu.MemsetD8Async(kv.Ptr(), 0, kv.Len(), s.stream); err != nil {
+		return fmt.Errorf("clear the KV cache: %w", err)
+	}
 	s.kcache = kv.Ptr()
 	s.vcache = kv.Ptr() + gpu.DevicePtr(layers*s.kvLayer)
 	s.mem.KVBytes = int64(kv.Len())
 	s.mem.KVSlots, s.mem.KVPositions = cfg.KVSlots, cfg.MaxSeqLen
+	if err := s.stream.Synchronize(); err != nil {
+		return fmt.Errorf("clear device buffers: %w", err)
+	}
 
 	if s.hostBatch, err = s.allocHost(lay.words()*4, "the batch description"); err != nil {
 		return err
@@ -351,6 +399,7 @@ func (s *Stage) Info() stage.Info {
 		MaxTokens: s.pl.lay.maxTokens,
 		MaxSeqs:   s.pl.lay.maxSeqs,
 		ActDType:  collective.F32,
+		Graphs:    graphs.Always,
 	}
 }
 
@@ -391,6 +440,7 @@ func (s *Stage) Close() error {
 		if s.stream != 0 {
 			errs = append(errs, s.stream.Synchronize())
 		}
+		errs = append(errs, s.g.release())
 		for _, m := range s.mems {
 			errs = append(errs, m.Free())
 		}

@@ -23,6 +23,24 @@ __device__ __forceinline__ bf16 f2bf(float f) {
     return (bf16)(u >> 16);
 }
 
+// put_split stores v at out[i] rounded to bf16 and, when lo is not 0, the
+// rounding remainder (v minus that), rounded to bf16 too, at out[i + lo]:
+// the two together carry v to about 16 significant bits, and a GEMM over
+// both (one matrix of twice the rows, see below) computes x·Wᵀ as if x had
+// them, reading the weights once.
+__device__ __forceinline__ void put_split(bf16* out, size_t i, size_t lo, float v) {
+    bf16 h = f2bf(v);
+    out[i] = h;
+    if (lo) {
+        out[i + lo] = f2bf(v - bf2f(h));
+    }
+}
+
+// Compensated GEMMs: every layer GEMM multiplies a matrix of 2T rows, the
+// bf16 values of its T inputs (rows 0..T-1) and their rounding remainders
+// (rows T..2T-1), so its output has two halves too, summed by the kernel
+// that reads it. lo is that row offset T.
+
 __device__ __forceinline__ float warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) {
         v += __shfl_xor_sync(0xffffffffu, v, o);

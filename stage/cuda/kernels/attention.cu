@@ -3,11 +3,12 @@
 // positions 0..pos[t], which sit in cache rows kv_base[t] + j (a contiguous
 // per-sequence slot; a paged cache replaces this mapping). Scores and the
 // softmax are fp32, with an online (running max) softmax over tiles of
-// blockDim.x keys; q is pre-scaled by `scale`.
+// blockDim.x keys; q is pre-scaled by `scale`. The output is rounded to
+// bf16, its rounding remainder at row t + lo (put_split).
 // Grid: (tokens, heads). Block: 128 threads; head_dim <= 256.
 #define ATT_THREADS 128
 extern "C" __global__ void attention(const bf16* q, const bf16* kcache, const bf16* vcache,
-                                     bf16* out, const int* kv_base, const int* pos, int nh,
+                                     bf16* out, int lo, const int* kv_base, const int* pos, int nh,
                                      int nkv, int hd, float scale) {
     __shared__ float qs[256];
     __shared__ float ps[ATT_THREADS];
@@ -56,11 +57,12 @@ extern "C" __global__ void attention(const bf16* q, const bf16* kcache, const bf
         __syncthreads();
     }
     bf16* o = out + ((size_t)t * nh + h) * hd;
+    size_t olo = (size_t)lo * nh * hd;
     float inv = 1.f / l;
     if (tid < hd) {
-        o[tid] = f2bf(acc0 * inv);
+        put_split(o, tid, olo, acc0 * inv);
     }
     if (tid + ATT_THREADS < hd) {
-        o[tid + ATT_THREADS] = f2bf(acc1 * inv);
+        put_split(o, tid + ATT_THREADS, olo, acc1 * inv);
     }
 }

@@ -1,18 +1,21 @@
 // rope_qkv takes one token's fused q|k|v projection row (fp32, as the GEMM
-// wrote it), adds the bias (Qwen2; bias may be null), rotates q and k in the Hugging Face rotate_half layout
-// (element i pairs with i + head_dim/2) by the angle pos * inv_freq[i], writes
-// q to q_out and k, v to the KV cache at row cache_row[t]. The cache of one
-// layer is [rows][kv_heads][head_dim]; the row index is the only thing that
-// ties a token to its place in the cache.
+// wrote it, in two halves: rows t and t + lo), adds the bias (Qwen2; bias
+// may be null), rotates q and k in the Hugging Face rotate_half layout
+// (element i pairs with i + head_dim/2) by the angle pos * inv_freq[i],
+// writes q to q_out and k, v to the KV cache at row cache_row[t]. The cache of one layer is [rows][kv_heads][head_dim]; the
+// row index is the only thing that ties a token to its place in the cache.
 // Grid: (tokens, heads + kv_heads). Block: head_dim / 2 threads.
-extern "C" __global__ void rope_qkv(const float* qkv, const bf16* bias, const float* inv_freq,
-                                    const int* pos, const int* cache_row, bf16* q_out,
-                                    bf16* kcache, bf16* vcache, int nh, int nkv, int hd) {
+extern "C" __global__ void rope_qkv(const float* qkv, int lo, const bf16* bias,
+                                    const float* inv_freq, const int* pos, const int* cache_row,
+                                    bf16* q_out, bf16* kcache, bf16* vcache, int nh, int nkv,
+                                    int hd) {
     int t = blockIdx.x, h = blockIdx.y, i = threadIdx.x;
     int half = hd >> 1;
-    const float* row = qkv + (size_t)t * (nh + 2 * nkv) * hd;
+    size_t width = (size_t)(nh + 2 * nkv) * hd;
+    const float* row = qkv + t * width;
+    const float* row2 = qkv + (t + lo) * width;
     int off = h * hd;
-    float x1 = row[off + i], x2 = row[off + i + half];
+    float x1 = row[off + i] + row2[off + i], x2 = row[off + i + half] + row2[off + i + half];
     if (bias) {
         x1 += bf2f(bias[off + i]);
         x2 += bf2f(bias[off + i + half]);
@@ -32,7 +35,7 @@ extern "C" __global__ void rope_qkv(const float* qkv, const bf16* bias, const fl
     kcache[dst + i] = f2bf(y1);
     kcache[dst + i + half] = f2bf(y2);
     int voff = (nh + nkv) * hd + kh * hd;
-    float v1 = row[voff + i], v2 = row[voff + i + half];
+    float v1 = row[voff + i] + row2[voff + i], v2 = row[voff + i + half] + row2[voff + i + half];
     if (bias) {
         v1 += bf2f(bias[voff + i]);
         v2 += bf2f(bias[voff + i + half]);
