@@ -9,7 +9,8 @@
 // the model's layers over the stage nodes (package placement), has each
 // load its range and connect to the next (Node.Load, then Node.Connect),
 // dials every stage's control link (package pipeline) and runs the request
-// loop. Every step of the pipeline goes to every stage with the leader's
+// loop (package sched: continuous batching over the stages' paged KV
+// caches). Every step of the pipeline goes to every stage with the leader's
 // epoch; stages refuse older epochs, so a stale leader cannot drive them.
 // The leader alone knows every request's tokens; stages hold only caches,
 // so a pipeline can always be rebuilt from the leader's state.
@@ -41,10 +42,10 @@
 //
 // New starts nothing. Run owns the daemon: it starts the gRPC server, the
 // membership, the supervisor loop (which alone decides leadership and
-// builds and stops pipelines), one engine goroutine per running pipeline
-// (the only user of its pipeline.Driver; Generate calls hand it requests
-// through a channel and read their tokens from per-request queues, so the
-// engine never waits on a client), and one goroutine per assigned stage.
-// Daemon.mu guards the state shared with RPC handlers. When Run returns,
-// every goroutine it started has ended.
+// builds and stops pipelines), per running pipeline a sched.Loop (the only
+// user of its pipeline.Driver; Generate calls submit requests to it and
+// read their token streams, so it never waits on a client) and the
+// goroutine that stops it, and one goroutine per assigned stage. Daemon.mu
+// guards the state shared with RPC handlers. When Run returns, every
+// goroutine it started has ended.
 package daemon
