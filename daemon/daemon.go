@@ -133,7 +133,10 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 		return err
 	}
 	auth := tokenAuth{token: d.sec.adminToken}
-	srv := grpc.NewServer(grpc.Creds(creds), grpc.ChainUnaryInterceptor(auth.unary), grpc.ChainStreamInterceptor(auth.stream))
+	rec := recovery{log: d.log}
+	srv := grpc.NewServer(grpc.Creds(creds),
+		grpc.ChainUnaryInterceptor(rec.unary, auth.unary),
+		grpc.ChainStreamInterceptor(rec.stream, auth.stream))
 	d.health = health.NewServer()
 	d.setHealth(false)
 	d.slot = &stageSlot{

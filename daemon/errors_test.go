@@ -4,8 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"strings"
 	"testing"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
@@ -33,5 +36,27 @@ func TestGRPCError(t *testing.T) {
 		if tc.err != nil && status.Convert(got).Message() != tc.err.Error() && status.Code(tc.err) == codes.Unknown {
 			t.Errorf("grpcError(%v) message %q, want the error's", tc.err, status.Convert(got).Message())
 		}
+	}
+}
+
+// TestRecovery checks that a panicking handler fails its call with
+// INTERNAL instead of crashing the daemon.
+func TestRecovery(t *testing.T) {
+	var logged strings.Builder
+	r := recovery{log: slog.New(slog.NewTextHandler(&logged, nil))}
+	_, err := r.unary(context.Background(), nil, &grpc.UnaryServerInfo{FullMethod: "/x/Y"}, func(context.Context, any) (any, error) {
+		var m map[string]int
+		m["boom"]++ // a nil map write panics
+		return nil, nil
+	})
+	if status.Code(err) != codes.Internal || !strings.Contains(logged.String(), "panic in an RPC handler") || !strings.Contains(logged.String(), "/x/Y") {
+		t.Errorf("unary panic: %v, logged %q", err, logged.String())
+	}
+	err = r.stream(nil, nil, &grpc.StreamServerInfo{FullMethod: "/x/Z"}, func(any, grpc.ServerStream) error { panic("boom") })
+	if status.Code(err) != codes.Internal {
+		t.Errorf("stream panic: %v, want INTERNAL", err)
+	}
+	if err := r.stream(nil, nil, &grpc.StreamServerInfo{FullMethod: "/x/Z"}, func(any, grpc.ServerStream) error { return nil }); err != nil {
+		t.Errorf("stream without panic: %v", err)
 	}
 }
