@@ -27,9 +27,11 @@
 //
 // # Concurrency
 //
-// A Worker is run by one goroutine (Serve). A Driver is used by one
-// goroutine; it owns one goroutine per link, which Close stops after the
-// links end. StartLocal's worker goroutines end when the Driver closes their
+// A Worker is run by one goroutine (Serve). A Driver's Submit may be called
+// by one goroutine while another calls Wait (the scheduler keeps steps in
+// flight that way); Step is Submit then Wait, for a single caller. The
+// Driver owns one goroutine per link, which Close stops after the links
+// end. A submitted Step's slices must not change until its result is back. StartLocal's worker goroutines end when the Driver closes their
 // links. Results cross goroutines as copies: a stage reuses its output
 // buffers on its next step.
 //
