@@ -193,7 +193,7 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 	d.mu.Unlock()
 	d.setHealth(false)
 	if pipe != nil {
-		d.stopPipeline(pipe, true, time.Duration(d.cfg.Cluster.DrainTimeout))
+		d.drainPipeline(pipe, time.Duration(d.cfg.Cluster.DrainTimeout))
 	}
 	d.engines.Wait()
 	if err := d.memb.Leave(leaveTimeout); err != nil {

@@ -33,8 +33,9 @@ type engine struct {
 	drainOne sync.Once
 	abortOne sync.Once
 
-	mu  sync.Mutex
-	err error // why run returned
+	mu         sync.Mutex
+	err        error // why run returned
+	abortCause error
 }
 
 // epochExecutor stamps every step with the leader's epoch before the
@@ -117,10 +118,13 @@ func (e *engine) drain() (first bool) {
 	return first
 }
 
-// abort makes run stop at once: the requests left fail. It reports whether
-// this call started the abort.
-func (e *engine) abort() (first bool) {
+// abort makes run stop at once, for the reason cause: the requests left
+// fail. It reports whether this call started the abort.
+func (e *engine) abort(cause error) (first bool) {
 	e.abortOne.Do(func() {
+		e.mu.Lock()
+		e.abortCause = cause
+		e.mu.Unlock()
 		close(e.abortCh)
 		first = true
 	})
@@ -129,7 +133,7 @@ func (e *engine) abort() (first bool) {
 
 // Why run returned: after abort, after drain.
 var (
-	errAborted = errors.New("pipeline stopped by the leader")
+	errAborted = errors.New("stopped by the leader")
 	errDrained = errors.New("drained")
 )
 
@@ -157,7 +161,9 @@ func (e *engine) wait() error {
 		case <-e.loop.Done():
 			return e.loop.Err()
 		case <-e.abortCh:
-			return errAborted
+			e.mu.Lock()
+			defer e.mu.Unlock()
+			return fmt.Errorf("%w: %w", errAborted, e.abortCause)
 		case <-drain:
 			drain = nil
 			t := time.NewTicker(drainPoll)

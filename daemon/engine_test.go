@@ -81,7 +81,7 @@ func startEngine(t *testing.T, d *pipeline.Driver, epoch uint64) (*engine, <-cha
 	done := make(chan error, 1)
 	go func() { done <- e.run() }()
 	t.Cleanup(func() {
-		e.abort()
+		e.abort(errors.New("test over"))
 		<-e.done
 	})
 	return e, done
@@ -304,7 +304,7 @@ func TestEngineEpoch(t *testing.T) {
 			}
 		}
 		cancel()
-		e.abort()
+		e.abort(errors.New("test over"))
 		<-e.done
 		<-served
 		ln.Close()
@@ -346,7 +346,7 @@ func TestEngineDrainAndAbort(t *testing.T) {
 		}()
 		<-first
 		if abort {
-			e.abort()
+			e.abort(errors.New("test over"))
 		} else {
 			e.drain()
 		}

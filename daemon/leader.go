@@ -180,7 +180,7 @@ func (d *Daemon) checkPipeline(p *pipelineState, members []membership.Member) {
 		switch {
 		case i < 0 || members[i].State == membership.Dead:
 			d.setHealth(false)
-			if p.eng.abort() {
+			if p.eng.abort(fmt.Errorf("stage node %s is dead", s.Node)) {
 				d.log.Warn("stage node dead: stopping the pipeline", "stage", s.Node, "epoch", p.epoch)
 			}
 		case members[i].State == membership.Left:
@@ -192,20 +192,16 @@ func (d *Daemon) checkPipeline(p *pipelineState, members []membership.Member) {
 	}
 }
 
-// stopPipeline drains (or aborts) the pipeline and waits for its engine,
-// aborting it once timeout has passed.
-func (d *Daemon) stopPipeline(p *pipelineState, drain bool, timeout time.Duration) {
-	if drain {
-		p.eng.drain()
-	} else {
-		p.eng.abort()
-	}
+// drainPipeline drains the pipeline and waits for its engine, aborting it
+// once timeout has passed.
+func (d *Daemon) drainPipeline(p *pipelineState, timeout time.Duration) {
+	p.eng.drain()
 	select {
 	case <-p.ended:
 		return
 	case <-time.After(timeout):
 		d.log.Warn("drain timed out: cancelling the requests left", "timeout", timeout)
-		p.eng.abort()
+		p.eng.abort(fmt.Errorf("the drain took longer than %v", timeout))
 	}
 	<-p.ended
 }
