@@ -271,8 +271,13 @@ func (c *Config) validate() error {
 		bad("model: the model directory is required")
 	}
 	for key, addr := range map[string]string{"listen.grpc": c.Listen.GRPC, "listen.gossip": c.Listen.Gossip, "listen.control": c.Listen.Control, "listen.data": c.Listen.Data} {
-		if _, _, err := net.SplitHostPort(addr); err != nil {
+		host, _, err := net.SplitHostPort(addr)
+		ip := net.ParseIP(host)
+		switch {
+		case err != nil:
 			bad("%s %q: %v", key, addr, err)
+		case c.Listen.Advertise == "" && (host == "" || (ip != nil && ip.IsUnspecified())):
+			bad("%s %q listens on every interface: set listen.advertise, the host other nodes reach this one at", key, addr)
 		}
 	}
 	for _, s := range c.Cluster.Seeds {

@@ -54,6 +54,7 @@ func TestConfigErrors(t *testing.T) {
 	}{
 		{"no model", Config{Name: "n"}, "model"},
 		{"bad grpc address", Config{Name: "n", Model: "m", Listen: ListenConfig{GRPC: "7400"}}, "listen.grpc"},
+		{"wildcard without advertise", Config{Name: "n", Model: "m", Listen: ListenConfig{GRPC: "0.0.0.0:7400"}}, "listen.advertise"},
 		{"bad seed", Config{Name: "n", Model: "m", Cluster: ClusterConfig{Seeds: []string{"host"}}}, "cluster.seeds"},
 		{"cuda", Config{Name: "n", Model: "m", Stage: StageConfig{Backend: "cuda"}}, "only cpu"},
 		{"cert without key", Config{Name: "n", Model: "m", Security: SecurityConfig{TLSCertFile: "c"}}, "go together"},
