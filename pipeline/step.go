@@ -15,6 +15,11 @@ type Step struct {
 	// Free lists sequences whose KV caches the stage drops before running
 	// the batch (finished or cancelled requests).
 	Free []uint64
+	// AwaitHandoff is, with on-device hand-off, how many hand-off messages
+	// (one per earlier step with Batch.Handoff set, in step order) the
+	// first stage must have received and applied before it runs this
+	// step: the placeholders of this step need their tokens. 0 otherwise.
+	AwaitHandoff int
 }
 
 // Result is what a stage reports for a step. The last stage reports every

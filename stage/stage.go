@@ -63,6 +63,8 @@ type Batch struct {
 	// whose descriptor holds the batch's token count. A stage that cannot
 	// replay the step it is told to must fail it, never run it eagerly.
 	Graph graphs.Step
+	// Handoff asks the last stage to fill Output.Handoff.
+	Handoff bool
 }
 
 // NumTokens is the number of token rows in the batch.
@@ -108,6 +110,12 @@ type Seq struct {
 	// Logits asks the last stage to return the logits of every position of
 	// the chunk (tests and verification; costly).
 	Logits bool
+	// Slot is the sequence's hand-off slot, in [0, Info.MaxSeqs): the
+	// leader assigns it when the request starts running and keeps it until
+	// the request finishes. With on-device hand-off the last stage reports
+	// each sampled token under its slot, and the first stage fills a
+	// Placeholder with the token last recorded for that slot.
+	Slot int
 }
 
 // Sampling parameters of one request.
@@ -122,6 +130,21 @@ type Sampling struct {
 	Logprobs int
 }
 
+// HandoffReceiver is implemented by stages that can take sampled tokens back
+// on the first stage (on-device hand-off). The last stage's Output.Handoff
+// is received into HandoffInput, then ApplyHandoff records its rows; a
+// later Forward fills each Placeholder from the recorded tokens.
+type HandoffReceiver interface {
+	// HandoffInput is the persistent buffer a hand-off message is received
+	// into: up to Info().MaxSeqs rows of two I32 (slot, token).
+	HandoffInput() collective.Buffer
+	// ApplyHandoff records the first rows of HandoffInput.
+	ApplyHandoff(ctx context.Context, rows int) error
+}
+
+// HandoffCols is the number of I32 columns of a hand-off row: slot, token.
+const HandoffCols = 2
+
 // Output is what Forward produces.
 type Output struct {
 	// Activations for the next stage (every stage but the last), described
@@ -134,6 +157,14 @@ type Output struct {
 	// Logits of every position of every Seq with Logits set, in batch
 	// order: Logits[k] is one row of Vocab values (last stage only).
 	Logits []SeqLogits
+	// Handoff holds, on the last stage of a batch with Handoff set, one
+	// (slot, token) row of I32 per sampled sequence, in batch order,
+	// described by HandoffHeader (Rows = len(Sampled), Cols =
+	// HandoffCols, DType = I32, Batch = the batch id). It lives where the
+	// stage computes (device memory on CUDA), so it can go straight to the
+	// first stage.
+	HandoffHeader collective.Header
+	Handoff       collective.Buffer
 }
 
 // Sampled is a token sampled for a sequence.
