@@ -3,8 +3,11 @@ package daemon
 import (
 	"context"
 
+	"google.golang.org/protobuf/types/known/durationpb"
+
 	"github.com/tandem-llm/tandem/daemon/membership"
 	tandemv1 "github.com/tandem-llm/tandem/proto/tandem/v1"
+	"github.com/tandem-llm/tandem/sched"
 )
 
 // adminServer implements tandem.v1.Admin.
@@ -50,6 +53,7 @@ func (a *adminServer) Status(context.Context, *tandemv1.StatusRequest) (*tandemv
 		resp.Serving = !d.draining && p.eng.stopErr() == nil
 		resp.RequestsRunning = uint32(st.Running)
 		resp.RequestsWaiting = uint32(st.Waiting)
+		resp.Scheduler = schedulerStats(st)
 		for i, s := range p.stages {
 			resp.Stages = append(resp.Stages, &tandemv1.Stage{
 				Index:       uint32(i),
@@ -63,4 +67,23 @@ func (a *adminServer) Status(context.Context, *tandemv1.StatusRequest) (*tandemv
 		}
 	}
 	return resp, nil
+}
+
+// schedulerStats describes the leader's scheduler.
+func schedulerStats(st sched.Stats) *tandemv1.SchedulerStats {
+	return &tandemv1.SchedulerStats{
+		Running:         uint32(st.Running),
+		Waiting:         uint32(st.Waiting),
+		InFlight:        uint32(st.InFlight),
+		KvBlocksUsed:    uint64(st.KVBlocksUsed),
+		KvBlocks:        uint64(st.KVBlocks),
+		BlockSize:       uint32(st.BlockSize),
+		Preemptions:     st.Preemptions,
+		DiscardedTokens: st.Discarded,
+		Finished:        st.Finished,
+		Cancelled:       st.Cancelled,
+		Steps:           st.Steps,
+		LastStepTime:    durationpb.New(st.LastStepTime),
+		MeanStepTime:    durationpb.New(st.StepTime),
+	}
 }

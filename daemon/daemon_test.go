@@ -210,6 +210,9 @@ func TestSecureCluster(t *testing.T) {
 	if len(st.GetStages()) != 2 || st.GetStages()[0].GetNode() != "a" || st.GetStages()[1].GetNode() != "b" || !st.GetServing() {
 		t.Errorf("status %v: want a then b serving", st)
 	}
+	if sc := st.GetScheduler(); sc == nil || sc.GetBlockSize() != 16 || sc.GetKvBlocks()*uint64(sc.GetBlockSize()) != st.GetKvTokens() || sc.GetKvBlocksUsed() != 0 || sc.GetRunning() != 0 {
+		t.Errorf("status scheduler %v: want an idle scheduler with KV capacity %d tokens in blocks of 16", sc, st.GetKvTokens())
+	}
 	js, _ := protojson.Marshal(st)
 	for _, secret := range []string{admin, gossipKey, base64.StdEncoding.EncodeToString([]byte(gossipKey))} {
 		if strings.Contains(string(js), secret) {

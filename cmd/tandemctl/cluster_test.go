@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
@@ -141,5 +142,53 @@ func TestStatusAndGenerate(t *testing.T) {
 	}
 	if _, err := run(t, "", "generate", "--ids", "1,99999"); err == nil || !strings.Contains(err.Error(), "InvalidArgument") {
 		t.Errorf("generate with an id out of the vocabulary: %v, want InvalidArgument", err)
+	}
+	checkSchedulerStatus(t)
+}
+
+// checkSchedulerStatus checks the scheduler's figures in status after the
+// two generate requests of TestStatusAndGenerate: both finished, at least
+// one step per token, their KV blocks freed.
+func checkSchedulerStatus(t *testing.T) {
+	type schedJSON struct {
+		Running, Waiting, InFlight   uint32
+		KVBlocksUsed                 uint64 `json:"kvBlocksUsed,string"`
+		KVBlocks                     uint64 `json:"kvBlocks,string"`
+		BlockSize                    uint32
+		Finished                     uint64 `json:",string"`
+		Steps                        uint64 `json:",string"`
+		LastStepTime, MeanStepTime   string
+		Preemptions, DiscardedTokens string
+	}
+	var sc schedJSON
+	// The figures are a snapshot taken between steps: the last one may
+	// reach the client before its step's snapshot.
+	for start := time.Now(); ; time.Sleep(20 * time.Millisecond) {
+		out, err := run(t, "", "status", "--json")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var st struct{ Scheduler schedJSON }
+		if err := json.Unmarshal([]byte(out), &st); err != nil {
+			t.Fatalf("status --json: %v:\n%s", err, out)
+		}
+		sc = st.Scheduler
+		if sc.Finished == 2 || time.Since(start) > 5*time.Second {
+			break
+		}
+	}
+	if sc.Finished != 2 || sc.Running != 0 || sc.Waiting != 0 || sc.Steps < 6 || sc.KVBlocks == 0 || sc.KVBlocksUsed != 0 ||
+		sc.BlockSize != 16 || sc.LastStepTime == "" || sc.LastStepTime == "0s" || sc.MeanStepTime == "0s" || sc.Preemptions != "0" {
+		t.Errorf("status --json scheduler %+v: want 2 finished, none running or waiting, at least 6 steps, no KV block used, blocks of 16, step times", sc)
+	}
+	out, err := run(t, "", "status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range []string{"requests:  0 running, 0 waiting, 2 finished, 0 cancelled", fmt.Sprintf("KV cache:  0 of %d blocks used (0.0%%), 16 positions a block", sc.KVBlocks),
+		fmt.Sprintf("steps:     %d done, 0 in flight", sc.Steps)} {
+		if !strings.Contains(out, w) {
+			t.Errorf("status table lacks %q:\n%s", w, out)
+		}
 	}
 }

@@ -68,6 +68,9 @@ func printStatus(w io.Writer, st *tandemv1.StatusResponse) error {
 	fmt.Fprintf(tw, "leader:\t%s\n", leader)
 	fmt.Fprintf(tw, "pipeline:\t%s\n", pipe)
 	fmt.Fprintf(tw, "model:\t%s\n", st.GetModelId())
+	if sc := st.GetScheduler(); sc != nil {
+		printScheduler(tw, sc)
+	}
 	tw.Flush()
 
 	fmt.Fprintln(w)
@@ -94,6 +97,22 @@ func printStatus(w io.Writer, st *tandemv1.StatusResponse) error {
 		tw.Flush()
 	}
 	return nil
+}
+
+// printScheduler writes the leader's scheduler figures as rows of the
+// header table.
+func printScheduler(tw io.Writer, sc *tandemv1.SchedulerStats) {
+	usage := 0.0
+	if sc.GetKvBlocks() > 0 {
+		usage = 100 * float64(sc.GetKvBlocksUsed()) / float64(sc.GetKvBlocks())
+	}
+	fmt.Fprintf(tw, "requests:\t%d running, %d waiting, %d finished, %d cancelled\n",
+		sc.GetRunning(), sc.GetWaiting(), sc.GetFinished(), sc.GetCancelled())
+	fmt.Fprintf(tw, "KV cache:\t%d of %d blocks used (%.1f%%), %d positions a block\n",
+		sc.GetKvBlocksUsed(), sc.GetKvBlocks(), usage, sc.GetBlockSize())
+	fmt.Fprintf(tw, "steps:\t%d done, %d in flight, step time %v last, %v mean; %d preemptions, %d tokens discarded\n",
+		sc.GetSteps(), sc.GetInFlight(), sc.GetLastStepTime().AsDuration(), sc.GetMeanStepTime().AsDuration(),
+		sc.GetPreemptions(), sc.GetDiscardedTokens())
 }
 
 func short(id string) string {

@@ -9,6 +9,7 @@ package tandemv1
 import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
+	durationpb "google.golang.org/protobuf/types/known/durationpb"
 	reflect "reflect"
 	sync "sync"
 	unsafe "unsafe"
@@ -136,8 +137,10 @@ type StatusResponse struct {
 	KvTokens        uint64 `protobuf:"varint,11,opt,name=kv_tokens,json=kvTokens,proto3" json:"kv_tokens,omitempty"`
 	RequestsRunning uint32 `protobuf:"varint,12,opt,name=requests_running,json=requestsRunning,proto3" json:"requests_running,omitempty"`
 	RequestsWaiting uint32 `protobuf:"varint,13,opt,name=requests_waiting,json=requestsWaiting,proto3" json:"requests_waiting,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// The leader's scheduler (the leader only, while it has a pipeline).
+	Scheduler     *SchedulerStats `protobuf:"bytes,14,opt,name=scheduler,proto3" json:"scheduler,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *StatusResponse) Reset() {
@@ -261,6 +264,167 @@ func (x *StatusResponse) GetRequestsWaiting() uint32 {
 	return 0
 }
 
+func (x *StatusResponse) GetScheduler() *SchedulerStats {
+	if x != nil {
+		return x.Scheduler
+	}
+	return nil
+}
+
+// SchedulerStats is a snapshot of the leader's scheduler, taken between
+// steps.
+type SchedulerStats struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Requests admitted (holding KV blocks) and not admitted yet or
+	// preempted.
+	Running uint32 `protobuf:"varint,1,opt,name=running,proto3" json:"running,omitempty"`
+	Waiting uint32 `protobuf:"varint,2,opt,name=waiting,proto3" json:"waiting,omitempty"`
+	// Steps in the pipeline now.
+	InFlight uint32 `protobuf:"varint,3,opt,name=in_flight,json=inFlight,proto3" json:"in_flight,omitempty"`
+	// KV blocks held by running requests, of the capacity; a block holds
+	// block_size positions on every stage.
+	KvBlocksUsed uint64 `protobuf:"varint,4,opt,name=kv_blocks_used,json=kvBlocksUsed,proto3" json:"kv_blocks_used,omitempty"`
+	KvBlocks     uint64 `protobuf:"varint,5,opt,name=kv_blocks,json=kvBlocks,proto3" json:"kv_blocks,omitempty"`
+	BlockSize    uint32 `protobuf:"varint,6,opt,name=block_size,json=blockSize,proto3" json:"block_size,omitempty"`
+	// Requests sent back to waiting for lack of KV blocks.
+	Preemptions uint64 `protobuf:"varint,7,opt,name=preemptions,proto3" json:"preemptions,omitempty"`
+	// Sampled tokens dropped on their return because their request had been
+	// preempted, cancelled or had finished meanwhile.
+	DiscardedTokens uint64 `protobuf:"varint,8,opt,name=discarded_tokens,json=discardedTokens,proto3" json:"discarded_tokens,omitempty"`
+	// Requests that ended with a finish reason, and those cancelled.
+	Finished  uint64 `protobuf:"varint,9,opt,name=finished,proto3" json:"finished,omitempty"`
+	Cancelled uint64 `protobuf:"varint,10,opt,name=cancelled,proto3" json:"cancelled,omitempty"`
+	// Steps completed.
+	Steps uint64 `protobuf:"varint,11,opt,name=steps,proto3" json:"steps,omitempty"`
+	// From scheduling a step to its result: the last step's, and a moving
+	// average.
+	LastStepTime  *durationpb.Duration `protobuf:"bytes,12,opt,name=last_step_time,json=lastStepTime,proto3" json:"last_step_time,omitempty"`
+	MeanStepTime  *durationpb.Duration `protobuf:"bytes,13,opt,name=mean_step_time,json=meanStepTime,proto3" json:"mean_step_time,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SchedulerStats) Reset() {
+	*x = SchedulerStats{}
+	mi := &file_tandem_v1_admin_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SchedulerStats) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SchedulerStats) ProtoMessage() {}
+
+func (x *SchedulerStats) ProtoReflect() protoreflect.Message {
+	mi := &file_tandem_v1_admin_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SchedulerStats.ProtoReflect.Descriptor instead.
+func (*SchedulerStats) Descriptor() ([]byte, []int) {
+	return file_tandem_v1_admin_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *SchedulerStats) GetRunning() uint32 {
+	if x != nil {
+		return x.Running
+	}
+	return 0
+}
+
+func (x *SchedulerStats) GetWaiting() uint32 {
+	if x != nil {
+		return x.Waiting
+	}
+	return 0
+}
+
+func (x *SchedulerStats) GetInFlight() uint32 {
+	if x != nil {
+		return x.InFlight
+	}
+	return 0
+}
+
+func (x *SchedulerStats) GetKvBlocksUsed() uint64 {
+	if x != nil {
+		return x.KvBlocksUsed
+	}
+	return 0
+}
+
+func (x *SchedulerStats) GetKvBlocks() uint64 {
+	if x != nil {
+		return x.KvBlocks
+	}
+	return 0
+}
+
+func (x *SchedulerStats) GetBlockSize() uint32 {
+	if x != nil {
+		return x.BlockSize
+	}
+	return 0
+}
+
+func (x *SchedulerStats) GetPreemptions() uint64 {
+	if x != nil {
+		return x.Preemptions
+	}
+	return 0
+}
+
+func (x *SchedulerStats) GetDiscardedTokens() uint64 {
+	if x != nil {
+		return x.DiscardedTokens
+	}
+	return 0
+}
+
+func (x *SchedulerStats) GetFinished() uint64 {
+	if x != nil {
+		return x.Finished
+	}
+	return 0
+}
+
+func (x *SchedulerStats) GetCancelled() uint64 {
+	if x != nil {
+		return x.Cancelled
+	}
+	return 0
+}
+
+func (x *SchedulerStats) GetSteps() uint64 {
+	if x != nil {
+		return x.Steps
+	}
+	return 0
+}
+
+func (x *SchedulerStats) GetLastStepTime() *durationpb.Duration {
+	if x != nil {
+		return x.LastStepTime
+	}
+	return nil
+}
+
+func (x *SchedulerStats) GetMeanStepTime() *durationpb.Duration {
+	if x != nil {
+		return x.MeanStepTime
+	}
+	return nil
+}
+
 type Member struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
@@ -281,7 +445,7 @@ type Member struct {
 
 func (x *Member) Reset() {
 	*x = Member{}
-	mi := &file_tandem_v1_admin_proto_msgTypes[2]
+	mi := &file_tandem_v1_admin_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -293,7 +457,7 @@ func (x *Member) String() string {
 func (*Member) ProtoMessage() {}
 
 func (x *Member) ProtoReflect() protoreflect.Message {
-	mi := &file_tandem_v1_admin_proto_msgTypes[2]
+	mi := &file_tandem_v1_admin_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -306,7 +470,7 @@ func (x *Member) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Member.ProtoReflect.Descriptor instead.
 func (*Member) Descriptor() ([]byte, []int) {
-	return file_tandem_v1_admin_proto_rawDescGZIP(), []int{2}
+	return file_tandem_v1_admin_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *Member) GetName() string {
@@ -404,7 +568,7 @@ type Stage struct {
 
 func (x *Stage) Reset() {
 	*x = Stage{}
-	mi := &file_tandem_v1_admin_proto_msgTypes[3]
+	mi := &file_tandem_v1_admin_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -416,7 +580,7 @@ func (x *Stage) String() string {
 func (*Stage) ProtoMessage() {}
 
 func (x *Stage) ProtoReflect() protoreflect.Message {
-	mi := &file_tandem_v1_admin_proto_msgTypes[3]
+	mi := &file_tandem_v1_admin_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -429,7 +593,7 @@ func (x *Stage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Stage.ProtoReflect.Descriptor instead.
 func (*Stage) Descriptor() ([]byte, []int) {
-	return file_tandem_v1_admin_proto_rawDescGZIP(), []int{3}
+	return file_tandem_v1_admin_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Stage) GetIndex() uint32 {
@@ -485,8 +649,8 @@ var File_tandem_v1_admin_proto protoreflect.FileDescriptor
 
 const file_tandem_v1_admin_proto_rawDesc = "" +
 	"\n" +
-	"\x15tandem/v1/admin.proto\x12\ttandem.v1\"\x0f\n" +
-	"\rStatusRequest\"\xa4\x03\n" +
+	"\x15tandem/v1/admin.proto\x12\ttandem.v1\x1a\x1egoogle/protobuf/duration.proto\"\x0f\n" +
+	"\rStatusRequest\"\xdd\x03\n" +
 	"\x0eStatusResponse\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x16\n" +
 	"\x06leader\x18\x02 \x01(\tR\x06leader\x12\x1f\n" +
@@ -502,7 +666,24 @@ const file_tandem_v1_admin_proto_rawDesc = "" +
 	" \x03(\v2\x10.tandem.v1.StageR\x06stages\x12\x1b\n" +
 	"\tkv_tokens\x18\v \x01(\x04R\bkvTokens\x12)\n" +
 	"\x10requests_running\x18\f \x01(\rR\x0frequestsRunning\x12)\n" +
-	"\x10requests_waiting\x18\r \x01(\rR\x0frequestsWaiting\"\xd0\x02\n" +
+	"\x10requests_waiting\x18\r \x01(\rR\x0frequestsWaiting\x127\n" +
+	"\tscheduler\x18\x0e \x01(\v2\x19.tandem.v1.SchedulerStatsR\tscheduler\"\xe2\x03\n" +
+	"\x0eSchedulerStats\x12\x18\n" +
+	"\arunning\x18\x01 \x01(\rR\arunning\x12\x18\n" +
+	"\awaiting\x18\x02 \x01(\rR\awaiting\x12\x1b\n" +
+	"\tin_flight\x18\x03 \x01(\rR\binFlight\x12$\n" +
+	"\x0ekv_blocks_used\x18\x04 \x01(\x04R\fkvBlocksUsed\x12\x1b\n" +
+	"\tkv_blocks\x18\x05 \x01(\x04R\bkvBlocks\x12\x1d\n" +
+	"\n" +
+	"block_size\x18\x06 \x01(\rR\tblockSize\x12 \n" +
+	"\vpreemptions\x18\a \x01(\x04R\vpreemptions\x12)\n" +
+	"\x10discarded_tokens\x18\b \x01(\x04R\x0fdiscardedTokens\x12\x1a\n" +
+	"\bfinished\x18\t \x01(\x04R\bfinished\x12\x1c\n" +
+	"\tcancelled\x18\n" +
+	" \x01(\x04R\tcancelled\x12\x14\n" +
+	"\x05steps\x18\v \x01(\x04R\x05steps\x12?\n" +
+	"\x0elast_step_time\x18\f \x01(\v2\x19.google.protobuf.DurationR\flastStepTime\x12?\n" +
+	"\x0emean_step_time\x18\r \x01(\v2\x19.google.protobuf.DurationR\fmeanStepTime\"\xd0\x02\n" +
 	"\x06Member\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12,\n" +
 	"\x05state\x18\x02 \x01(\x0e2\x16.tandem.v1.MemberStateR\x05state\x12\x18\n" +
@@ -547,25 +728,30 @@ func file_tandem_v1_admin_proto_rawDescGZIP() []byte {
 }
 
 var file_tandem_v1_admin_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_tandem_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 4)
+var file_tandem_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
 var file_tandem_v1_admin_proto_goTypes = []any{
-	(MemberState)(0),       // 0: tandem.v1.MemberState
-	(*StatusRequest)(nil),  // 1: tandem.v1.StatusRequest
-	(*StatusResponse)(nil), // 2: tandem.v1.StatusResponse
-	(*Member)(nil),         // 3: tandem.v1.Member
-	(*Stage)(nil),          // 4: tandem.v1.Stage
+	(MemberState)(0),            // 0: tandem.v1.MemberState
+	(*StatusRequest)(nil),       // 1: tandem.v1.StatusRequest
+	(*StatusResponse)(nil),      // 2: tandem.v1.StatusResponse
+	(*SchedulerStats)(nil),      // 3: tandem.v1.SchedulerStats
+	(*Member)(nil),              // 4: tandem.v1.Member
+	(*Stage)(nil),               // 5: tandem.v1.Stage
+	(*durationpb.Duration)(nil), // 6: google.protobuf.Duration
 }
 var file_tandem_v1_admin_proto_depIdxs = []int32{
-	3, // 0: tandem.v1.StatusResponse.members:type_name -> tandem.v1.Member
-	4, // 1: tandem.v1.StatusResponse.stages:type_name -> tandem.v1.Stage
-	0, // 2: tandem.v1.Member.state:type_name -> tandem.v1.MemberState
-	1, // 3: tandem.v1.Admin.Status:input_type -> tandem.v1.StatusRequest
-	2, // 4: tandem.v1.Admin.Status:output_type -> tandem.v1.StatusResponse
-	4, // [4:5] is the sub-list for method output_type
-	3, // [3:4] is the sub-list for method input_type
-	3, // [3:3] is the sub-list for extension type_name
-	3, // [3:3] is the sub-list for extension extendee
-	0, // [0:3] is the sub-list for field type_name
+	4, // 0: tandem.v1.StatusResponse.members:type_name -> tandem.v1.Member
+	5, // 1: tandem.v1.StatusResponse.stages:type_name -> tandem.v1.Stage
+	3, // 2: tandem.v1.StatusResponse.scheduler:type_name -> tandem.v1.SchedulerStats
+	6, // 3: tandem.v1.SchedulerStats.last_step_time:type_name -> google.protobuf.Duration
+	6, // 4: tandem.v1.SchedulerStats.mean_step_time:type_name -> google.protobuf.Duration
+	0, // 5: tandem.v1.Member.state:type_name -> tandem.v1.MemberState
+	1, // 6: tandem.v1.Admin.Status:input_type -> tandem.v1.StatusRequest
+	2, // 7: tandem.v1.Admin.Status:output_type -> tandem.v1.StatusResponse
+	7, // [7:8] is the sub-list for method output_type
+	6, // [6:7] is the sub-list for method input_type
+	6, // [6:6] is the sub-list for extension type_name
+	6, // [6:6] is the sub-list for extension extendee
+	0, // [0:6] is the sub-list for field type_name
 }
 
 func init() { file_tandem_v1_admin_proto_init() }
@@ -579,7 +765,7 @@ func file_tandem_v1_admin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_tandem_v1_admin_proto_rawDesc), len(file_tandem_v1_admin_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   4,
+			NumMessages:   5,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
