@@ -181,7 +181,7 @@ func TestLoopFillsPipeline(t *testing.T) {
 	elapsed := func(inflight int) time.Duration {
 		var d time.Duration
 		synctest.Test(t, func(t *testing.T) {
-			fp := newFakePipe(fakePipeConfig{model: fakeModel{stages: p, vocab: 1000}, numBlocks: 1024, blockSize: 16, latency: fixedLatency(time.Millisecond)})
+			fp := newFakePipe(fakePipeConfig{model: fakeModel{stages: p, vocab: 1000}, numBlocks: 1024, blockSize: 16, maxSeqs: 8, maxConcurrent: inflight, latency: fixedLatency(time.Millisecond)})
 			defer fp.Close()
 			l, err := sched.Start(sched.Config{MaxNumBatchedTokens: 256, MaxNumSeqs: 8, NumBlocks: 1024, MaxConcurrentBatches: inflight}, fp)
 			if err != nil {

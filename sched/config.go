@@ -35,8 +35,10 @@ type Config struct {
 	MaxModelLen int
 	// OnDeviceHandoff lets a sequence's next decode be scheduled before its
 	// previous token is known, with stage.Placeholder as its input, which
-	// the first stage fills on the device. Without it the steps in flight
-	// hold disjoint sequences.
+	// the first stage fills on the device from the hand-off of the step
+	// that sampled it (Seq.Slot, Batch.Handoff, Step.AwaitHandoff; see the
+	// package doc). Without it the steps in flight hold disjoint
+	// sequences.
 	OnDeviceHandoff bool
 }
 

@@ -29,6 +29,19 @@
 // OnDeviceHandoff a request's next decode is scheduled at once with
 // stage.Placeholder as input, which the first stage fills on the device;
 // tokens sampled past a stop found later are dropped, never delivered.
+//
+// The hand-off (see stage.HandoffReceiver and pipeline.Worker): each
+// running request holds a slot (stage.Seq.Slot) in [0, MaxNumSeqs) from
+// admission until it finishes, is cancelled or is preempted (a resumed
+// request takes a slot anew and prefills again, so no placeholder refers
+// to a token from before). Every step that samples sets Batch.Handoff: its
+// last stage returns (slot, token) rows, which reach the first stage in
+// step order. A step's Step.AwaitHandoff is the number of hand-off steps
+// the first stage must have applied before running it: up to the one
+// holding the sample each of its placeholders stands for, and at least
+// every hand-off step whose result the leader has received (its rows were
+// sent before the result), so no more than MaxConcurrentBatches messages
+// ever wait on the ring link. Without OnDeviceHandoff every Slot is 0.
 // Whatever a request has in flight when it is preempted, cancelled or
 // finished is dropped on its return (Stats.Discarded counts it). Freed
 // blocks may be reused by the very next step: every stage runs steps in

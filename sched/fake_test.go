@@ -70,12 +70,22 @@ func (m fakeModel) alone(r *sched.Request) (out []int32, finish string) {
 // that only grow while a sequence lives, chunks that continue where the
 // sequence's cache ends, and cache reads that find the sequence's own
 // entry. A check that fails is recorded and fails the step.
+//
+// Hand-off works as pipeline.Worker does it: the last stage of a step with
+// Batch.Handoff sends its (slot, token) rows on a ring link of
+// maxConcurrent messages to the first stage, which records, for each
+// hand-off step it has run, the batch and row count it expects, and before
+// running a step receives and applies messages in order until it has
+// applied AwaitHandoff; a placeholder takes the token last applied for its
+// slot. A wrong AwaitHandoff or slot gives a wrong token (or a deadlock,
+// which synctest reports); a single stage applies its own rows at once.
 type fakePipe struct {
 	model     fakeModel
 	blockSize int
+	maxSeqs   int
 	in        []chan fakeMsg
 	results   chan *pipeline.Result
-	board     *sampleBoard
+	ring      chan fakeHandoff
 	stages    []*fakeStage
 	wg        sync.WaitGroup
 
@@ -89,18 +99,28 @@ type fakeMsg struct {
 	err  error
 }
 
+// fakeHandoff is a hand-off message: the rows of one step.
+type fakeHandoff struct {
+	batch uint64
+	rows  [][2]int32 // slot, token
+}
+
 type fakePipeConfig struct {
 	model                fakeModel
 	numBlocks, blockSize int
+	// maxSeqs bounds the hand-off slots; maxConcurrent is the depth of the
+	// ring link (the scheduler's MaxConcurrentBatches).
+	maxSeqs, maxConcurrent int
 	// latency is how long stage k takes for batch b.
 	latency func(k int, b *stage.Batch) time.Duration
 }
 
 func newFakePipe(c fakePipeConfig) *fakePipe {
-	fp := &fakePipe{model: c.model, blockSize: c.blockSize, results: make(chan *pipeline.Result, 64), board: newSampleBoard()}
+	fp := &fakePipe{model: c.model, blockSize: c.blockSize, maxSeqs: c.maxSeqs, results: make(chan *pipeline.Result, 64), ring: make(chan fakeHandoff, c.maxConcurrent)}
 	for k := range c.model.stages {
 		fp.in = append(fp.in, make(chan fakeMsg, 64))
-		st := &fakeStage{k: k, fp: fp, kv: make([]slot, c.numBlocks*c.blockSize), owner: make([]uint64, c.numBlocks), seqs: map[uint64]*fakeSeq{}, lives: map[uint64]int{}}
+		st := &fakeStage{k: k, fp: fp, kv: make([]slot, c.numBlocks*c.blockSize), owner: make([]uint64, c.numBlocks), seqs: map[uint64]*fakeSeq{}, lives: map[uint64]int{},
+			slotTok: make([]int32, c.maxSeqs), slotSet: make([]bool, c.maxSeqs)}
 		for b := range st.owner {
 			st.owner[b] = noOwner
 		}
@@ -117,10 +137,23 @@ func newFakePipe(c fakePipeConfig) *fakePipe {
 				defer close(fp.in[k+1])
 			}
 			for m := range fp.in[k] {
+				st.sampled, st.rows = nil, nil
+				if m.err == nil && k == 0 {
+					m.err = st.awaitHandoff(m.step)
+				}
 				if m.err == nil {
 					m.acts, m.err = st.run(m.step, m.acts)
-					if m.err != nil {
-						fp.fail(m.err)
+				}
+				if m.err != nil {
+					fp.fail(m.err)
+				}
+				if m.step.Batch.Handoff {
+					// Even a failed step sends its rows, so that the first
+					// stage reports the mismatch instead of waiting for
+					// them.
+					if err := st.handoff(m.step); err != nil && m.err == nil {
+						m.err = err
+						fp.fail(err)
 					}
 				}
 				if c.latency != nil && len(m.step.Batch.Seqs) > 0 {
@@ -223,6 +256,67 @@ type fakeStage struct {
 	seqs    map[uint64]*fakeSeq
 	lives   map[uint64]int
 	sampled []stage.Sampled
+	rows    [][2]int32 // the last step's hand-off rows (last stage)
+
+	// The first stage's hand-off state: the steps whose rows it expects,
+	// in order, how many it has applied, and the token applied last for
+	// each slot.
+	expect  []fakeHandoff
+	applied int
+	slotTok []int32
+	slotSet []bool
+}
+
+// awaitHandoff receives and applies hand-off messages until AwaitHandoff
+// are applied (first stage).
+func (st *fakeStage) awaitHandoff(s *pipeline.Step) error {
+	for st.applied < s.AwaitHandoff {
+		if len(st.expect) == 0 {
+			return fmt.Errorf("batch %d awaits %d hand-offs, but only %d hand-off steps have run", s.Batch.ID, s.AwaitHandoff, st.applied)
+		}
+		want := st.expect[0]
+		st.expect = st.expect[1:]
+		m := <-st.fp.ring
+		if m.batch != want.batch || len(m.rows) != len(want.rows) {
+			return fmt.Errorf("hand-off of batch %d with %d rows, want batch %d with %d", m.batch, len(m.rows), want.batch, len(want.rows))
+		}
+		if err := st.apply(m.rows); err != nil {
+			return fmt.Errorf("hand-off of batch %d: %w", m.batch, err)
+		}
+	}
+	return nil
+}
+
+func (st *fakeStage) apply(rows [][2]int32) error {
+	for _, r := range rows {
+		if r[0] < 0 || int(r[0]) >= len(st.slotTok) {
+			return fmt.Errorf("slot %d out of range [0, %d)", r[0], len(st.slotTok))
+		}
+		st.slotTok[r[0]], st.slotSet[r[0]] = r[1], true
+	}
+	st.applied++
+	return nil
+}
+
+// handoff does a hand-off step's part on the first stage (expect its rows)
+// and on the last (send them, or apply them on a single stage).
+func (st *fakeStage) handoff(s *pipeline.Step) error {
+	first, last := st.k == 0, st.k == len(st.fp.stages)-1
+	switch {
+	case first && last:
+		return st.apply(st.rows)
+	case first:
+		var rows [][2]int32
+		for _, q := range s.Batch.Seqs {
+			if q.Sample {
+				rows = append(rows, [2]int32{})
+			}
+		}
+		st.expect = append(st.expect, fakeHandoff{batch: s.Batch.ID, rows: rows})
+	case last:
+		st.fp.ring <- fakeHandoff{batch: s.Batch.ID, rows: slices.Clone(st.rows)}
+	}
+	return nil
 }
 
 func (st *fakeStage) run(s *pipeline.Step, acts []uint64) ([]uint64, error) {
@@ -236,7 +330,6 @@ func (st *fakeStage) run(s *pipeline.Step, acts []uint64) ([]uint64, error) {
 		st.lives[id]++
 	}
 	out := make([]uint64, 0, s.Batch.NumTokens())
-	st.sampled = nil
 	bs := st.fp.blockSize
 	for i := range s.Batch.Seqs {
 		q := &s.Batch.Seqs[i]
@@ -287,10 +380,13 @@ func (st *fakeStage) run(s *pipeline.Step, acts []uint64) ([]uint64, error) {
 			if st.k == 0 {
 				t := q.Tokens[j]
 				if t == stage.Placeholder {
-					if j != n-1 || !q.Sample {
+					switch {
+					case j != n-1 || !q.Sample:
 						return nil, fail("placeholder not a sampling decode")
+					case q.Slot < 0 || q.Slot >= len(st.slotTok) || !st.slotSet[q.Slot]:
+						return nil, fail("placeholder in slot %d, which has no token", q.Slot)
 					}
-					t = st.fp.board.wait(q.ID, q.Index-1)
+					t = st.slotTok[q.Slot]
 				}
 				in = uint64(t)
 			} else {
@@ -303,60 +399,9 @@ func (st *fakeStage) run(s *pipeline.Step, acts []uint64) ([]uint64, error) {
 		fs.n += n
 		if q.Sample && st.k == len(st.fp.stages)-1 {
 			t := st.fp.model.sample(out[len(out)-1], &q.Sampling, q.Index)
-			if err := st.fp.board.put(q.ID, q.Index, t); err != nil {
-				return nil, fail("%v", err)
-			}
 			st.sampled = append(st.sampled, stage.Sampled{Seq: q.ID, Token: t})
+			st.rows = append(st.rows, [2]int32{int32(q.Slot), t})
 		}
 	}
 	return out, nil
-}
-
-// sampleBoard is the fake's on-device hand-off: the last stage posts each
-// sample, and the first stage waits for the one a placeholder stands for.
-type sampleBoard struct {
-	mu sync.Mutex
-	m  map[[2]uint64]*posted
-}
-
-type posted struct {
-	tok   int32
-	ready chan struct{}
-}
-
-func newSampleBoard() *sampleBoard { return &sampleBoard{m: map[[2]uint64]*posted{}} }
-
-func (sb *sampleBoard) get(seq uint64, index int) *posted {
-	sb.mu.Lock()
-	defer sb.mu.Unlock()
-	k := [2]uint64{seq, uint64(index)}
-	p := sb.m[k]
-	if p == nil {
-		p = &posted{ready: make(chan struct{})}
-		sb.m[k] = p
-	}
-	return p
-}
-
-func (sb *sampleBoard) wait(seq uint64, index int) int32 {
-	p := sb.get(seq, index)
-	<-p.ready
-	return p.tok
-}
-
-// put posts a sample; a sample posted again (a recomputed one) must be the
-// same token.
-func (sb *sampleBoard) put(seq uint64, index int, tok int32) error {
-	p := sb.get(seq, index)
-	select {
-	case <-p.ready:
-		if p.tok != tok {
-			return fmt.Errorf("sample %d sampled again as %d, was %d", index, tok, p.tok)
-		}
-		return nil
-	default:
-	}
-	p.tok = tok
-	close(p.ready)
-	return nil
 }

@@ -37,7 +37,7 @@ func recvAll(s *sched.Stream) ([]int32, string, error) {
 func TestLoopServesAndCloses(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		model := fakeModel{stages: 2, vocab: 50}
-		fp := newFakePipe(fakePipeConfig{model: model, numBlocks: 16, blockSize: 4, latency: fixedLatency(10 * time.Millisecond)})
+		fp := newFakePipe(fakePipeConfig{model: model, numBlocks: 16, blockSize: 4, maxSeqs: 4, maxConcurrent: 2, latency: fixedLatency(10 * time.Millisecond)})
 		defer fp.Close()
 		l, err := sched.Start(sched.Config{MaxNumBatchedTokens: 16, MaxNumSeqs: 4, BlockSize: 4, NumBlocks: 16, MaxConcurrentBatches: 2}, fp)
 		if err != nil {
@@ -87,7 +87,7 @@ func TestLoopServesAndCloses(t *testing.T) {
 func TestLoopCancel(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		model := fakeModel{stages: 3, vocab: 50}
-		fp := newFakePipe(fakePipeConfig{model: model, numBlocks: 16, blockSize: 4, latency: fixedLatency(10 * time.Millisecond)})
+		fp := newFakePipe(fakePipeConfig{model: model, numBlocks: 16, blockSize: 4, maxSeqs: 4, maxConcurrent: 4, latency: fixedLatency(10 * time.Millisecond)})
 		l, err := sched.Start(sched.Config{MaxNumBatchedTokens: 16, MaxNumSeqs: 4, BlockSize: 4, NumBlocks: 16, MaxConcurrentBatches: 4, OnDeviceHandoff: true}, fp)
 		if err != nil {
 			t.Fatal(err)
@@ -148,6 +148,44 @@ func TestLoopExecutorFailure(t *testing.T) {
 		}
 		if _, err := l.Submit(context.Background(), sched.Request{Prompt: []int32{1}, MaxTokens: 2}); err == nil || !strings.Contains(err.Error(), "link lost") {
 			t.Errorf("submit after failure: %v", err)
+		}
+	})
+}
+
+// TestLoopHandoffBacklog runs requests of one token each with hand-off:
+// every step samples and none has a placeholder, so only the rule that a
+// step also awaits every hand-off seen back keeps the messages waiting on
+// the ring link (of max concurrent batches) from filling it and stalling
+// the last stage.
+func TestLoopHandoffBacklog(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		model := fakeModel{stages: 3, vocab: 50}
+		fp := newFakePipe(fakePipeConfig{model: model, numBlocks: 64, blockSize: 4, maxSeqs: 2, maxConcurrent: 4, latency: fixedLatency(time.Millisecond)})
+		l, err := sched.Start(sched.Config{MaxNumBatchedTokens: 8, MaxNumSeqs: 2, BlockSize: 4, NumBlocks: 64, MaxConcurrentBatches: 4, OnDeviceHandoff: true}, fp)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var streams []*sched.Stream
+		var reqs []sched.Request
+		for i := range 40 {
+			r := sched.Request{Prompt: []int32{int32(i % 50), 3}, MaxTokens: 1}
+			s, err := l.Submit(context.Background(), r)
+			if err != nil {
+				t.Fatal(err)
+			}
+			streams, reqs = append(streams, s), append(reqs, r)
+		}
+		for i, s := range streams {
+			toks, finish, err := recvAll(s)
+			want, wantFinish := model.alone(&reqs[i])
+			if err != io.EOF || !slices.Equal(toks, want) || finish != wantFinish {
+				t.Errorf("request %d: %v %q %v; want %v %q io.EOF", i, toks, finish, err, want, wantFinish)
+			}
+		}
+		l.Close()
+		fp.Close()
+		for _, err := range fp.Errs() {
+			t.Error(err)
 		}
 	})
 }

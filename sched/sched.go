@@ -24,6 +24,12 @@ type Scheduler struct {
 	spare   []*flight       // completed steps, their slices reused
 	outs    []Output        // Complete's result
 	toFree  []uint64        // sequences the stages drop with the next step
+	// slots are the free hand-off slots (OnDeviceHandoff only): a stack,
+	// lowest on top at first.
+	slots []int
+	// handoffs counts the steps scheduled with Batch.Handoff set;
+	// handoffsDone those among them whose result has come back.
+	handoffs, handoffsDone int
 
 	arrivals  uint64 // requests added so far
 	lastBatch uint64 // id of the last step handed out
@@ -61,13 +67,22 @@ type seq struct {
 	batch uint64
 	// started is set once stages may hold state for the sequence.
 	started bool
+	// slot is the sequence's hand-off slot while it runs with
+	// OnDeviceHandoff (-1: none).
+	slot int
+	// handoff is the number of hand-off steps up to and including the last
+	// one that samples for the sequence: the first stage has the token a
+	// placeholder of the sequence stands for once it has applied that many.
+	handoff int
 }
 
 func (s *seq) generated() int { return len(s.tokens) - len(s.req.Prompt) }
 
 // flight is a step in flight.
 type flight struct {
-	batch   uint64
+	batch uint64
+	// handoff is the step's number among the hand-off steps (0: not one).
+	handoff int
 	start   time.Time
 	seqs    []stage.Seq // the step's sequences
 	entries []entry     // one per sequence
@@ -95,6 +110,13 @@ func New(cfg Config, clock func() time.Time) (*Scheduler, error) {
 	for i := range sc.free {
 		sc.free[i] = int32(cfg.NumBlocks - 1 - i)
 	}
+	if cfg.OnDeviceHandoff {
+		// At most MaxNumSeqs requests run with hand-off.
+		sc.slots = make([]int, cfg.MaxNumSeqs)
+		for i := range sc.slots {
+			sc.slots[i] = cfg.MaxNumSeqs - 1 - i
+		}
+	}
 	return sc, nil
 }
 
@@ -114,7 +136,7 @@ func (sc *Scheduler) Add(r Request) error {
 	// Room for the tokens to generate, up to a bound, saves regrowing.
 	tokens := make([]int32, len(r.Prompt), len(r.Prompt)+min(r.MaxTokens, 1024))
 	copy(tokens, r.Prompt)
-	s := &seq{req: r, arrival: sc.arrivals, tokens: tokens}
+	s := &seq{req: r, arrival: sc.arrivals, tokens: tokens, slot: -1}
 	sc.arrivals++
 	sc.seqs[r.ID] = s
 	sc.waiting = append(sc.waiting, s)
@@ -141,6 +163,10 @@ type plan struct {
 	seqs    []stage.Seq
 	entries []entry
 	inputs  []int32 // placeholder inputs of the step
+	// await is the number of hand-off steps the first stage must have
+	// applied before it runs the step.
+	await  int
+	sample bool // some sequence samples
 }
 
 func (p *plan) full() bool { return p.budget == 0 || len(p.seqs) >= p.seqCap }
@@ -211,7 +237,17 @@ func (sc *Scheduler) Schedule() (*pipeline.Step, bool) {
 	st := &pipeline.Step{Batch: stage.Batch{ID: p.id, Seqs: p.seqs}, Free: sc.toFree}
 	sc.toFree = nil
 	if len(p.seqs) > 0 {
-		f.batch, f.start, f.seqs, f.entries = p.id, sc.clock(), p.seqs, p.entries
+		f.batch, f.start, f.seqs, f.entries, f.handoff = p.id, sc.clock(), p.seqs, p.entries, 0
+		if sc.cfg.OnDeviceHandoff {
+			// The first stage also takes every hand-off the leader has seen
+			// come back, so that no more than MaxConcurrentBatches wait on
+			// the ring link.
+			st.AwaitHandoff = max(p.await, sc.handoffsDone)
+			if p.sample {
+				sc.handoffs++
+				st.Batch.Handoff, f.handoff = true, sc.handoffs
+			}
+		}
 		sc.flights = append(sc.flights, f)
 	}
 	return st, true
@@ -271,12 +307,18 @@ func (sc *Scheduler) place(p *plan, s *seq, n int, preempt bool) bool {
 		s.blocks = append(s.blocks, sc.free[last])
 		sc.free = sc.free[:last]
 	}
+	if sc.cfg.OnDeviceHandoff && s.slot < 0 {
+		last := len(sc.slots) - 1
+		s.slot = sc.slots[last]
+		sc.slots = sc.slots[:last]
+	}
 	q := stage.Seq{
 		ID:       s.req.ID,
 		Pos:      s.computed,
 		Blocks:   s.blocks[:nb:nb],
 		Sampling: s.req.Sampling,
 		Index:    s.generated() + s.pending,
+		Slot:     max(s.slot, 0),
 	}
 	if s.computed < len(s.tokens) {
 		end := s.computed + n
@@ -290,6 +332,12 @@ func (sc *Scheduler) place(p *plan, s *seq, n int, preempt bool) bool {
 		k := len(p.inputs)
 		q.Tokens = p.inputs[k-1 : k : k]
 		q.Sample = true
+		// The placeholder stands for the sequence's last sample.
+		p.await = max(p.await, s.handoff)
+	}
+	if q.Sample && sc.cfg.OnDeviceHandoff {
+		p.sample = true
+		s.handoff = sc.handoffs + 1 // this step's number among hand-off steps
 	}
 	p.seqs = append(p.seqs, q)
 	p.entries = append(p.entries, entry{s: s, epoch: s.epoch, sample: q.Sample})
@@ -342,14 +390,20 @@ func (sc *Scheduler) end(s *seq) {
 	}
 }
 
-// release returns s's blocks to the free list. Steps in flight may still
-// name them: every stage runs steps in order, so they are done with them
-// before any later step reuses them.
+// release returns s's blocks to the free list, and its hand-off slot.
+// Steps in flight may still name them: every stage runs steps in order, so
+// they are done with them before any later step reuses them, and the first
+// stage applies hand-offs in step order, so a slot's next owner, whose
+// placeholders stand for samples of later steps, reads its own tokens.
 func (sc *Scheduler) release(s *seq) {
 	for i := len(s.blocks) - 1; i >= 0; i-- {
 		sc.free = append(sc.free, s.blocks[i])
 	}
 	s.blocks = nil // steps in flight alias the old table
+	if s.slot >= 0 {
+		sc.slots = append(sc.slots, s.slot)
+		s.slot = -1
+	}
 }
 
 // Complete takes the result of the oldest step in flight and returns the
@@ -384,6 +438,9 @@ func (sc *Scheduler) Complete(r *pipeline.Result) ([]Output, error) {
 	}
 	sc.flights[0] = nil
 	sc.flights = sc.flights[1:]
+	if f.handoff > 0 {
+		sc.handoffsDone = f.handoff
+	}
 
 	outs := sc.outs[:0]
 	k = 0

@@ -24,7 +24,9 @@ var update = flag.Bool("update", false, "rewrite the expected output of testdata
 //	config tokens=N seqs=N block=N blocks=N batches=N maxlen=N handoff=0|1
 //	add ID prompt=N max=N [stop=T,T] [check=repeat] [seed=N]
 //	    (the prompt is ID·100, ID·100+1, ...)
-//	schedule           print the next step, or "none"
+//	schedule           print the next step, or "none"; with handoff=1
+//	                   also whether it asks for a hand-off, its
+//	                   AwaitHandoff and each sequence's slot
 //	complete [ID=T...] return the oldest step's result: the given tokens,
 //	                   and token 1 for sampled sequences not named
 //	cancel ID
@@ -69,6 +71,7 @@ func runScript(t *testing.T, script string) string {
 	now := time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC)
 	clock := func() time.Time { return now }
 	var last []*pipeline.Step // steps in flight, oldest first
+	handoff := false
 	for n, line := range strings.Split(strings.TrimSuffix(script, "\n"), "\n") {
 		if strings.HasPrefix(line, "  ") {
 			continue // expected output, replaced below
@@ -109,6 +112,7 @@ func runScript(t *testing.T, script string) string {
 				print("error: %v", err)
 			}
 			last = nil
+			handoff = args["handoff"] == "1"
 		case "add":
 			id, err := strconv.ParseUint(f[1], 10, 64)
 			if err != nil {
@@ -139,11 +143,18 @@ func runScript(t *testing.T, script string) string {
 				print("none")
 				continue
 			}
-			print("batch %d free %v", st.Batch.ID, st.Free)
+			head := fmt.Sprintf("batch %d free %v", st.Batch.ID, st.Free)
+			if handoff {
+				head += fmt.Sprintf(" handoff %v await %d", st.Batch.Handoff, st.AwaitHandoff)
+			}
+			print("%s", head)
 			for _, q := range st.Batch.Seqs {
 				s := fmt.Sprintf("seq %d pos %d tokens %s blocks %v", q.ID, q.Pos, tokenList(q.Tokens), q.Blocks)
 				if q.Sample {
 					s += fmt.Sprintf(" sample %d", q.Index)
+				}
+				if handoff {
+					s += fmt.Sprintf(" slot %d", q.Slot)
 				}
 				print("%s", s)
 			}
