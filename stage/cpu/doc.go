@@ -28,6 +28,20 @@
 // start where the sequence's cache ends; Free forgets it. A table too short
 // for the chunk, or a block id outside [0, NumBlocks), fails the batch.
 //
+// The stage implements stage.HandoffReceiver for on-device hand-off, in host
+// memory. With Batch.Handoff the last stage's Output.Handoff holds one
+// (slot, token) int32 row per sampled sequence, in batch order. The first
+// stage's HandoffInput takes such rows and ApplyHandoff records each token
+// under its slot (rows naming a slot outside [0, MaxSeqs), a token outside
+// the vocabulary or one slot twice are refused whole); a Forward then reads
+// each stage.Placeholder in Seq.Tokens as the token last recorded for the
+// sequence's Seq.Slot. A slot's token stays until a later row overwrites
+// it; a placeholder for a slot that never had one fails the batch. Every
+// Seq.Slot must lie in [0, MaxSeqs), and the sampled sequences of a batch
+// with Handoff must have distinct slots. On a stage that is both first and
+// last, Output.Handoff is HandoffInput itself: ApplyHandoff(ctx,
+// HandoffHeader.Rows) applies it with no copy.
+//
 // Sampling (last stage) works on the float32 logits of a sequence's last
 // position. Log-probabilities are a float64 log-softmax of the raw logits.
 // Temperature 0 is greedy (ties go to the lowest token id). Otherwise the
@@ -59,9 +73,10 @@
 //
 // # Concurrency
 //
-// A Stage is driven by one goroutine: none of its methods may be called
-// concurrently with another, and the Output of a Forward (with the buffers it
-// points at) is valid only until the next Forward. Internally Forward spreads
+// A Stage is driven by one goroutine: none of its methods (ApplyHandoff
+// included) may be called concurrently with another, and the Output of a
+// Forward (with the buffers it points at) is valid only until the next
+// Forward. Internally Forward spreads
 // matrix products over output rows and attention over (sequence, head) pairs
 // across Config.Threads goroutines that it starts and joins before returning;
 // nothing runs in the background between calls.

@@ -63,6 +63,9 @@ func (s *Stage) Forward(ctx context.Context, b *stage.Batch) (*stage.Output, err
 		return out, nil
 	}
 	s.head(b, out)
+	if b.Handoff {
+		s.reportHandoff(b, out)
+	}
 	return out, nil
 }
 
@@ -80,8 +83,12 @@ func (s *Stage) validate(b *stage.Batch) error {
 	for i := range b.Seqs {
 		q := &b.Seqs[i]
 		for j := range i {
-			if b.Seqs[j].ID == q.ID {
+			o := &b.Seqs[j]
+			if o.ID == q.ID {
 				return fmt.Errorf("seq %d appears twice", q.ID)
+			}
+			if b.Handoff && q.Sample && o.Sample && o.Slot == q.Slot {
+				return fmt.Errorf("seq %d: hand-off slot %d is seq %d's too", q.ID, q.Slot, o.ID)
 			}
 		}
 		if err := s.validateSeq(q); err != nil {
@@ -115,9 +122,15 @@ func (s *Stage) validateSeq(q *stage.Seq) error {
 			return fmt.Errorf("block %d of the table is %d, outside the stage's [0,%d)", i, b, s.numBlocks)
 		}
 	}
+	if q.Slot < 0 || q.Slot >= s.maxSeqs {
+		return fmt.Errorf("hand-off slot %d outside [0,%d)", q.Slot, s.maxSeqs)
+	}
 	if s.first {
 		for i, t := range q.Tokens {
-			if t < 0 || int(t) >= s.m.VocabSize {
+			switch {
+			case t == stage.Placeholder && s.ho.tokens[q.Slot] < 0:
+				return fmt.Errorf("placeholder at position %d, but no token is recorded for hand-off slot %d", q.Pos+i, q.Slot)
+			case t != stage.Placeholder && (t < 0 || int(t) >= s.m.VocabSize):
 				return fmt.Errorf("token %d at position %d is outside the vocabulary [0,%d)", t, q.Pos+i, s.m.VocabSize)
 			}
 		}
@@ -149,6 +162,9 @@ func (s *Stage) prepare(b *stage.Batch) int {
 		s.runs = append(s.runs, seqRun{pos: q.Pos, n: len(q.Tokens), row: row, state: st, blocks: q.Blocks})
 		if s.first {
 			for j, t := range q.Tokens {
+				if t == stage.Placeholder {
+					t = s.ho.tokens[q.Slot]
+				}
 				copy(s.buf.x[(row+j)*h:(row+j+1)*h], s.embed[int(t)*h:(int(t)+1)*h])
 			}
 		}

@@ -66,6 +66,19 @@ type Stage struct {
 	headRows     []int           // rows whose logits the current batch needs
 	inputBuffer  collective.Host // byte view of buf.in
 	outputBuffer collective.Host // byte view of buf.x
+	ho           handoff
+}
+
+// handoff is the stage's part of on-device hand-off: the rows the last stage
+// reports, the rows the first stage receives and the token recorded for each
+// slot (first stage).
+type handoff struct {
+	in     []int32         // [MaxSeqs × HandoffCols] received rows (first)
+	out    []int32         // [MaxSeqs × HandoffCols] reported rows (last); in itself on a stage that is both
+	tokens []int32         // [MaxSeqs] the token last recorded for each slot, -1: none (first)
+	seen   []bool          // [MaxSeqs] scratch of ApplyHandoff's duplicate check
+	inBuf  collective.Host // byte view of in
+	outBuf collective.Host // byte view of out
 }
 
 // layer holds one transformer layer's weights in float32, row-major as
@@ -193,6 +206,23 @@ func (s *Stage) allocate() {
 	}
 	b.x = make([]float32, t*h)
 	s.outputBuffer = hostBytes(b.x)
+	ho := &s.ho
+	if s.first {
+		ho.in = make([]int32, s.maxSeqs*stage.HandoffCols)
+		ho.inBuf = hostBytes(ho.in)
+		ho.tokens = make([]int32, s.maxSeqs)
+		for i := range ho.tokens {
+			ho.tokens[i] = -1
+		}
+		ho.seen = make([]bool, s.maxSeqs)
+	}
+	if s.last {
+		ho.out, ho.outBuf = ho.in, ho.inBuf
+		if !s.first {
+			ho.out = make([]int32, s.maxSeqs*stage.HandoffCols)
+			ho.outBuf = hostBytes(ho.out)
+		}
+	}
 	b.xn = make([]float32, t*h)
 	b.qkv = make([]float32, t*s.qkvDim)
 	b.attn = make([]float32, t*s.qDim)
@@ -214,8 +244,8 @@ func (s *Stage) allocate() {
 	}
 }
 
-// hostBytes views a float32 slice as its bytes in host order.
-func hostBytes(f []float32) collective.Host {
+// hostBytes views a slice of 4-byte values as its bytes in host order.
+func hostBytes[T float32 | int32](f []T) collective.Host {
 	return collective.Host(unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(f))), 4*len(f)))
 }
 
@@ -263,7 +293,11 @@ func (s *Stage) Close() error {
 	s.buf = buffers{}
 	s.sampler = sampler{}
 	s.inputBuffer, s.outputBuffer = nil, nil
+	s.ho = handoff{}
 	return nil
 }
 
-var _ stage.Stage = (*Stage)(nil)
+var (
+	_ stage.Stage           = (*Stage)(nil)
+	_ stage.HandoffReceiver = (*Stage)(nil)
+)

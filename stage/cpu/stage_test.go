@@ -21,5 +21,5 @@ func newTestStage(t *testing.T, s stagetest.Spec) stage.Stage {
 }
 
 func TestConformance(t *testing.T) {
-	stagetest.Run(t, stagetest.Backend{New: newTestStage, Tol: 1e-5, SplitTol: 1e-6, Paged: true})
+	stagetest.Run(t, stagetest.Backend{New: newTestStage, Tol: 1e-5, SplitTol: 1e-6, Paged: true, Handoff: true})
 }

@@ -37,8 +37,14 @@
 // caches unchanged); Free; Info and Input; Forward after Close; and, for a
 // backend with a paged KV cache (Backend.Paged), block-table validation,
 // blocks scattered over the pool, a capacity of exactly the blocks in use
-// and blocks reused after Free. It logs the largest relative error it
-// measured for each comparison.
+// and blocks reused after Free; and, for a backend with on-device hand-off
+// (Backend.Handoff), that decodes fed stage.Placeholder, filled from the
+// last stage's (slot, token) rows applied on the first, give bit for bit what
+// the same batches with their tokens spelled out give, on one stage and on
+// two (the first a step ahead of the second, as in a pipeline), and that bad
+// slots, placeholders with no token and malformed hand-off rows are refused
+// (a refused hand-off message recording none of its rows). It logs the
+// largest relative error it measured for each comparison.
 //
 // Every batch the suite sends carries block tables from BlockTables, which
 // hands out blocks in a scrambled order as a leader would; tests of a

@@ -32,6 +32,15 @@ type Backend struct {
 	// Seq.Blocks, sized by Spec.KVBlocks and Spec.BlockSize and reported in
 	// Info; Run then checks it too.
 	Paged bool
+	// Handoff says the backend implements on-device hand-off: its first
+	// stage is a stage.HandoffReceiver and its last fills Output.Handoff
+	// when Batch.Handoff is set; Run then checks it too.
+	Handoff bool
+	// HandoffTransfer copies the hand-off rows of out (Output.Handoff, of
+	// out.HandoffHeader) into first's HandoffInput; the source may also be
+	// a collective.Host buffer the suite made. Nil copies bytes between
+	// collective.Host buffers.
+	HandoffTransfer func(t *testing.T, out *stage.Output, first stage.Stage)
 }
 
 // Spec is the stage a test asks the backend for.
@@ -60,6 +69,9 @@ func Run(t *testing.T, b Backend) {
 	t.Run("close", func(t *testing.T) { testClose(t, b) })
 	if b.Paged {
 		t.Run("paged", func(t *testing.T) { testPaged(t, b) })
+	}
+	if b.Handoff {
+		t.Run("handoff", func(t *testing.T) { testHandoff(t, b) })
 	}
 }
 
