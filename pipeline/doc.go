@@ -13,6 +13,26 @@
 // ControlListener and TCP data links (package collective) and the leader
 // connects with DialLink.
 //
+// On-device hand-off (stage.HandoffReceiver, stage.Batch.Handoff,
+// Step.AwaitHandoff) lets the leader schedule a sequence's next decode
+// before its previous token is back: the last stage's worker sends each
+// hand-off step's (slot, token) rows over Worker.HandoffOut, a ring link to
+// the first stage, before reporting the step's result; the first stage's
+// worker, before running a step, receives them over Worker.HandoffIn in
+// step order into the stage's HandoffInput and applies them until it has
+// applied Step.AwaitHandoff in all. It knows each message's header without
+// asking (batch id, one row per sampled sequence of the step, HandoffCols
+// I32 columns): it ran the step first. A single stage applies its own
+// rows, no link. StartLocal's variant LocalOptions{Handoff: true}.Start
+// wires the ring as an in-memory pipe. Between processes the ring is one
+// more data link: the last stage's node dials (collective.Dial, or NCCL
+// from device memory) a listener of the first stage's node and sets the
+// Sender as its Worker's HandoffOut; the first stage's node sets the
+// accepted Receiver as HandoffIn. The link must hold the messages of as
+// many steps as the leader keeps in flight (TCP's socket buffers do: a
+// message is 8 bytes a sequence), since the first stage takes them only
+// when a step awaits them; package sched keeps at most that many waiting.
+//
 // Generate is the plain driving loop: chunked prefill, decodes of running
 // requests batched with other requests' prefill chunks, stop tokens and
 // token limits. The scheduler replaces it with continuous batching over a
@@ -25,6 +45,13 @@
 //	defer d.Close()
 //	err = pipeline.Generate(ctx, d, reqs, pipeline.GenerateOptions{MaxBatchTokens: 256}, emit)
 //
+// With hand-off, under the scheduler (one more step in flight than
+// stages):
+//
+//	d, err := pipeline.LocalOptions{Handoff: true}.Start(ctx, stages)
+//	...
+//	l, err := sched.Start(sched.Config{..., MaxConcurrentBatches: len(stages) + 1, OnDeviceHandoff: true}, d)
+//
 // # Concurrency
 //
 // A Worker is run by one goroutine (Serve). A Driver's Submit may be called
@@ -32,8 +59,10 @@
 // flight that way); Step is Submit then Wait, for a single caller. The
 // Driver owns one goroutine per link, which Close stops after the links
 // end. A submitted Step's slices must not change until its result is back. StartLocal's worker goroutines end when the Driver closes their
-// links. Results cross goroutines as copies: a stage reuses its output
-// buffers on its next step.
+// links; each closes its worker's data and hand-off links when Serve
+// returns, so a first stage waiting for a hand-off fails once the last
+// stage's worker has stopped. Results cross goroutines as copies: a stage
+// reuses its output buffers on its next step.
 //
 // A step that fails on any stage leaves the data links out of step: the
 // stage reports the failure and its worker returns, and the leader must

@@ -13,9 +13,35 @@ import (
 // StartLocal runs stages, in pipeline order, as one pipeline inside this
 // process: one worker goroutine per stage, activations over in-memory
 // pipes. The returned Driver's Close stops the workers and waits for them.
+// It is LocalOptions{}.Start: no hand-off.
 func StartLocal(ctx context.Context, stages []stage.Stage) (*Driver, error) {
+	return LocalOptions{}.Start(ctx, stages)
+}
+
+// LocalOptions configure a pipeline inside this process.
+type LocalOptions struct {
+	// Handoff wires on-device hand-off: a ring pipe from the last stage to
+	// the first (none for a single stage, which applies its own). The
+	// first stage must implement stage.HandoffReceiver.
+	Handoff bool
+	// HandoffDepth is how many hand-off messages the ring holds before the
+	// last stage's send waits; it must be at least the steps the leader
+	// keeps in flight (0: the number of stages plus one, the most steps
+	// in flight with hand-off).
+	HandoffDepth int
+}
+
+// Start runs stages, in pipeline order, as one pipeline inside this process
+// (see StartLocal).
+func (o LocalOptions) Start(ctx context.Context, stages []stage.Stage) (*Driver, error) {
 	if len(stages) == 0 {
 		return nil, fmt.Errorf("local pipeline: no stages")
+	}
+	if o.HandoffDepth < 0 {
+		return nil, fmt.Errorf("local pipeline: hand-off depth %d is negative", o.HandoffDepth)
+	}
+	if _, ok := stages[0].(stage.HandoffReceiver); o.Handoff && !ok {
+		return nil, fmt.Errorf("local pipeline: hand-off asked for, but the first stage (%T) cannot take hand-offs", stages[0])
 	}
 	links := make([]Link, len(stages))
 	workers := make([]*Worker, len(stages))
@@ -29,15 +55,21 @@ func StartLocal(ctx context.Context, stages []stage.Stage) (*Driver, error) {
 		}
 		workers[i] = w
 	}
+	if last := len(stages) - 1; o.Handoff && last > 0 {
+		depth := o.HandoffDepth
+		if depth == 0 {
+			depth = len(stages) + 1
+		}
+		workers[last].HandoffOut, workers[0].HandoffIn = collective.Pipe(depth)
+	}
 	for i, w := range workers {
 		l := links[i].(*memLink)
 		go func() {
 			err := w.Serve(ctx)
-			if w.Prev != nil {
-				w.Prev.Close()
-			}
-			if w.Next != nil {
-				w.Next.Close()
+			for _, c := range []io.Closer{w.Prev, w.Next, w.HandoffIn, w.HandoffOut} {
+				if c != nil { // a nil link converts to a nil Closer
+					c.Close()
+				}
 			}
 			l.finish(err)
 		}()

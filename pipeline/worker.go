@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"reflect"
 
 	"github.com/tandem-llm/tandem/collective"
 	"github.com/tandem-llm/tandem/stage"
@@ -15,15 +16,40 @@ import (
 // activations from the previous stage (unless it is the first), runs the
 // forward pass, and sends the output to the next stage (unless it is the
 // last, which reports sampled tokens to the leader).
+//
+// With on-device hand-off (a step's Batch.Handoff), the last stage's
+// Output.Handoff goes over HandoffOut, a ring link to the first stage,
+// before the step's result is reported. The first stage's worker records,
+// for each hand-off step it has run, the message it expects (batch id, one
+// row per sampled sequence), and before running a step receives those
+// messages in order over HandoffIn into the stage's HandoffInput and
+// applies them (stage.HandoffReceiver), until it has applied
+// Step.AwaitHandoff in all. A single stage, first and last, applies its
+// own Output.Handoff after each hand-off step, with no link.
 type Worker struct {
 	Index int // the stage's position in the pipeline
 	Stage stage.Stage
 	Ctl   Control
 	Prev  collective.Receiver // nil on the first stage
 	Next  collective.Sender   // nil on the last stage
+	// HandoffOut sends hand-off rows from the last stage to the first, and
+	// HandoffIn receives them on the first stage, whose Stage must then
+	// implement stage.HandoffReceiver. Both are nil unless the pipeline
+	// has two stages or more and hand-off is on; a worker asked for a
+	// hand-off without them fails the step. The link must hold as many
+	// messages as the leader keeps steps in flight: the first stage takes
+	// them only when a step awaits them.
+	HandoffOut collective.Sender
+	HandoffIn  collective.Receiver
 	// Epoch is the leader epoch the stage was assigned in; steps of an
 	// older epoch are refused (0 accepts every step).
 	Epoch uint64
+
+	// The first stage's hand-off state: the messages of the hand-off steps
+	// it has run and not applied yet, oldest first, and how many it has
+	// applied.
+	expect  []collective.Header
+	applied int
 }
 
 // Serve runs steps until the leader closes the control link (it then
@@ -34,6 +60,12 @@ func (w *Worker) Serve(ctx context.Context) error {
 	info := w.Stage.Info()
 	if (w.Prev == nil) != info.First || (w.Next == nil) != info.Last {
 		return fmt.Errorf("stage %d (layers %d-%d): links do not match its place in the pipeline", w.Index, info.Lo, info.Hi)
+	}
+	if w.HandoffIn != nil && (!info.First || info.Last) || w.HandoffOut != nil && (!info.Last || info.First) {
+		return fmt.Errorf("stage %d (layers %d-%d): a hand-off link belongs to the first stage (in) and the last (out) of two or more", w.Index, info.Lo, info.Hi)
+	}
+	if _, ok := w.Stage.(stage.HandoffReceiver); w.HandoffIn != nil && !ok {
+		return fmt.Errorf("stage %d (layers %d-%d): a hand-off link in, but the stage (%T) cannot take hand-offs", w.Index, info.Lo, info.Hi, w.Stage)
 	}
 	for {
 		st, err := w.Ctl.Next(ctx)
@@ -71,6 +103,11 @@ func (w *Worker) step(ctx context.Context, info stage.Info, st *Step) (*Result, 
 	if len(st.Batch.Seqs) == 0 {
 		return nil, nil
 	}
+	if info.First {
+		if err := w.awaitHandoff(ctx, st); err != nil {
+			return nil, err
+		}
+	}
 	if w.Prev != nil {
 		h := collective.Header{Batch: st.Batch.ID, Rows: st.Batch.NumTokens(), Cols: info.Hidden, DType: info.ActDType}
 		if err := w.Prev.Recv(ctx, h, w.Stage.Input()); err != nil {
@@ -81,6 +118,11 @@ func (w *Worker) step(ctx context.Context, info stage.Info, st *Step) (*Result, 
 	if err != nil {
 		return nil, fmt.Errorf("forward: %w", err)
 	}
+	if st.Batch.Handoff {
+		if err := w.handoff(ctx, info, &st.Batch, out); err != nil {
+			return nil, err
+		}
+	}
 	if w.Next != nil {
 		if err := w.Next.Send(ctx, out.Header, out.Activations); err != nil {
 			return nil, fmt.Errorf("send activations: %w", err)
@@ -88,4 +130,103 @@ func (w *Worker) step(ctx context.Context, info stage.Info, st *Step) (*Result, 
 		return nil, nil
 	}
 	return &Result{Batch: st.Batch.ID, Stage: w.Index, Sampled: out.Sampled, Logits: out.Logits}, nil
+}
+
+// awaitHandoff receives and applies, in order, the hand-off messages of the
+// steps run so far until st.AwaitHandoff are applied (first stage).
+func (w *Worker) awaitHandoff(ctx context.Context, st *Step) error {
+	if w.applied >= st.AwaitHandoff {
+		return nil
+	}
+	recv, ok := w.Stage.(stage.HandoffReceiver)
+	if !ok || w.HandoffIn == nil {
+		return fmt.Errorf("step awaits %d hand-offs, but the stage has no hand-off link in", st.AwaitHandoff)
+	}
+	for w.applied < st.AwaitHandoff {
+		if len(w.expect) == 0 {
+			return fmt.Errorf("step awaits %d hand-offs, but only %d hand-off steps have run", st.AwaitHandoff, w.applied)
+		}
+		h := w.expect[0]
+		w.expect = w.expect[1:]
+		if err := w.HandoffIn.Recv(ctx, h, recv.HandoffInput()); err != nil {
+			return fmt.Errorf("receive the hand-off of batch %d: %w", h.Batch, err)
+		}
+		if err := recv.ApplyHandoff(ctx, h.Rows); err != nil {
+			return fmt.Errorf("apply the hand-off of batch %d: %w", h.Batch, err)
+		}
+		w.applied++
+	}
+	return nil
+}
+
+// handoff does a hand-off step's part after the forward pass: the first
+// stage expects the step's message, the last sends it, and a single stage
+// applies it at once.
+func (w *Worker) handoff(ctx context.Context, info stage.Info, b *stage.Batch, out *stage.Output) error {
+	want := collective.Header{Batch: b.ID, Cols: stage.HandoffCols, DType: collective.I32}
+	for i := range b.Seqs {
+		if b.Seqs[i].Sample {
+			want.Rows++
+		}
+	}
+	switch {
+	case info.First && info.Last:
+		if err := checkHandoffOutput(want, out); err != nil {
+			return err
+		}
+		recv, ok := w.Stage.(stage.HandoffReceiver)
+		if !ok {
+			return fmt.Errorf("batch asks for a hand-off, but the stage (%T) cannot take hand-offs", w.Stage)
+		}
+		if err := copyHandoff(want, out.Handoff, recv.HandoffInput()); err != nil {
+			return err
+		}
+		if err := recv.ApplyHandoff(ctx, want.Rows); err != nil {
+			return fmt.Errorf("apply the hand-off: %w", err)
+		}
+		w.applied++
+	case info.First:
+		if w.HandoffIn == nil {
+			return errors.New("batch asks for a hand-off, but the first stage has no hand-off link in")
+		}
+		w.expect = append(w.expect, want)
+	case info.Last:
+		if w.HandoffOut == nil {
+			return errors.New("batch asks for a hand-off, but the last stage has no hand-off link out")
+		}
+		if err := checkHandoffOutput(want, out); err != nil {
+			return err
+		}
+		if err := w.HandoffOut.Send(ctx, out.HandoffHeader, out.Handoff); err != nil {
+			return fmt.Errorf("send the hand-off: %w", err)
+		}
+	}
+	return nil
+}
+
+// checkHandoffOutput checks the last stage's hand-off against the batch.
+func checkHandoffOutput(want collective.Header, out *stage.Output) error {
+	if out.HandoffHeader != want || out.Handoff == nil {
+		return fmt.Errorf("stage hand-off %v (buffer %T), want %v", out.HandoffHeader, out.Handoff, want)
+	}
+	return nil
+}
+
+// copyHandoff moves a single stage's hand-off rows from its output into its
+// hand-off input: a copy in host memory; elsewhere the stage must use one
+// buffer for both.
+func copyHandoff(h collective.Header, from, to collective.Buffer) error {
+	src, srcHost := from.(collective.Host)
+	dst, dstHost := to.(collective.Host)
+	switch {
+	case srcHost && dstHost:
+		if len(src) < h.Bytes() || len(dst) < h.Bytes() {
+			return fmt.Errorf("hand-off %v: output holds %d bytes, input %d", h, len(src), len(dst))
+		}
+		copy(dst, src[:h.Bytes()])
+		return nil
+	case !srcHost && reflect.TypeOf(from) == reflect.TypeOf(to) && reflect.TypeOf(from).Comparable() && from == to:
+		return nil
+	}
+	return fmt.Errorf("hand-off %v: output buffer %T is not the stage's hand-off input %T, and not host memory", h, from, to)
 }
