@@ -271,7 +271,7 @@ func testValidation(t *testing.T, b Backend) {
 		{"gap", ctx, []stage.Seq{{ID: a, Pos: 6, Tokens: promptA[6:7]}, newC(func(*stage.Seq) {})}, a},
 		{"overlap", ctx, []stage.Seq{{ID: a, Pos: 4, Tokens: promptA[4:6]}, newC(func(*stage.Seq) {})}, a},
 		{"past max positions", ctx, []stage.Seq{{ID: a, Pos: 5, Tokens: randomTokens(rng, 16, m.VocabSize)}}, a},
-		{"negative token", ctx, []stage.Seq{contA, newC(func(q *stage.Seq) { q.Tokens = []int32{3, -1} })}, c},
+		{"negative token", ctx, []stage.Seq{contA, newC(func(q *stage.Seq) { q.Tokens = []int32{3, -2} })}, c},
 		{"token past vocab", ctx, []stage.Seq{contA, newC(func(q *stage.Seq) { q.Tokens = []int32{int32(m.VocabSize)} })}, c},
 		{"empty chunk", ctx, []stage.Seq{contA, newC(func(q *stage.Seq) { q.Tokens = nil })}, c},
 		{"duplicate sequence", ctx, []stage.Seq{contA, {ID: a, Pos: 5, Tokens: promptA[5:6]}}, a},
