@@ -7,6 +7,11 @@
 #                                      transformers; no Go): runs the check
 #   bash scripts/gpu-check.sh device nccl
 #                                      on a machine of two GPUs: only (6)
+#   bash scripts/gpu-check.sh device quick
+#                                      the check without its heavy parts: no
+#                                      informational std 0.05 checkpoint, no
+#                                      timings (5), tests in -short mode (200
+#                                      requests in the long run of (7))
 #
 # The device part (1) makes random-init checkpoints with transformers and saves
 # them in bf16 (a Llama-3.2-1B shape and a small Qwen2 shape with q/k/v bias),
@@ -23,7 +28,9 @@
 # both through NCCL against the same model on one, and (7) the CUDA-graph
 # tests: replays against eager runs on one and two stages, refused steps,
 # and 2,000 random requests with zero device memory growth. Logs and
-# summary.json go to $OUT; the summary table is printed last.
+# summary.json go to $OUT; the summary table is printed last. The GPU tests
+# include the conformance suite of stage/stagetest on the paged KV cache with
+# on-device hand-off, and hand-off inside replayed CUDA graphs.
 #
 # Run it with the device tool as:
 #   bash scripts/gpu-check.sh   (here), then on the device with carry [".carry"]:
@@ -62,17 +69,30 @@ step "environment"
 } 2>&1 | tee -a "$LOG"
 DEVICE=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 
+quick=
+[ "${2:-}" = quick ] && quick=1
+
 step "(1, 2) checkpoints and float32 references with transformers"
 # Init std 0.02 (transformers' default) is what tandem is held to; at 0.05
 # the random network is chaotic enough that bf16 inference itself (tandem or
 # transformers) strays past the bounds, so that case is informational.
-python3 scripts/hf_ref.py --shape llama1b --std 0.02 --out "$WORK" --time-batches 1,8,32 2>&1 | tee -a "$LOG" || status=1
-python3 scripts/hf_ref.py --shape llama1b --std 0.05 --name llama1b-std0.05 --informational --out "$WORK" 2>&1 | tee -a "$LOG" || status=1
+if [ -n "$quick" ]; then
+	python3 scripts/hf_ref.py --shape llama1b --std 0.02 --out "$WORK" 2>&1 | tee -a "$LOG" || status=1
+else
+	python3 scripts/hf_ref.py --shape llama1b --std 0.02 --out "$WORK" --time-batches 1,8,32 2>&1 | tee -a "$LOG" || status=1
+	python3 scripts/hf_ref.py --shape llama1b --std 0.05 --name llama1b-std0.05 --informational --out "$WORK" 2>&1 | tee -a "$LOG" || status=1
+fi
 python3 scripts/hf_ref.py --shape qwen2 --std 0.02 --out "$WORK" 2>&1 | tee -a "$LOG" || status=1
 
-step "(3, 4, 5, 7) stage/cuda GPU tests"
-TANDEM_HF_DIR=$WORK TANDEM_BENCH_CHECKPOINT=$WORK/llama1b TANDEM_RESULTS=$RESULTS TANDEM_CACHE_DIR=$WORK/cache \
-	.carry/cuda/cuda.test -test.v -test.timeout 480s 2>&1 | tee -a "$LOG" || status=1
+if [ -n "$quick" ]; then
+	step "(3, 4, 7) stage/cuda GPU tests, short"
+	TANDEM_HF_DIR=$WORK TANDEM_RESULTS=$RESULTS TANDEM_CACHE_DIR=$WORK/cache \
+		.carry/cuda/cuda.test -test.v -test.short -test.timeout 480s 2>&1 | tee -a "$LOG" || status=1
+else
+	step "(3, 4, 5, 7) stage/cuda GPU tests"
+	TANDEM_HF_DIR=$WORK TANDEM_BENCH_CHECKPOINT=$WORK/llama1b TANDEM_RESULTS=$RESULTS TANDEM_CACHE_DIR=$WORK/cache \
+		.carry/cuda/cuda.test -test.v -test.timeout 480s 2>&1 | tee -a "$LOG" || status=1
+fi
 
 # (6) runs inside the tests above (TestTwoGPUSplit) when the machine has two
 # GPUs; it skips, saying so, on one.

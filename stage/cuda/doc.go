@@ -22,7 +22,8 @@
 // embeddings (rotate_half layout, fp32 angles pos·inv_freq with llama3
 // scaling of inv_freq precomputed on the host) and writes q and the KV
 // cache in bf16; causal grouped-query attention with an fp32 online
-// softmax, one block per (token, head); the o GEMM; RMSNorm, adding the o
+// softmax, one block per (token, head), reading keys and values through
+// the sequence's block table; the o GEMM; RMSNorm, adding the o
 // projection into the residual stream first; the gate|up GEMM;
 // SiLU-and-multiply into bf16; the down GEMM. The last stage normalises
 // only the rows it needs logits for and computes them in fp32; other
@@ -47,23 +48,35 @@
 // again when tied) converted to bf16 into one allocation, and allocates
 // every buffer a Forward uses once, zeroed: activations for MaxTokens rows
 // (the layer GEMMs' inputs and outputs for twice that), fp32 logits for
-// MaxLogitRows rows, the packed batch description, a cuBLAS workspace,
-// pinned host buffers for results, and the KV cache, after holding back
-// Config.GraphMemory for CUDA graphs. Forward allocates no device memory.
-// The KV cache is contiguous per sequence slot: per layer, [slot ×
-// MaxSeqLen rows][kv heads][head dim] for K and again for V, plus one
-// scratch row. Kernels reach it only through row indices in the batch
-// description (the row each token writes, the row of each token's
-// position 0), so a paged cache can replace the slots by changing those
-// indices alone. Memory reports the weight, workspace, KV and graph bytes
-// and the KV capacity.
+// MaxLogitRows rows, the packed batch description, the hand-off buffers, a
+// cuBLAS workspace, pinned host buffers for results, and the KV cache,
+// after holding back Config.GraphMemory for CUDA graphs. Forward allocates
+// no device memory.
+//
+// The KV cache is paged: per layer, NumBlocks·BlockSize rows plus one
+// scratch row of [kv heads][head dim] bf16, for K and again for V (Info
+// and Memory report the blocks and the block size). With Config.NumBlocks
+// 0 it takes every block the device memory still free after the weights,
+// the workspace and the graph memory holds, less Config.KVMargin. The
+// leader owns the blocks: each Seq carries its block table, and position p
+// of a sequence is row Blocks[p/BlockSize]·BlockSize + p%BlockSize. The
+// host computes the row each token writes into the batch description, and
+// copies each sequence's table there too (the description's tables have
+// room for MaxSeqs sequences of Config.MaxSeqLen positions; a step uploads
+// only the part in use), with each token's offset of its table: attention
+// reads its keys and values through it. The stage keeps of each sequence
+// only its cached length, so that a chunk must start where the sequence's
+// cache ends; Free forgets it. A table too short for the chunk, or a block
+// id outside [0, NumBlocks), fails the batch. Memory reports the weight,
+// workspace, KV and graph bytes.
 //
 // # CUDA graphs
 //
 // Info reports graphs.Always: the kernels take every per-token fact (token,
-// position, cache rows, logits rows, sampling parameters) from the batch
-// description at a fixed device address, so one graph serves any batch
-// of its token count. Capture, given the leader dispatcher's keys, runs an
+// position, cache rows, block tables, logits rows, sampling parameters,
+// hand-off slots) from the batch description at a fixed device address,
+// and the hand-off buffers are persistent too, so one graph serves any
+// batch of its token count. Capture, given the leader dispatcher's keys, runs an
 // eager warm-up of each key's shape and captures it, largest first, on the
 // stage's own stream, into two wrappers bound to a runtime mode each:
 // FULL, one graph of the whole step, attention included; PIECEWISE, one
@@ -75,13 +88,35 @@
 // to the key's shape (padding tokens read token 0 at position 0 and write
 // and attend to the scratch KV row; padding logits rows and samples are
 // computed and ignored) and replays; a step whose key was not captured
-// fails, never running eagerly; the zero Step (or None) runs eagerly.
+// fails, never running eagerly; the zero Step (or None) runs eagerly. Padding
+// rows reach the scratch row through word 0 of the block tables, the
+// scratch block.
 // With Config.GraphDebug every replay checks that the buffers baked into
 // the graph are still where they were at capture. Capture measures the
 // device memory the graphs take (cuMemGetInfo, per key and in total;
 // Graphs reports it) and fails when it exceeds Config.GraphMemory, held
 // back before the KV cache was allocated; after Capture nothing allocates,
 // so device memory in use stays constant.
+//
+// # Hand-off
+//
+// The stage implements stage.HandoffReceiver for on-device hand-off, with
+// the sampled tokens staying on the device. The last stage's sampler
+// writes one (slot, token) int32 row per sampled sequence into a device
+// buffer, which Output.Handoff points at when Batch.Handoff is set. The
+// first stage's HandoffInput is a device buffer of MaxSeqs such rows;
+// ApplyHandoff scatters them with one kernel into a device table of the
+// token last recorded for each slot (rows naming a slot outside [0,
+// MaxSeqs), a token outside the vocabulary or one slot twice are refused
+// whole), and waits for it. A placeholder in Seq.Tokens travels in the
+// batch description as -1 - Seq.Slot, and the embedding kernel reads the
+// slot's token from the table, inside a replayed graph too. A placeholder
+// for a slot that has no token is found on the device: the step fails,
+// naming the sequence, and nothing is committed. Every Seq.Slot must lie
+// in [0, MaxSeqs), and the sampled sequences of a batch with Handoff must
+// have distinct slots. On a stage that is both first and last,
+// Output.Handoff is HandoffInput itself: ApplyHandoff(ctx,
+// HandoffHeader.Rows) applies it with no copy.
 //
 // # Sampling
 //
@@ -101,13 +136,14 @@
 //
 //	st, err := cuda.New(cuda.Config{
 //		Model: cfg, Lo: 0, Hi: cfg.NumLayers, Weights: checkpoint,
-//		MaxTokens: 512, MaxSeqs: 32,
+//		MaxTokens: 512, MaxSeqs: 32, // NumBlocks 0: the free memory
 //	})
 //	if errors.Is(err, gpu.ErrNoDriver) { /* use the CPU backend */ }
 //	defer st.Close()
 //	// optional: graphs for the keys of the leader's graphs.Dispatcher
 //	if err := st.Capture(dispatcher.Keys()); err != nil { ... }
 //	batch.Graph = graphs.Step{Mode: mode, Desc: desc} // from Dispatch
+//	// every Seq carries its block table (Info().KVBlocks, BlockSize)
 //	out, err := st.Forward(ctx, batch)
 //
 // Activations between stages are the fp32 residual stream (ActDType F32),
@@ -121,9 +157,9 @@
 //
 // # Concurrency
 //
-// A Stage is driven by one goroutine: none of its methods may be called
-// concurrently with another, and an Output is valid only until the next
-// Forward. Device work runs inside Device.Do on the gpu.Device's own
+// A Stage is driven by one goroutine: none of its methods (ApplyHandoff
+// included) may be called concurrently with another, and an Output is
+// valid only until the next Forward. Device work runs inside Device.Do on the gpu.Device's own
 // goroutine, ordered on the stage's stream; several stages may share one
 // Device (Config.Device), each with its own stream. Capture holds the
 // device goroutine for its whole run, so no other stage's work can slip

@@ -42,7 +42,12 @@ func (s *Stage) Forward(ctx context.Context, b *stage.Batch) (*stage.Output, err
 	if err := s.dev.Do(s.run); err != nil {
 		return nil, fmt.Errorf("cuda stage [%d,%d): batch %d (%s): %w", s.lo, s.hi, b.ID, step, err)
 	}
-	s.pl.commit(b, &s.p)
+	if s.p.placeholders {
+		if err := s.statusError(b); err != nil {
+			return nil, fmt.Errorf("cuda stage [%d,%d): batch %d: %w", s.lo, s.hi, b.ID, err)
+		}
+	}
+	s.pl.commit(b)
 	return s.output(b), nil
 }
 
@@ -51,7 +56,7 @@ func (s *Stage) run() error {
 	lay := s.pl.lay
 	p := &s.p
 	st := s.stream
-	if err := gpu.CopyHtoDAsync(s.b.batch, s.hostBatch[:4*lay.words()], st); err != nil {
+	if err := gpu.CopyHtoDAsync(s.b.batch, s.hostBatch[:4*p.uploadWords(lay)], st); err != nil {
 		return fmt.Errorf("upload batch description: %w", err)
 	}
 	if err := s.events[0].Record(st); err != nil {
@@ -59,6 +64,11 @@ func (s *Stage) run() error {
 	}
 	if err := s.forwardPass(s.step, s.sh); err != nil {
 		return err
+	}
+	if p.placeholders {
+		if err := gpu.CopyDtoHAsync(gpu.AsBytes(s.ho.host), s.ho.status, st); err != nil {
+			return fmt.Errorf("read hand-off status: %w", err)
+		}
 	}
 	if s.last && p.nSampled > 0 {
 		n := p.nSampled * (2 + 2*MaxLogprobs)
@@ -132,7 +142,8 @@ func (s *Stage) segment(i int, sh shape) error {
 	lay := s.pl.lay
 	if i == 0 {
 		if s.first {
-			a := s.args.Reset().Ptr(word(lay.tokens())).Ptr(s.weights.embed).Ptr(s.b.resid).Int32(int32(H))
+			a := s.args.Reset().Ptr(word(lay.tokens())).Ptr(s.ho.tokens).Ptr(s.ho.status).Ptr(s.weights.embed).
+				Ptr(s.b.resid).Int32(int32(H)).Int32(int32(m.VocabSize))
 			if err := s.launch(kEmbed, gpu.Dim3{X: uint32(T)}, gpu.Dim3{X: embedThreads}, a); err != nil {
 				return err
 			}
@@ -196,7 +207,8 @@ func (s *Stage) kvLayerPtrs(i int) (k, v gpu.DevicePtr) {
 	return s.kcache + off, s.vcache + off
 }
 
-// attention orders the attention of the stage's layer i over the KV cache.
+// attention orders the attention of the stage's layer i over the paged KV
+// cache, through the batch's block tables.
 func (s *Stage) attention(i int, sh shape) error {
 	m := &s.m
 	lay := s.pl.lay
@@ -204,7 +216,7 @@ func (s *Stage) attention(i int, sh shape) error {
 	kc, vc := s.kvLayerPtrs(i)
 	scale := float32(1 / math.Sqrt(float64(m.HeadDim)))
 	a := s.args.Reset().Ptr(s.b.q).Ptr(kc).Ptr(vc).Ptr(s.b.attn).Int32(int32(sh.tokens)).
-		Ptr(word(lay.kvBase())).Ptr(word(lay.pos())).
+		Ptr(word(lay.tables())).Ptr(word(lay.tableOff())).Ptr(word(lay.pos())).Int32(int32(s.pl.kv.blockSize)).
 		Int32(int32(m.NumHeads)).Int32(int32(m.NumKVHeads)).Int32(int32(m.HeadDim)).Float32(scale)
 	return s.launch(kAttention, gpu.Dim3{X: uint32(sh.tokens), Y: uint32(m.NumHeads)}, gpu.Dim3{X: attentionThreads}, a)
 }
@@ -226,7 +238,8 @@ func (s *Stage) head(sh shape, lo int) error {
 		return nil
 	}
 	params := s.b.batch + gpu.DevicePtr(4*lay.sample())
-	a := s.args.Reset().Ptr(s.b.logits).Int32(int32(m.VocabSize)).Ptr(params).Ptr(s.b.sampleOut).Int32(MaxLogprobs)
+	a := s.args.Reset().Ptr(s.b.logits).Int32(int32(m.VocabSize)).Ptr(params).Ptr(s.b.sampleOut).Int32(MaxLogprobs).
+		Ptr(s.ho.out.Ptr())
 	return s.launch(kSample, gpu.Dim3{X: uint32(sh.sampled)}, gpu.Dim3{X: sampleThreads}, a)
 }
 
@@ -288,6 +301,10 @@ func (s *Stage) output(b *stage.Batch) *stage.Output {
 			smp.Top = append(smp.Top, stage.TokenLogprob{Token: w[2+2*t], Logprob: math.Float32frombits(uint32(w[3+2*t]))})
 		}
 		o.Sampled = append(o.Sampled, smp)
+	}
+	if b.Handoff {
+		o.HandoffHeader = collective.Header{Batch: b.ID, Rows: k, Cols: stage.HandoffCols, DType: collective.I32}
+		o.Handoff = s.ho.out
 	}
 	return o
 }

@@ -1,12 +1,16 @@
 package cuda
 
 import (
+	"cmp"
 	"context"
 	"errors"
+	"fmt"
 	"os"
+	"strings"
 	"sync"
 	"testing"
 
+	"github.com/tandem-llm/tandem/collective"
 	"github.com/tandem-llm/tandem/gpu"
 	"github.com/tandem-llm/tandem/stage"
 	"github.com/tandem-llm/tandem/stage/stagetest"
@@ -53,11 +57,20 @@ func device(t *testing.T) *gpu.Device {
 }
 
 // newTestStage builds a stage, on the shared device unless cfg names one,
-// closed when t ends.
+// closed when t ends. Unless cfg sizes the KV cache, it holds MaxSeqs
+// sequences of MaxSeqLen positions (of at most 1024 when that is 0), not
+// the whole device.
 func newTestStage(t *testing.T, cfg Config) *Stage {
 	t.Helper()
 	if cfg.Device == nil {
 		cfg.Device = device(t)
+	}
+	if cfg.NumBlocks == 0 {
+		n := cfg.MaxSeqLen
+		if n == 0 {
+			n = min(cfg.Model.MaxPositions, 1024)
+		}
+		cfg.NumBlocks = cfg.MaxSeqs * blocksFor(n, cmp.Or(cfg.BlockSize, DefaultBlockSize))
 	}
 	if cfg.CacheDir == "" {
 		cfg.CacheDir = testDev.cache
@@ -72,6 +85,71 @@ func newTestStage(t *testing.T, cfg Config) *Stage {
 		}
 	})
 	return st
+}
+
+// tablesFor gives hand-built batches block tables for a pipeline of
+// stages, as a leader would.
+func tablesFor(stages ...*Stage) *stagetest.BlockTables {
+	var ss []stage.Stage
+	for _, st := range stages {
+		ss = append(ss, st)
+	}
+	return stagetest.TablesFor(ss, uint64(len(ss)))
+}
+
+// fill gives b block tables, failing t when they run out.
+func fill(t *testing.T, tables *stagetest.BlockTables, b *stage.Batch) *stage.Batch {
+	t.Helper()
+	if err := tables.Fill(b); err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// deviceHandoffTransfer copies hand-off rows (device memory, or host
+// memory the suite made) into the first stage's HandoffInput, skipping a
+// copy onto itself, and checks the tokens of rows the stage reported
+// against its samples.
+func deviceHandoffTransfer(t *testing.T, out *stage.Output, first stage.Stage) {
+	t.Helper()
+	fs, ok := first.(*Stage)
+	dst, ok2 := fs.HandoffInput().(gpu.Mem)
+	if !ok || !ok2 {
+		t.Fatalf("hand-off into %T of %T: want the device buffer of a CUDA stage", fs.HandoffInput(), first)
+	}
+	n := out.HandoffHeader.Bytes()
+	rows := make([]int32, n/4)
+	err := fs.dev.Do(func() error {
+		switch src := out.Handoff.(type) {
+		case collective.Host:
+			return gpu.CopyHtoD(dst.Ptr(), src[:n])
+		case gpu.Mem:
+			if n == 0 {
+				return nil
+			}
+			if err := gpu.CopyDtoH(gpu.AsBytes(rows), src.Ptr()); err != nil {
+				return err
+			}
+			if src.Ptr() == dst.Ptr() {
+				return nil
+			}
+			if err := gpu.CopyDtoDAsync(dst.Ptr(), src.Ptr(), n, fs.stream); err != nil {
+				return err
+			}
+			return fs.stream.Synchronize()
+		}
+		return fmt.Errorf("hand-off rows in %T", out.Handoff)
+	})
+	if err != nil {
+		t.Fatalf("copy hand-off rows: %v", err)
+	}
+	if _, ok := out.Handoff.(gpu.Mem); ok {
+		for k, smp := range out.Sampled {
+			if got := rows[k*stage.HandoffCols+1]; got != smp.Token {
+				t.Errorf("batch %d: hand-off row %d holds token %d, sampled %d", out.HandoffHeader.Batch, k, got, smp.Token)
+			}
+		}
+	}
 }
 
 // deviceTransfer copies a stage's bf16 activations into the next stage's
@@ -105,9 +183,12 @@ func TestConformance(t *testing.T) {
 	stagetest.Run(t, stagetest.Backend{
 		New: func(t *testing.T, s stagetest.Spec) stage.Stage {
 			return newTestStage(t, Config{Model: s.Model, Lo: s.Lo, Hi: s.Hi, Weights: s.Weights,
-				MaxTokens: s.MaxTokens, MaxSeqs: s.MaxSeqs})
+				MaxTokens: s.MaxTokens, MaxSeqs: s.MaxSeqs, NumBlocks: s.KVBlocks, BlockSize: s.BlockSize})
 		},
-		Transfer: deviceTransfer,
+		Transfer:        deviceTransfer,
+		HandoffTransfer: deviceHandoffTransfer,
+		Paged:           true,
+		Handoff:         true,
 		// bf16 activations, and for the F32 and F16 shapes weights rounded
 		// to bf16 at load, against a float64 reference on the unrounded
 		// weights: up to 3e-2 measured on an H100.
@@ -144,11 +225,11 @@ func TestKernelCacheOnGPU(t *testing.T) {
 	w := stagetest.RandomWeights(&sh.Model, sh.DType, 1)
 	build := func() {
 		st, err := New(Config{Model: &sh.Model, Lo: 0, Hi: sh.Model.NumLayers, Weights: w,
-			MaxTokens: 8, MaxSeqs: 1, Device: dev, CacheDir: dir})
+			MaxTokens: 8, MaxSeqs: 1, NumBlocks: 1, Device: dev, CacheDir: dir})
 		if err != nil {
 			t.Fatal(err)
 		}
-		out, err := st.Forward(context.Background(), &stage.Batch{ID: 1, Seqs: []stage.Seq{{ID: 1, Tokens: []int32{1, 2}, Sample: true}}})
+		out, err := st.Forward(context.Background(), &stage.Batch{ID: 1, Seqs: []stage.Seq{{ID: 1, Tokens: []int32{1, 2}, Blocks: []int32{0}, Sample: true}}})
 		if err != nil || len(out.Sampled) != 1 {
 			t.Fatalf("forward: %v, %v", out, err)
 		}
@@ -181,10 +262,11 @@ func TestKernelCacheOnGPU(t *testing.T) {
 }
 
 func TestMemoryReport(t *testing.T) {
+	dev := device(t)
 	sh := stagetest.Shapes()[0]
 	m := sh.Model
 	w := stagetest.RandomWeights(&m, sh.DType, 1)
-	st := newTestStage(t, Config{Model: &m, Lo: 0, Hi: m.NumLayers, Weights: w, MaxTokens: 16, MaxSeqs: 2, KVSlots: 3, MaxSeqLen: 40})
+	st := newTestStage(t, Config{Model: &m, Lo: 0, Hi: m.NumLayers, Weights: w, MaxTokens: 16, MaxSeqs: 2, NumBlocks: 10, BlockSize: 4, MaxSeqLen: 40})
 	mem := st.Memory()
 	// Weights: embedding, per layer two norms, q|k|v, o, gate|up, down,
 	// then the final norm and LM head; each at a 256-byte boundary.
@@ -195,27 +277,48 @@ func TestMemoryReport(t *testing.T) {
 	if mem.WeightBytes < want || mem.WeightBytes > want+int64(256*(3+6*m.NumLayers)) {
 		t.Errorf("weight bytes %d; want %d plus alignment", mem.WeightBytes, want)
 	}
-	// 3 slots of 40 positions and the scratch row.
-	if wantKV := int64(2 * m.NumLayers * (3*40 + 1) * kv * 2); mem.KVBytes != wantKV || mem.KVSlots != 3 || mem.KVPositions != 40 {
-		t.Errorf("KV %d bytes, %d slots × %d positions; want %d bytes, 3 × 40", mem.KVBytes, mem.KVSlots, mem.KVPositions, wantKV)
+	// 10 blocks of 4 positions and the scratch row.
+	rowBytes := int64(2 * m.NumLayers * kv * 2)
+	if wantKV := rowBytes * (10*4 + 1); mem.KVBytes != wantKV || mem.KVBlocks != 10 || mem.BlockSize != 4 {
+		t.Errorf("KV %d bytes, %d blocks of %d; want %d bytes, 10 of 4", mem.KVBytes, mem.KVBlocks, mem.BlockSize, wantKV)
+	}
+	if info := st.Info(); info.KVBlocks != 10 || info.BlockSize != 4 {
+		t.Errorf("Info reports %d blocks of %d; want 10 of 4", info.KVBlocks, info.BlockSize)
 	}
 	if mem.WorkspaceBytes < cublasWorkspace {
 		t.Errorf("workspace %d bytes; want at least the cuBLAS workspace", mem.WorkspaceBytes)
 	}
-	// The cache holds 3 sequences of 40 positions.
+	// A sequence may fill 40 positions (10 blocks), not 41.
 	ctx := context.Background()
-	for id := uint64(1); id <= 3; id++ {
-		if _, err := st.Forward(ctx, &stage.Batch{ID: id, Seqs: []stage.Seq{{ID: id, Tokens: make([]int32, 16)}}}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if _, err := st.Forward(ctx, &stage.Batch{ID: 9, Seqs: []stage.Seq{{ID: 4, Tokens: []int32{1}}}}); err == nil {
-		t.Error("a fourth sequence fit in a 3-slot cache")
-	}
-	if _, err := st.Forward(ctx, &stage.Batch{ID: 10, Seqs: []stage.Seq{{ID: 1, Pos: 16, Tokens: make([]int32, 16)}}}); err != nil {
+	all := []int32{7, 3, 9, 0, 1, 2, 4, 5, 6, 8}
+	if _, err := st.Forward(ctx, &stage.Batch{ID: 1, Seqs: []stage.Seq{{ID: 1, Tokens: make([]int32, 16), Blocks: all[:4]}}}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := st.Forward(ctx, &stage.Batch{ID: 11, Seqs: []stage.Seq{{ID: 1, Pos: 32, Tokens: make([]int32, 9)}}}); err == nil {
+	if _, err := st.Forward(ctx, &stage.Batch{ID: 2, Seqs: []stage.Seq{{ID: 1, Pos: 16, Tokens: make([]int32, 16), Blocks: all[:8]}}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Forward(ctx, &stage.Batch{ID: 3, Seqs: []stage.Seq{{ID: 1, Pos: 32, Tokens: make([]int32, 9), Blocks: append(all, 0)}}}); err == nil {
 		t.Error("a sequence grew past 40 positions")
+	}
+
+	// NumBlocks 0 takes the free memory but the margin: leave this stage
+	// 1 GiB for everything it allocates. Afterwards the margin is what is
+	// free, give or take a block and the 2 MiB granularity of allocations.
+	margin := int64(memFree(t, dev)) - 1<<30
+	sized, err := New(Config{Model: &m, Lo: 0, Hi: m.NumLayers, Weights: w, MaxTokens: 16, MaxSeqs: 2, Device: dev, CacheDir: testDev.cache, KVMargin: margin})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sized.Close()
+	after := int64(memFree(t, dev))
+	sm := sized.Memory()
+	blockBytes := rowBytes * DefaultBlockSize
+	if sm.BlockSize != DefaultBlockSize || sm.KVBytes != rowBytes*int64(sm.KVBlocks*sm.BlockSize+1) || after < margin-4<<20 || after > margin+blockBytes+4<<20 {
+		t.Errorf("sized with a margin of %d bytes: %d blocks of %d (%d bytes), %d bytes free afterwards", margin, sm.KVBlocks, sm.BlockSize, sm.KVBytes, after)
+	}
+	t.Logf("KV cache sized from free memory: %d blocks of %d positions, %d bytes; %d bytes free afterwards, margin %d", sm.KVBlocks, sm.BlockSize, sm.KVBytes, after, margin)
+	if _, err := New(Config{Model: &m, Lo: 0, Hi: m.NumLayers, Weights: w, MaxTokens: 16, MaxSeqs: 2, Device: dev, CacheDir: testDev.cache,
+		KVMargin: int64(memFree(t, dev))}); err == nil || !strings.Contains(err.Error(), "KVMargin") {
+		t.Errorf("a margin of all the free memory: %v; want an error naming Config.KVMargin", err)
 	}
 }

@@ -46,15 +46,18 @@ type graphExec struct {
 }
 
 // graphInputs are the device addresses baked into a step's graphs that
-// the host side may be tempted to move: the packed batch description, the
-// received activations, the residual stream, the KV cache, the logits and
-// the sampler's output.
-type graphInputs [7]gpu.DevicePtr
+// the host side may be tempted to move: the packed batch description
+// (block tables included), the received activations, the residual stream,
+// the KV cache, the logits, the sampler's output and the hand-off buffers
+// (the rows reported, the slot tokens placeholders read, the status).
+type graphInputs [10]gpu.DevicePtr
 
-var graphInputNames = [len(graphInputs{})]string{"batch description", "input activations", "residual stream", "K cache", "V cache", "logits", "sampler output"}
+var graphInputNames = [len(graphInputs{})]string{"batch description", "input activations", "residual stream", "K cache", "V cache",
+	"logits", "sampler output", "hand-off rows", "hand-off tokens", "hand-off status"}
 
 func (s *Stage) graphInputs() graphInputs {
-	return graphInputs{s.b.batch, s.b.in, s.b.resid, s.kcache, s.vcache, s.b.logits, s.b.sampleOut}
+	return graphInputs{s.b.batch, s.b.in, s.b.resid, s.kcache, s.vcache, s.b.logits, s.b.sampleOut,
+		s.ho.out.Ptr(), s.ho.tokens, s.ho.status}
 }
 
 // check fails naming the first buffer whose address differs from the one

@@ -115,6 +115,7 @@ func TestGraphsMatchEager(t *testing.T) {
 	}
 	t.Logf("captured %d keys, %d graphs, %d nodes, %d bytes, in %v", rep.Keys, rep.Graphs, rep.Nodes, rep.Bytes, rep.CaptureTime)
 	ctx := context.Background()
+	tables := tablesFor(eager)
 	split := func(b *stage.Batch) (*stage.Output, error) {
 		out, err := first.Forward(ctx, b)
 		if err != nil {
@@ -167,7 +168,7 @@ func TestGraphsMatchEager(t *testing.T) {
 			b.Seqs = append(b.Seqs, stage.Seq{ID: pt.id, Pos: q.pos, Tokens: toks, Logits: true, Sample: sample,
 				Sampling: stage.Sampling{Logprobs: 2}})
 		}
-		want, err := eager.Forward(ctx, b)
+		want, err := eager.Forward(ctx, fill(t, tables, b))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -275,7 +276,7 @@ func TestGraphErrors(t *testing.T) {
 	}
 	ctx := context.Background()
 	decode := func(id uint64, pos int, g graphs.Step) *stage.Batch {
-		return &stage.Batch{ID: id, Seqs: []stage.Seq{{ID: 1, Pos: pos, Tokens: []int32{3}, Sample: true}}, Graph: g}
+		return &stage.Batch{ID: id, Seqs: []stage.Seq{{ID: 1, Pos: pos, Tokens: []int32{3}, Blocks: []int32{2}, Sample: true}}, Graph: g}
 	}
 	// Before Capture no graph step runs.
 	if _, err := st.Forward(ctx, decode(1, 0, decodeKey(1))); err == nil || !strings.Contains(err.Error(), "cannot replay") {
@@ -315,7 +316,7 @@ func TestGraphErrors(t *testing.T) {
 		}
 	}
 	// A batch larger than the key's graph.
-	two := &stage.Batch{ID: 40, Seqs: []stage.Seq{{ID: 1, Pos: pos, Tokens: []int32{1, 2}}}, Graph: decodeKey(1)}
+	two := &stage.Batch{ID: 40, Seqs: []stage.Seq{{ID: 1, Pos: pos, Tokens: []int32{1, 2}, Blocks: []int32{2}}}, Graph: decodeKey(1)}
 	if _, err := st.Forward(ctx, two); err == nil {
 		t.Error("2 tokens ran in the graph of 1")
 	}
@@ -348,6 +349,7 @@ func TestGraphLongRun(t *testing.T) {
 		t.Fatal(err)
 	}
 	startFree := memFree(t, dev)
+	tables := tablesFor(st)
 	requests := 2000
 	if testing.Short() {
 		requests = 200
@@ -408,7 +410,7 @@ func TestGraphLongRun(t *testing.T) {
 		}
 		b.Graph = graphs.Step{Mode: mode, Desc: desc}
 		stats.Record(b.NumTokens(), desc.NumTokens, mode)
-		out, err := st.Forward(ctx, b)
+		out, err := st.Forward(ctx, fill(t, tables, b))
 		if err != nil {
 			t.Fatalf("step %d (%s): %v", steps, b.Graph, err)
 		}
@@ -432,6 +434,7 @@ func TestGraphLongRun(t *testing.T) {
 			}
 			if len(r.out) == r.outLen {
 				st.Free(r.id)
+				tables.Free(r.id)
 				done++
 				continue
 			}
@@ -458,4 +461,133 @@ func TestGraphLongRun(t *testing.T) {
 	}
 	writeResult(t, "graphs_long_run", map[string]any{"requests": requests, "steps": steps, "full_steps": counts[graphs.Full],
 		"piecewise_steps": counts[graphs.Piecewise], "free_after_capture": startFree, "free_after_run": endFree, "growth_bytes": startFree - endFree})
+}
+
+// TestGraphsHandoff runs decodes fed by on-device hand-off (placeholders
+// filled from the slot table in the embedding, inside the replayed graph)
+// on one stage and on two, against a stage replaying the same graphs with
+// the tokens spelled out: every logits row and sample must be identical.
+// Steps rotate through the FULL, PIECEWISE and FULL_AND_PIECEWISE
+// dispatchers, and batches of 3, 5 and 6 sequences replay padded graphs.
+func TestGraphsHandoff(t *testing.T) {
+	sh, w := fourLayers(t, 37)
+	m := sh.Model
+	cfg := func(lo, hi int) Config {
+		return Config{Model: &m, Lo: lo, Hi: hi, Weights: w, MaxTokens: 64, MaxSeqs: 8, MaxLogitRows: 64, MaxSeqLen: 128, BlockSize: 4, GraphDebug: true}
+	}
+	sizes := []int{1, 2, 4, 8, 16, 32, 64}
+	ds := []*graphs.Dispatcher{
+		mustDispatcher(t, graphs.Config{Mode: graphs.Full, CaptureSizes: sizes, MaxNumSeqs: 8}),
+		mustDispatcher(t, graphs.Config{Mode: graphs.Piecewise, CaptureSizes: sizes, MaxNumSeqs: 8}),
+		mustDispatcher(t, graphs.Config{Mode: graphs.FullAndPiecewise, CaptureSizes: sizes, MaxNumSeqs: 8}),
+	}
+	var keys []graphs.Step
+	for _, d := range ds {
+		for _, k := range d.Keys() {
+			if !slices.Contains(keys, k) {
+				keys = append(keys, k)
+			}
+		}
+	}
+	explicit, one := newTestStage(t, cfg(0, 4)), newTestStage(t, cfg(0, 4))
+	first, second := newTestStage(t, cfg(0, 2)), newTestStage(t, cfg(2, 4))
+	for _, st := range []*Stage{explicit, one, first, second} {
+		if err := st.Capture(keys); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx := context.Background()
+	tables := tablesFor(explicit)
+	// handed runs a step with placeholders on stages and applies the
+	// rows the last reports to the first.
+	handed := func(b *stage.Batch, stages ...*Stage) *stage.Output {
+		t.Helper()
+		for i, st := range stages {
+			out, err := st.Forward(ctx, b)
+			if err != nil {
+				t.Fatalf("batch %d (%s) with placeholders, stage %d: %v", b.ID, b.Graph, i, err)
+			}
+			if i+1 < len(stages) {
+				deviceTransfer(t, out, stages[i+1])
+				continue
+			}
+			deviceHandoffTransfer(t, out, stages[0])
+			if err := stages[0].ApplyHandoff(ctx, out.HandoffHeader.Rows); err != nil {
+				t.Fatalf("batch %d: %v", b.ID, err)
+			}
+			return out
+		}
+		panic("no stages")
+	}
+	rng := rand.New(rand.NewPCG(37, 4))
+	const nseq = 6
+	pos, index := make([]int, nseq), make([]int, nseq)
+	next := make([]int32, nseq)
+	prompts := make([][]int32, nseq)
+	for i := range prompts {
+		prompts[i] = make([]int32, 2+rng.IntN(9))
+		for j := range prompts[i] {
+			prompts[i][j] = int32(rng.IntN(m.VocabSize))
+		}
+	}
+	// Which sequences each step runs: all prefill in step 0, then
+	// decodes of varying subsets.
+	subsets := [][]int{{0, 1, 2, 3, 4, 5}, {0, 1, 2, 3, 4, 5}, {0, 2, 4}, {1, 3, 5}, {0, 1, 2, 3, 4}, {0}, {5, 4, 3, 2, 1, 0},
+		{2, 3}, {0, 1, 2, 3, 4, 5}, {0, 2, 4}, {1, 3, 5}, {1}, {0, 1, 2, 3, 4, 5}}
+	replays := 0
+	for step, subset := range subsets {
+		b := &stage.Batch{ID: uint64(step + 1)}
+		for _, i := range subset {
+			toks := []int32{next[i]}
+			if pos[i] == 0 {
+				toks = prompts[i]
+			}
+			sp := stage.Sampling{Logprobs: 2}
+			if i%2 == 1 {
+				sp = stage.Sampling{Temperature: 0.8, TopK: 30, Seed: uint64(i), Logprobs: 1}
+			}
+			b.Seqs = append(b.Seqs, stage.Seq{ID: uint64(i + 1), Pos: pos[i], Tokens: toks, Slot: (i + 3) % 8,
+				Sample: true, Sampling: sp, Index: index[i], Logits: true})
+		}
+		fill(t, tables, b)
+		d := ds[step%len(ds)]
+		mode, desc := d.Dispatch(b.NumTokens(), uniformDecode(b), len(b.Seqs))
+		b.Graph = graphs.Step{Mode: mode, Desc: desc}
+		want, err := explicit.Forward(ctx, b)
+		if err != nil {
+			t.Fatalf("step %d (%s): %v", step, b.Graph, err)
+		}
+		wantLogits, wantSampled := copyLogits(want), slices.Clone(want.Sampled)
+		hb := &stage.Batch{ID: b.ID, Graph: b.Graph, Handoff: true, Seqs: slices.Clone(b.Seqs)}
+		for k := range hb.Seqs {
+			if hb.Seqs[k].Pos > 0 {
+				hb.Seqs[k].Tokens = []int32{stage.Placeholder}
+			}
+		}
+		for name, stages := range map[string][]*Stage{"one stage": {one}, "two stages": {first, second}} {
+			got := handed(hb, stages...)
+			for k, s := range got.Sampled {
+				if e := wantSampled[k]; s.Token != e.Token || s.Logprob != e.Logprob || !slices.Equal(s.Top, e.Top) {
+					t.Errorf("step %d (%s), %s: seq %d sampled %+v with placeholders, %+v with tokens", step, b.Graph, name, s.Seq, s, e)
+				}
+			}
+			for k, sl := range got.Logits {
+				for r, row := range sl.Rows {
+					if !slices.Equal(row, wantLogits[k][r]) {
+						t.Errorf("step %d (%s), %s: seq %d logits row %d differ with placeholders (%.3g relative)", step, b.Graph, name, sl.Seq, r, relDiff(row, wantLogits[k][r]))
+					}
+				}
+			}
+			if mode != graphs.None {
+				replays++
+			}
+		}
+		for k, q := range b.Seqs {
+			i := q.ID - 1
+			pos[i] += len(q.Tokens)
+			next[i] = wantSampled[k].Token
+			index[i]++
+		}
+	}
+	t.Logf("%d steps with placeholders on one and two stages identical to the tokens spelled out (%d graph replays)", len(subsets), replays)
 }

@@ -88,8 +88,8 @@ func TestPad(t *testing.T) {
 		p.words[i] = -7 // left over from earlier batches
 	}
 	b := &stage.Batch{ID: 1, Seqs: []stage.Seq{
-		{ID: 1, Tokens: toks(2), Sample: true, Sampling: stage.Sampling{Temperature: 1, Logprobs: 3}},
-		{ID: 2, Tokens: toks(1), Logits: true},
+		{ID: 1, Tokens: toks(2), Blocks: []int32{5}, Sample: true, Sampling: stage.Sampling{Temperature: 1, Logprobs: 3}},
+		{ID: 2, Tokens: toks(1), Blocks: []int32{2}, Logits: true},
 	}}
 	if err := pl.build(b, p); err != nil {
 		t.Fatal(err)
@@ -97,7 +97,7 @@ func TestPad(t *testing.T) {
 	own := append([]int32(nil), p.words...)
 	sh := pl.keyShape(mixedKey(graphs.Piecewise, 8))
 	pl.pad(p, sh)
-	scratch := int32(3 * 32) // 3 slots of 32 rows
+	scratch := int32(12 * 4) // past 12 blocks of 4 rows
 	if pl.kv.scratch() != int(scratch) {
 		t.Fatalf("scratch row %d, want %d", pl.kv.scratch(), scratch)
 	}
@@ -105,7 +105,7 @@ func TestPad(t *testing.T) {
 		for _, part := range []struct {
 			off  int
 			want int32
-		}{{lay.tokens(), 0}, {lay.pos(), 0}, {lay.cacheRow(), scratch}, {lay.kvBase(), scratch}} {
+		}{{lay.tokens(), 0}, {lay.pos(), 0}, {lay.cacheRow(), scratch}, {lay.tableOff(), 0}} {
 			got := p.words[part.off+r]
 			switch {
 			case r < p.tokens && got != own[part.off+r]:
@@ -140,13 +140,13 @@ func TestPad(t *testing.T) {
 		}
 	}
 	pl.padding(p, shape{4, 2, 2})
-	if p.tokens != 0 || p.rows != 0 || p.nSampled != 0 || p.words[lay.cacheRow()] != scratch || p.words[lay.cacheRow()+3] != scratch {
+	if p.tokens != 0 || p.rows != 0 || p.nSampled != 0 || p.tableWords != 1 || p.words[lay.cacheRow()] != scratch || p.words[lay.cacheRow()+3] != scratch {
 		t.Errorf("padding-only plan: tokens %d rows %d sampled %d, first cache rows %v", p.tokens, p.rows, p.nSampled, p.words[lay.cacheRow():lay.cacheRow()+4])
 	}
 }
 
 func TestGraphInputsCheck(t *testing.T) {
-	at := graphInputs{1, 2, 3, 4, 5, 6, 7}
+	at := graphInputs{1, 2, 3, 4, 5, 6, 7, 8, 9, 10}
 	if err := at.check(at); err != nil {
 		t.Fatal(err)
 	}

@@ -202,6 +202,7 @@ func testHFCase(t *testing.T, dir, name string) {
 	st := newTestStage(t, Config{Model: cfg, Lo: 0, Hi: cfg.NumLayers, Weights: ck,
 		MaxTokens: P + 16, MaxSeqs: 2, MaxSeqLen: L + 8, MaxLogitRows: P + 16})
 	ctx := context.Background()
+	tables := tablesFor(st)
 	const chunk = 16
 	pos := [2]int{}
 	rows := [2][][]float32{}
@@ -221,7 +222,7 @@ func testHFCase(t *testing.T, dir, name string) {
 			b.Seqs = append(b.Seqs, stage.Seq{ID: uint64(k + 1), Pos: pos[k], Tokens: hc.Tokens[pos[k] : pos[k]+n],
 				Logits: true, Sample: pos[k]+n >= P, Index: max(0, pos[k]+n-P)})
 		}
-		out, err := st.Forward(ctx, b)
+		out, err := st.Forward(ctx, fill(t, tables, b))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -284,7 +285,7 @@ func TestCPUAgainstGPU(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer cs.Close()
-			gs := newTestStage(t, Config{Model: cfg, Lo: 0, Hi: cfg.NumLayers, Weights: ck, MaxTokens: 64, MaxSeqs: 1})
+			gs := newTestStage(t, Config{Model: cfg, Lo: 0, Hi: cfg.NumLayers, Weights: ck, MaxTokens: 64, MaxSeqs: 1, BlockSize: cpu.DefaultBlockSize})
 			rng := rand.New(rand.NewPCG(o.Seed, 9))
 			toks := make([]int32, 40)
 			for i := range toks {
@@ -297,8 +298,8 @@ func TestCPUAgainstGPU(t *testing.T) {
 				if pos == 0 {
 					n = 32
 				}
-				// The CPU backend's paged cache needs a block table; the
-				// CUDA stage ignores it.
+				// Both backends' paged caches hold the sequence in
+				// blocks 0, 1, ... of the same size.
 				blocks := make([]int32, (pos+n+cpu.DefaultBlockSize-1)/cpu.DefaultBlockSize)
 				for i := range blocks {
 					blocks[i] = int32(i)

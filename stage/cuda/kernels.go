@@ -21,21 +21,28 @@ const (
 	kAttention   = "attention"
 	kSiluMul     = "silu_mul"
 	kSample      = "sample"
+	kHandoff     = "handoff_apply"
 )
 
 // kernelNames lists every entry point New looks up.
-var kernelNames = []string{kEmbed, kRMSNorm, kResidualAdd, kRopeQKV, kAttention, kSiluMul, kSample}
+var kernelNames = []string{kEmbed, kRMSNorm, kResidualAdd, kRopeQKV, kAttention, kSiluMul, kSample, kHandoff}
 
 // Launch constants shared with the sources.
 const (
+	// Status codes of the first stage's status array (00_common.cu).
+	statusNoToken = 1
+	statusBadRow  = 2
+	statusWords   = 4
+
 	attentionThreads = 128  // ATT_THREADS in attention.cu
 	maxHeadDim       = 256  // the size of attention.cu's shared q
 	sampleThreads    = 1024 // SAMPLE_THREADS in sample.cu
-	sampleParams     = 8    // SAMPLE_PARAMS in sample.cu
+	sampleParams     = 9    // SAMPLE_PARAMS in sample.cu
 	normThreads      = 256
 	embedThreads     = 256
 	siluThreads      = 256
 	addThreads       = 256
+	handoffThreads   = 256
 	// MaxLogprobs is the most top alternatives one sampled token reports.
 	MaxLogprobs = 20
 )

@@ -27,6 +27,9 @@ func TestKernelSource(t *testing.T) {
 		fmt.Sprintf("__shared__ float qs[%d];", maxHeadDim),
 		fmt.Sprintf("#define SAMPLE_THREADS %d\n", sampleThreads),
 		fmt.Sprintf("#define SAMPLE_PARAMS %d\n", sampleParams),
+		fmt.Sprintf("#define STATUS_NO_TOKEN %d ", statusNoToken),
+		fmt.Sprintf("#define STATUS_BAD_ROW %d ", statusBadRow),
+		fmt.Sprintf("[%d] token", statusWords-1),
 	} {
 		if !strings.Contains(src, def) {
 			t.Errorf("program lacks %q, which the Go launch constants assume", def)

@@ -106,6 +106,7 @@ func TestTwoGPUSplit(t *testing.T) {
 		}
 		prompts = append(prompts, p)
 	}
+	tables := tablesFor(whole)
 	pos := make([]int, len(prompts))
 	next := make([]int32, len(prompts))
 	worst, positions := 0.0, 0
@@ -120,7 +121,7 @@ func TestTwoGPUSplit(t *testing.T) {
 				Sampling: stage.Sampling{Logprobs: 2}})
 			pos[i] += len(toks)
 		}
-		one, err := whole.Forward(ctx, b)
+		one, err := whole.Forward(ctx, fill(t, tables, b))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -1,6 +1,7 @@
 package cuda
 
 import (
+	"errors"
 	"fmt"
 	"math"
 
@@ -9,52 +10,49 @@ import (
 
 // layout places the parts of the packed batch description, one int32 array
 // uploaded with a single copy per Forward. Every part has a fixed offset
-// sized for the stage's maxima, so kernels always read the same addresses.
+// sized for the stage's maxima, so kernels always read the same addresses;
+// the block tables come last, so that a copy of the used part covers them.
 type layout struct {
 	maxTokens, maxSeqs, maxLogitRows int
+	// maxBlocks is the most block-table entries of one sequence.
+	maxBlocks int
 }
 
-// Word offsets of each part.
+// Word offsets of each part: per token row its token (or placeholder),
+// position, KV cache row and the offset of its sequence's block table
+// within the tables; the logits rows; the sampling parameters; the block
+// tables, word 0 of which is the scratch block that padding reads.
 func (l layout) tokens() int    { return 0 }
 func (l layout) pos() int       { return l.maxTokens }
 func (l layout) cacheRow() int  { return 2 * l.maxTokens }
-func (l layout) kvBase() int    { return 3 * l.maxTokens }
+func (l layout) tableOff() int  { return 3 * l.maxTokens }
 func (l layout) logitRows() int { return 4 * l.maxTokens }
 func (l layout) sample() int    { return 4*l.maxTokens + l.maxLogitRows }
-func (l layout) words() int     { return l.sample() + sampleParams*l.maxSeqs }
+func (l layout) tables() int    { return l.sample() + sampleParams*l.maxSeqs }
+func (l layout) words() int     { return l.tables() + 1 + l.maxSeqs*l.maxBlocks }
 
-// kvSlots maps sequences to slots of the contiguous KV cache and tracks how
-// many positions of each slot are filled. Cache row of position p of the
-// sequence in slot s: s*maxLen + p.
-type kvSlots struct {
-	maxLen int
-	slot   map[uint64]int
-	length []int
-	free   []int // a stack; the lowest slot on top
+// pagedKV is what the stage knows of its paged KV cache: the geometry and
+// each sequence's cached length. The blocks themselves are the leader's.
+// Cache row of position p of a sequence with block table tab:
+// tab[p/blockSize]·blockSize + p%blockSize. Row blocks·blockSize, past
+// every block, is the scratch row: padding rows of a replayed graph write
+// their keys and values there and attend to it alone.
+type pagedKV struct {
+	blocks, blockSize int
+	maxLen            int // positions one sequence may fill
+	length            map[uint64]int
 }
 
-func newKVSlots(slots, maxLen int) *kvSlots {
-	k := &kvSlots{maxLen: maxLen, slot: map[uint64]int{}, length: make([]int, slots)}
-	for s := slots - 1; s >= 0; s-- {
-		k.free = append(k.free, s)
-	}
-	return k
+func newPagedKV(blocks, blockSize, maxLen int) *pagedKV {
+	return &pagedKV{blocks: blocks, blockSize: blockSize, maxLen: maxLen, length: map[uint64]int{}}
 }
 
-// scratch is the cache row past every slot's rows: padding rows of a
-// replayed graph write their keys and values there and attend to it alone.
-func (k *kvSlots) scratch() int { return len(k.length) * k.maxLen }
+// scratch is the scratch row.
+func (k *pagedKV) scratch() int { return k.blocks * k.blockSize }
 
-// release drops a sequence's slot; unknown sequences are ignored.
-func (k *kvSlots) release(seq uint64) {
-	s, ok := k.slot[seq]
-	if !ok {
-		return
-	}
-	delete(k.slot, seq)
-	k.length[s] = 0
-	k.free = append(k.free, s)
-}
+// release forgets a sequence's cached length; unknown sequences are
+// ignored.
+func (k *pagedKV) release(seq uint64) { delete(k.length, seq) }
 
 // planner turns a stage.Batch into the packed description, after
 // validating all of it: a batch that fails validation changes nothing.
@@ -63,7 +61,9 @@ type planner struct {
 	first, last bool
 	vocab       int
 	maxPos      int
-	kv          *kvSlots
+	kv          *pagedKV
+	seen        map[uint64]bool // scratch of build: sequences
+	slotSeq     map[int]uint64  // scratch of build: hand-off slots of sampled sequences
 }
 
 // plan is one validated batch.
@@ -72,11 +72,24 @@ type plan struct {
 	tokens   int     // rows in the batch
 	rows     int     // logits rows to compute (last stage)
 	nSampled int
-	slots    []int // slot of each Seq, in batch order
-	fresh    int   // how many of slots are newly taken from the free list
+	// tableWords is how many words of the block tables are in use, the
+	// scratch block's included.
+	tableWords int
+	// placeholders says a token row is a placeholder (first stage).
+	placeholders bool
 	// Per Seq with Logits: its first row in the logits buffer and its
 	// number of rows.
 	logitStart, logitCount []int
+}
+
+// uploadWords is how much of the description a step uploads: everything
+// up to the block tables in use.
+func (p *plan) uploadWords(lay layout) int { return lay.tables() + p.tableWords }
+
+// reset empties p.
+func (p *plan) reset() {
+	p.tokens, p.rows, p.nSampled, p.tableWords, p.placeholders = 0, 0, 0, 1, false
+	p.logitStart, p.logitCount = p.logitStart[:0], p.logitCount[:0]
 }
 
 // build validates b and fills p (whose slices it reuses).
@@ -91,75 +104,99 @@ func (pl *planner) build(b *stage.Batch, p *plan) error {
 	if n := b.NumTokens(); n > lay.maxTokens {
 		return fmt.Errorf("batch %d: %d tokens; the stage takes at most %d", b.ID, n, lay.maxTokens)
 	}
-	p.tokens, p.rows, p.nSampled, p.fresh = 0, 0, 0, 0
-	p.slots = p.slots[:0]
-	p.logitStart, p.logitCount = p.logitStart[:0], p.logitCount[:0]
-	w := p.words
-	kv := pl.kv
-	seen := make(map[uint64]bool, len(b.Seqs))
+	p.reset()
+	if pl.seen == nil {
+		pl.seen, pl.slotSeq = map[uint64]bool{}, map[int]uint64{}
+	}
+	clear(pl.seen)
+	clear(pl.slotSeq)
 	for i := range b.Seqs {
 		s := &b.Seqs[i]
-		n := len(s.Tokens)
-		if seen[s.ID] {
+		if pl.seen[s.ID] {
 			return fmt.Errorf("batch %d: seq %d appears twice", b.ID, s.ID)
 		}
-		seen[s.ID] = true
-		if n == 0 {
-			return fmt.Errorf("batch %d: seq %d has no tokens", b.ID, s.ID)
+		pl.seen[s.ID] = true
+		if err := pl.addSeq(b, s, p); err != nil {
+			return fmt.Errorf("batch %d: seq %d: %w", b.ID, s.ID, err)
 		}
-		if s.Pos < 0 || s.Pos+n > pl.maxPos {
-			return fmt.Errorf("batch %d: seq %d: positions %d..%d outside the model's %d", b.ID, s.ID, s.Pos, s.Pos+n-1, pl.maxPos)
-		}
-		if s.Pos+n > kv.maxLen {
-			return fmt.Errorf("batch %d: seq %d: positions %d..%d exceed the KV cache's %d per sequence", b.ID, s.ID, s.Pos, s.Pos+n-1, kv.maxLen)
-		}
-		slot, known := kv.slot[s.ID]
-		switch {
-		case known && kv.length[slot] != s.Pos:
-			return fmt.Errorf("batch %d: seq %d: chunk starts at position %d but %d positions are cached", b.ID, s.ID, s.Pos, kv.length[slot])
-		case !known && s.Pos != 0:
-			return fmt.Errorf("batch %d: seq %d: chunk starts at position %d but nothing is cached", b.ID, s.ID, s.Pos)
-		case !known:
-			if p.fresh == len(kv.free) {
-				return fmt.Errorf("batch %d: seq %d: all %d KV slots are in use", b.ID, s.ID, len(kv.length))
-			}
-			slot = kv.free[len(kv.free)-1-p.fresh]
-			p.fresh++
-		}
-		p.slots = append(p.slots, slot)
-		if pl.first {
-			for _, tok := range s.Tokens {
-				if tok < 0 || int(tok) >= pl.vocab {
-					return fmt.Errorf("batch %d: seq %d: token %d outside the vocabulary [0, %d)", b.ID, s.ID, tok, pl.vocab)
-				}
-			}
-		}
-		base := slot * kv.maxLen
-		for j := 0; j < n; j++ {
-			r := p.tokens + j
-			w[lay.tokens()+r] = s.Tokens[j]
-			w[lay.pos()+r] = int32(s.Pos + j)
-			w[lay.cacheRow()+r] = int32(base + s.Pos + j)
-			w[lay.kvBase()+r] = int32(base)
-		}
-		if pl.last {
-			if err := pl.addOutputs(b, s, p); err != nil {
-				return err
-			}
-		}
-		p.tokens += n
 	}
+	return nil
+}
+
+// addSeq validates s and lays it out from row p.tokens on.
+func (pl *planner) addSeq(b *stage.Batch, s *stage.Seq, p *plan) error {
+	lay, kv := pl.lay, pl.kv
+	n := len(s.Tokens)
+	switch cached := kv.length[s.ID]; {
+	case n == 0:
+		return errors.New("no tokens")
+	case s.Pos < 0 || s.Pos+n > pl.maxPos:
+		return fmt.Errorf("positions %d..%d outside the model's %d", s.Pos, s.Pos+n-1, pl.maxPos)
+	case s.Pos+n > kv.maxLen:
+		return fmt.Errorf("positions %d..%d exceed the stage's %d per sequence", s.Pos, s.Pos+n-1, kv.maxLen)
+	case s.Pos != cached && cached == 0:
+		return fmt.Errorf("chunk starts at position %d but nothing is cached", s.Pos)
+	case s.Pos != cached:
+		return fmt.Errorf("chunk starts at position %d but %d positions are cached", s.Pos, cached)
+	case s.Slot < 0 || s.Slot >= lay.maxSeqs:
+		return fmt.Errorf("hand-off slot %d outside [0, %d)", s.Slot, lay.maxSeqs)
+	}
+	if b.Handoff && s.Sample {
+		if o, ok := pl.slotSeq[s.Slot]; ok {
+			return fmt.Errorf("hand-off slot %d is seq %d's too", s.Slot, o)
+		}
+		pl.slotSeq[s.Slot] = s.ID
+	}
+	bs := kv.blockSize
+	need := (s.Pos + n + bs - 1) / bs
+	if len(s.Blocks) < need {
+		return fmt.Errorf("block table of %d blocks does not cover positions [0, %d) in blocks of %d", len(s.Blocks), s.Pos+n, bs)
+	}
+	for i, blk := range s.Blocks[:need] {
+		if blk < 0 || int(blk) >= kv.blocks {
+			return fmt.Errorf("block %d of the table is %d, outside the stage's [0, %d)", i, blk, kv.blocks)
+		}
+	}
+	w := p.words
+	if pl.first {
+		for j, tok := range s.Tokens {
+			switch {
+			case tok == stage.Placeholder:
+				w[lay.tokens()+p.tokens+j] = -1 - int32(s.Slot)
+				p.placeholders = true
+			case tok < 0 || int(tok) >= pl.vocab:
+				return fmt.Errorf("token %d outside the vocabulary [0, %d)", tok, pl.vocab)
+			default:
+				w[lay.tokens()+p.tokens+j] = tok
+			}
+		}
+	}
+	off := p.tableWords
+	copy(w[lay.tables()+off:], s.Blocks[:need])
+	for j := 0; j < n; j++ {
+		r, pos := p.tokens+j, s.Pos+j
+		w[lay.pos()+r] = int32(pos)
+		w[lay.cacheRow()+r] = s.Blocks[pos/bs]*int32(bs) + int32(pos%bs)
+		w[lay.tableOff()+r] = int32(off)
+	}
+	if pl.last {
+		if err := pl.addOutputs(s, p); err != nil {
+			return err
+		}
+	}
+	p.tableWords += need
+	p.tokens += n
 	return nil
 }
 
 // addOutputs assigns logits rows and sampling parameters to s, whose first
 // batch row is p.tokens.
-func (pl *planner) addOutputs(b *stage.Batch, s *stage.Seq, p *plan) error {
+func (pl *planner) addOutputs(s *stage.Seq, p *plan) error {
 	lay := pl.lay
 	n := len(s.Tokens)
 	if s.Logits {
 		if p.rows+n > lay.maxLogitRows {
-			return fmt.Errorf("batch %d: seq %d: logits of %d more rows exceed the stage's %d", b.ID, s.ID, n, lay.maxLogitRows)
+			return fmt.Errorf("logits of %d more rows exceed the stage's %d", n, lay.maxLogitRows)
 		}
 		p.logitStart = append(p.logitStart, p.rows)
 		p.logitCount = append(p.logitCount, n)
@@ -174,20 +211,20 @@ func (pl *planner) addOutputs(b *stage.Batch, s *stage.Seq, p *plan) error {
 	sp := s.Sampling
 	switch {
 	case !(sp.Temperature >= 0) || math.IsInf(float64(sp.Temperature), 0):
-		return fmt.Errorf("batch %d: seq %d: temperature %v", b.ID, s.ID, sp.Temperature)
+		return fmt.Errorf("temperature %v", sp.Temperature)
 	case sp.TopK < 0:
-		return fmt.Errorf("batch %d: seq %d: top-k %d", b.ID, s.ID, sp.TopK)
+		return fmt.Errorf("top-k %d", sp.TopK)
 	case !(sp.TopP >= 0 && sp.TopP <= 1):
-		return fmt.Errorf("batch %d: seq %d: top-p %v outside [0, 1]", b.ID, s.ID, sp.TopP)
+		return fmt.Errorf("top-p %v outside [0, 1]", sp.TopP)
 	case sp.Logprobs < 0 || sp.Logprobs > MaxLogprobs:
-		return fmt.Errorf("batch %d: seq %d: %d logprobs; at most %d", b.ID, s.ID, sp.Logprobs, MaxLogprobs)
+		return fmt.Errorf("%d logprobs; at most %d", sp.Logprobs, MaxLogprobs)
 	case s.Index < 0:
-		return fmt.Errorf("batch %d: seq %d: sample index %d", b.ID, s.ID, s.Index)
+		return fmt.Errorf("sample index %d", s.Index)
 	}
 	row := p.rows - 1 // the chunk's last row, already listed when Logits is set
 	if !s.Logits {
 		if p.rows+1 > lay.maxLogitRows {
-			return fmt.Errorf("batch %d: seq %d: logits rows exceed the stage's %d", b.ID, s.ID, lay.maxLogitRows)
+			return fmt.Errorf("logits rows exceed the stage's %d", lay.maxLogitRows)
 		}
 		row = p.rows
 		p.words[lay.logitRows()+row] = int32(p.tokens + n - 1)
@@ -202,6 +239,7 @@ func (pl *planner) addOutputs(b *stage.Batch, s *stage.Seq, p *plan) error {
 	q[5] = int32(uint32(sp.Seed >> 32))
 	q[6] = int32(s.Index)
 	q[7] = int32(sp.Logprobs)
+	q[8] = int32(s.Slot)
 	p.nSampled++
 	return nil
 }
@@ -213,9 +251,11 @@ type shape struct{ tokens, rows, sampled int }
 
 // pad fills the description past the batch's own rows up to sh, so that
 // the padding of a replayed graph is harmless: token rows read token 0 at
-// position 0 and write and attend to the scratch KV row, logits rows
-// normalise token row 0, and sampled entries sample logits row 0 greedily
-// with no alternatives. Their results are never read.
+// position 0 and write and attend to the scratch KV row (through block
+// table word 0, the scratch block), logits rows normalise token row 0, and
+// sampled entries sample logits row 0 greedily with no alternatives,
+// reporting hand-off slot 0 in rows past the batch's. Their results are
+// never read.
 func (pl *planner) pad(p *plan, sh shape) {
 	lay := pl.lay
 	w := p.words
@@ -224,7 +264,7 @@ func (pl *planner) pad(p *plan, sh shape) {
 		w[lay.tokens()+r] = 0
 		w[lay.pos()+r] = 0
 		w[lay.cacheRow()+r] = scr
-		w[lay.kvBase()+r] = scr
+		w[lay.tableOff()+r] = 0
 	}
 	for r := p.rows; r < sh.rows; r++ {
 		w[lay.logitRows()+r] = 0
@@ -237,19 +277,15 @@ func (pl *planner) pad(p *plan, sh shape) {
 // padding makes p a batch of padding alone, of shape sh: what Capture's
 // eager warm-up runs.
 func (pl *planner) padding(p *plan, sh shape) {
-	p.tokens, p.rows, p.nSampled, p.fresh = 0, 0, 0, 0
-	p.slots, p.logitStart, p.logitCount = p.slots[:0], p.logitStart[:0], p.logitCount[:0]
+	p.reset()
 	pl.pad(p, sh)
 }
 
-// commit records a batch that ran: new sequences take their slots and
-// every sequence's cached length grows by its chunk.
-func (pl *planner) commit(b *stage.Batch, p *plan) {
-	kv := pl.kv
-	kv.free = kv.free[:len(kv.free)-p.fresh]
+// commit records a batch that ran: every sequence's cached length grows by
+// its chunk.
+func (pl *planner) commit(b *stage.Batch) {
 	for i := range b.Seqs {
 		s := &b.Seqs[i]
-		kv.slot[s.ID] = p.slots[i]
-		kv.length[p.slots[i]] = s.Pos + len(s.Tokens)
+		pl.kv.length[s.ID] = s.Pos + len(s.Tokens)
 	}
 }

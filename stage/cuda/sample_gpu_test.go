@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/tandem-llm/tandem/gpu"
+	"github.com/tandem-llm/tandem/stage"
 )
 
 // sampleReq is one sampling request for the sample kernel.
@@ -29,7 +30,8 @@ type sampleResult struct {
 }
 
 // runSampleKernel runs the sample kernel over logits rows (all of one
-// vocabulary size) for reqs.
+// vocabulary size) for reqs, request i in hand-off slot 7+i, and checks
+// the hand-off rows it reports.
 func runSampleKernel(t *testing.T, logits [][]float32, reqs []sampleReq) []sampleResult {
 	t.Helper()
 	dev := device(t)
@@ -46,10 +48,12 @@ func runSampleKernel(t *testing.T, logits [][]float32, reqs []sampleReq) []sampl
 	params := make([]int32, 0, len(reqs)*sampleParams)
 	for _, q := range reqs {
 		params = append(params, int32(q.row), int32(math.Float32bits(q.temperature)), int32(q.topK),
-			int32(math.Float32bits(q.topP)), int32(uint32(q.seed)), int32(uint32(q.seed>>32)), int32(q.index), int32(q.logprobs))
+			int32(math.Float32bits(q.topP)), int32(uint32(q.seed)), int32(uint32(q.seed>>32)), int32(q.index), int32(q.logprobs),
+			int32(7+len(params)/sampleParams))
 	}
 	stride := 2 + 2*MaxLogprobs
 	out := make([]int32, len(reqs)*stride)
+	handoff := make([]int32, len(reqs)*stage.HandoffCols)
 	err = dev.Do(func() error {
 		if err := s.loadModule(img, testDev.cache); err != nil {
 			return err
@@ -81,9 +85,16 @@ func runSampleKernel(t *testing.T, logits [][]float32, reqs []sampleReq) []sampl
 		if err != nil {
 			return err
 		}
+		hp, err := up(gpu.AsBytes(handoff))
+		if err != nil {
+			return err
+		}
 		var a gpu.KernelArgs
-		a.Ptr(lp).Int32(int32(vocab)).Ptr(pp).Ptr(op).Int32(MaxLogprobs)
+		a.Ptr(lp).Int32(int32(vocab)).Ptr(pp).Ptr(op).Int32(MaxLogprobs).Ptr(hp)
 		if err := s.fn[kSample].Launch(gpu.Dim3{X: uint32(len(reqs))}, gpu.Dim3{X: sampleThreads}, 0, 0, &a); err != nil {
+			return err
+		}
+		if err := gpu.CopyDtoH(gpu.AsBytes(handoff), hp); err != nil {
 			return err
 		}
 		return gpu.CopyDtoH(gpu.AsBytes(out), op)
@@ -100,6 +111,9 @@ func runSampleKernel(t *testing.T, logits [][]float32, reqs []sampleReq) []sampl
 			r.topLP = append(r.topLP, math.Float32frombits(uint32(w[3+2*k])))
 		}
 		res[i] = r
+		if slot, tok := handoff[2*i], handoff[2*i+1]; slot != int32(7+i) || tok != r.token {
+			t.Errorf("request %d: hand-off row (%d, %d), want (%d, %d)", i, slot, tok, 7+i, r.token)
+		}
 	}
 	return res
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"time"
 	"unsafe"
 
@@ -26,12 +27,22 @@ type Config struct {
 	Model   *model.Config
 	Lo, Hi  int // layer range [Lo, Hi)
 	Weights Weights
-	// MaxTokens and MaxSeqs bound one batch.
+	// MaxTokens and MaxSeqs bound one batch; MaxSeqs is also the number
+	// of hand-off slots.
 	MaxTokens, MaxSeqs int
-	// KVSlots is how many sequences the KV cache holds at once (0: MaxSeqs);
-	// MaxSeqLen how many positions each may fill (0: the smaller of
-	// Model.MaxPositions and 4096).
-	KVSlots, MaxSeqLen int
+	// NumBlocks and BlockSize size the paged KV cache: NumBlocks blocks of
+	// BlockSize positions for every layer of the stage (BlockSize 0:
+	// DefaultBlockSize; NumBlocks 0: as many as fit in the device memory
+	// free once the weights, the workspace and GraphMemory are taken,
+	// less KVMargin). The leader's block size must be the same. Set
+	// NumBlocks when several stages share a device.
+	NumBlocks, BlockSize int
+	// KVMargin is the device memory left free when NumBlocks is sized
+	// from free memory (0: DefaultKVMargin).
+	KVMargin int64
+	// MaxSeqLen is how many positions one sequence may fill (0:
+	// Model.MaxPositions); it sizes the block tables a batch carries.
+	MaxSeqLen int
 	// MaxLogitRows bounds the logits rows of one batch: one per sampled
 	// sequence plus every row of sequences with Logits set (0: the larger
 	// of MaxSeqs and min(MaxTokens, 256)).
@@ -54,13 +65,20 @@ type Config struct {
 	GraphDebug bool
 }
 
+// DefaultBlockSize is the KV block size when Config.BlockSize is 0.
+const DefaultBlockSize = 16
+
+// DefaultKVMargin is the device memory left free when Config.NumBlocks is
+// sized from free memory and Config.KVMargin is 0.
+const DefaultKVMargin = 1 << 30
+
 // Memory is what a stage holds on its device.
 type Memory struct {
 	WeightBytes    int64 // weights of the stage's layers, embedding, norm, LM head
-	WorkspaceBytes int64 // activations, logits, batch description, cuBLAS workspace
+	WorkspaceBytes int64 // activations, logits, batch description, hand-off buffers, cuBLAS workspace
 	KVBytes        int64 // the KV cache, with one scratch row for padding
-	KVSlots        int   // sequences the cache holds at once
-	KVPositions    int   // positions per sequence
+	KVBlocks       int   // blocks of the paged KV cache
+	BlockSize      int   // positions per block
 	// GraphBytes is what the CUDA graphs took (after Capture), or the
 	// memory held back for them (Config.GraphMemory) before.
 	GraphBytes int64
@@ -87,6 +105,18 @@ type bufs struct {
 	invFreq                   gpu.DevicePtr
 }
 
+// handoffBufs are the device buffers of on-device hand-off: the rows the
+// last stage's sampler reports and the rows the first stage receives (the
+// same buffer on a stage that is both), and on the first stage the token
+// recorded for each slot and the status array its kernels report errors
+// in.
+type handoffBufs struct {
+	in, out gpu.Mem       // MaxSeqs rows of (slot, token) int32
+	tokens  gpu.DevicePtr // [MaxSeqs] int32, -1: no token recorded
+	status  gpu.DevicePtr // [statusWords] int32
+	host    []int32       // pinned: the status read back
+}
+
 // Stage is a CUDA pipeline stage. It implements stage.Stage.
 type Stage struct {
 	m           model.Config
@@ -94,7 +124,6 @@ type Stage struct {
 	first, last bool
 	qDim, kvDim int
 	qkvDim      int
-	maxLen      int
 	dev         *gpu.Device
 	ownDev      bool
 	stream      gpu.Stream
@@ -108,6 +137,7 @@ type Stage struct {
 	layers      []layerW
 	kcache      gpu.DevicePtr // [layer][row][kv heads][head dim], bf16
 	vcache      gpu.DevicePtr
+	ho          handoffBufs
 	kvLayer     int // bytes of one layer's K (or V) cache
 	b           bufs
 	input       gpu.Mem
@@ -176,8 +206,10 @@ func checkConfig(cfg *Config) error {
 		return fmt.Errorf("max positions %d and rope theta %v must be positive", m.MaxPositions, m.RopeTheta)
 	case cfg.MaxTokens <= 0 || cfg.MaxSeqs <= 0:
 		return fmt.Errorf("max tokens %d and max seqs %d must be positive", cfg.MaxTokens, cfg.MaxSeqs)
-	case cfg.KVSlots < 0 || cfg.MaxSeqLen < 0 || cfg.MaxLogitRows < 0:
-		return fmt.Errorf("KV slots %d, max sequence length %d and max logits rows %d must not be negative", cfg.KVSlots, cfg.MaxSeqLen, cfg.MaxLogitRows)
+	case cfg.NumBlocks < 0 || cfg.BlockSize < 0 || cfg.KVMargin < 0:
+		return fmt.Errorf("KV cache of %d blocks of %d positions with a margin of %d bytes: none may be negative", cfg.NumBlocks, cfg.BlockSize, cfg.KVMargin)
+	case cfg.MaxSeqLen < 0 || cfg.MaxLogitRows < 0:
+		return fmt.Errorf("max sequence length %d and max logits rows %d must not be negative", cfg.MaxSeqLen, cfg.MaxLogitRows)
 	}
 	if rs := m.RopeScaling; rs != nil {
 		if rs.Type != "llama3" {
@@ -187,11 +219,14 @@ func checkConfig(cfg *Config) error {
 			return fmt.Errorf("llama3 rope scaling %+v: need factor > 0, 0 < low_freq_factor < high_freq_factor and original_max_position_embeddings > 0", *rs)
 		}
 	}
-	if cfg.KVSlots == 0 {
-		cfg.KVSlots = cfg.MaxSeqs
+	if cfg.BlockSize == 0 {
+		cfg.BlockSize = DefaultBlockSize
 	}
-	if cfg.MaxSeqLen == 0 {
-		cfg.MaxSeqLen = min(m.MaxPositions, 4096)
+	if cfg.KVMargin == 0 {
+		cfg.KVMargin = DefaultKVMargin
+	}
+	if cfg.MaxSeqLen == 0 || cfg.MaxSeqLen > m.MaxPositions {
+		cfg.MaxSeqLen = m.MaxPositions
 	}
 	if cfg.MaxLogitRows == 0 {
 		cfg.MaxLogitRows = max(cfg.MaxSeqs, min(cfg.MaxTokens, 256))
@@ -205,11 +240,17 @@ func checkConfig(cfg *Config) error {
 	if cfg.GraphMemory < 0 {
 		return fmt.Errorf("graph memory %d must not be negative", cfg.GraphMemory)
 	}
-	if int64(cfg.KVSlots)*int64(cfg.MaxSeqLen)+1 > 1<<31-1 {
-		return fmt.Errorf("KV cache of %d slots × %d positions has more rows than an int32 indexes", cfg.KVSlots, cfg.MaxSeqLen)
+	if int64(cfg.NumBlocks+1)*int64(cfg.BlockSize) > math.MaxInt32 {
+		return fmt.Errorf("KV cache of %d blocks of %d positions has more rows than an int32 indexes", cfg.NumBlocks, cfg.BlockSize)
+	}
+	if tables := int64(cfg.MaxSeqs) * int64(blocksFor(cfg.MaxSeqLen, cfg.BlockSize)); tables > math.MaxInt32/4 {
+		return fmt.Errorf("block tables of %d sequences of %d positions in blocks of %d are too large", cfg.MaxSeqs, cfg.MaxSeqLen, cfg.BlockSize)
 	}
 	return nil
 }
+
+// blocksFor is how many blocks of size bs cover n positions.
+func blocksFor(n, bs int) int { return (n + bs - 1) / bs }
 
 // init does all of New's device work, inside the device goroutine.
 func (s *Stage) init(cfg *Config) error {
@@ -217,10 +258,10 @@ func (s *Stage) init(cfg *Config) error {
 	s.first, s.last = s.lo == 0, s.hi == m.NumLayers
 	s.qDim, s.kvDim = m.NumHeads*m.HeadDim, m.NumKVHeads*m.HeadDim
 	s.qkvDim = s.qDim + 2*s.kvDim
-	s.maxLen = cfg.MaxSeqLen
-	lay := layout{maxTokens: cfg.MaxTokens, maxSeqs: cfg.MaxSeqs, maxLogitRows: cfg.MaxLogitRows}
+	lay := layout{maxTokens: cfg.MaxTokens, maxSeqs: cfg.MaxSeqs, maxLogitRows: cfg.MaxLogitRows,
+		maxBlocks: blocksFor(cfg.MaxSeqLen, cfg.BlockSize)}
 	s.pl = planner{lay: lay, first: s.first, last: s.last, vocab: m.VocabSize, maxPos: m.MaxPositions,
-		kv: newKVSlots(cfg.KVSlots, cfg.MaxSeqLen)}
+		kv: newPagedKV(cfg.NumBlocks, cfg.BlockSize, cfg.MaxSeqLen)}
 	img, err := s.kernelImage(cfg.CacheDir)
 	if err != nil {
 		return err
@@ -291,11 +332,12 @@ func (a *arena) take(bytes int) int {
 const cublasWorkspace = 32 << 20
 
 // allocate creates the workspace, holds back the graph memory, creates the
-// KV cache and the pinned host buffers. Device memory starts zeroed, so
-// rows a step does not write (padding) never hold NaNs.
+// KV cache (sizing it from free memory when cfg.NumBlocks is 0) and the
+// pinned host buffers. Device memory starts zeroed, so rows a step does
+// not write (padding) never hold NaNs.
 func (s *Stage) allocate(cfg *Config, lay layout) error {
 	m := &s.m
-	const bf, f32 = 2, 4
+	const bf, f32, i32 = 2, 4, 4
 	T, H, I := cfg.MaxTokens, m.HiddenSize, m.IntermediateSize
 	const f = 2 // rows per token of the layer GEMMs' inputs and outputs
 	var a arena
@@ -311,10 +353,17 @@ func (s *Stage) allocate(cfg *Config, lay layout) error {
 	attn := a.take(f * T * s.qDim * bf)
 	gateUp := a.take(f * T * 2 * I * f32)
 	act := a.take(f * T * I * bf)
-	var logits, sampleOut int
+	var logits, sampleOut, hoOut int
 	if s.last {
 		logits = a.take(lay.maxLogitRows * m.VocabSize * 4)
 		sampleOut = a.take(lay.maxSeqs * (2 + 2*MaxLogprobs) * 4)
+		hoOut = a.take(lay.maxSeqs * stage.HandoffCols * i32)
+	}
+	var hoIn, hoTokens, status int
+	if s.first {
+		hoIn = a.take(lay.maxSeqs * stage.HandoffCols * i32)
+		hoTokens = a.take(lay.maxSeqs * i32)
+		status = a.take(statusWords * i32)
 	}
 	batch := a.take(lay.words() * 4)
 	freq := a.take(m.HeadDim / 2 * 4)
@@ -332,8 +381,20 @@ func (s *Stage) allocate(cfg *Config, lay layout) error {
 		batch: p(batch), invFreq: p(freq)}
 	if s.first {
 		s.b.in = 0
+		s.ho.in = work.Slice(hoIn, lay.maxSeqs*stage.HandoffCols*i32)
+		s.ho.tokens, s.ho.status = p(hoTokens), p(status)
+		// No slot has a token yet.
+		if err := gpu.MemsetD32Async(s.ho.tokens, 0xffffffff, lay.maxSeqs, s.stream); err != nil {
+			return fmt.Errorf("clear hand-off tokens: %w", err)
+		}
 	} else {
 		s.input = work.Slice(in, T*H*f32)
+	}
+	if s.last {
+		s.ho.out = s.ho.in
+		if !s.first {
+			s.ho.out = work.Slice(hoOut, lay.maxSeqs*stage.HandoffCols*i32)
+		}
 	}
 	s.outBuf = work.Slice(resid, T*H*f32)
 	if err := s.blas.SetWorkspace(work.Slice(ws, cublasWorkspace)); err != nil {
@@ -348,21 +409,9 @@ func (s *Stage) allocate(cfg *Config, lay layout) error {
 		s.g.budget = cfg.GraphMemory
 		s.mem.GraphBytes = cfg.GraphMemory
 	}
-
-	// One row past the slots is the scratch row that padding rows write.
-	s.kvLayer = (cfg.KVSlots*cfg.MaxSeqLen + 1) * s.kvDim * bf
-	layers := s.hi - s.lo
-	kv, err := s.alloc(2*layers*s.kvLayer, "the KV cache")
-	if err != nil {
+	if err := s.allocateKV(cfg); err != nil {
 		return err
 	}
-	if err := gpu.MemsetD8Async(kv.Ptr(), 0, kv.Len(), s.stream); err != nil {
-		return fmt.Errorf("clear the KV cache: %w", err)
-	}
-	s.kcache = kv.Ptr()
-	s.vcache = kv.Ptr() + gpu.DevicePtr(layers*s.kvLayer)
-	s.mem.KVBytes = int64(kv.Len())
-	s.mem.KVSlots, s.mem.KVPositions = cfg.KVSlots, cfg.MaxSeqLen
 	if err := s.stream.Synchronize(); err != nil {
 		return fmt.Errorf("clear device buffers: %w", err)
 	}
@@ -371,6 +420,15 @@ func (s *Stage) allocate(cfg *Config, lay layout) error {
 		return err
 	}
 	s.p.words = unsafe.Slice((*int32)(unsafe.Pointer(&s.hostBatch[0])), lay.words())
+	// Block table word 0 is the scratch block, which padding rows read.
+	s.p.words[lay.tables()] = int32(s.pl.kv.blocks)
+	if s.first {
+		hs, err := s.allocHost(statusWords*i32, "the hand-off status")
+		if err != nil {
+			return err
+		}
+		s.ho.host = unsafe.Slice((*int32)(unsafe.Pointer(&hs[0])), statusWords)
+	}
 	if s.last {
 		hs, err := s.allocHost(lay.maxSeqs*(2+2*MaxLogprobs)*4, "sampled tokens")
 		if err != nil {
@@ -383,6 +441,43 @@ func (s *Stage) allocate(cfg *Config, lay layout) error {
 		}
 		s.hostLogits = unsafe.Slice((*float32)(unsafe.Pointer(&hl[0])), len(hl)/4)
 	}
+	return nil
+}
+
+// allocateKV creates the paged KV cache: per layer, NumBlocks·BlockSize
+// rows and the scratch row, of kv heads × head dim bf16, for K and again
+// for V. With cfg.NumBlocks 0 it takes as many blocks as the free device
+// memory holds beyond cfg.KVMargin.
+func (s *Stage) allocateKV(cfg *Config) error {
+	const bf = 2
+	layers := s.hi - s.lo
+	rowBytes := int64(2 * layers * s.kvDim * bf) // one row of K and V, every layer
+	bs := cfg.BlockSize
+	blocks := cfg.NumBlocks
+	if blocks == 0 {
+		free, _, err := gpu.MemInfo()
+		if err != nil {
+			return fmt.Errorf("size the KV cache: %w", err)
+		}
+		n := (int64(free) - cfg.KVMargin - rowBytes) / (rowBytes * int64(bs))
+		if n < 1 {
+			return fmt.Errorf("no device memory for the KV cache: %d bytes free, %d to be left (Config.KVMargin), %d per block of %d positions", free, cfg.KVMargin, rowBytes*int64(bs), bs)
+		}
+		blocks = int(min(n, int64(math.MaxInt32/bs-1)))
+	}
+	s.pl.kv.blocks = blocks
+	s.kvLayer = (blocks*bs + 1) * s.kvDim * bf
+	kv, err := s.alloc(2*layers*s.kvLayer, fmt.Sprintf("the KV cache of %d blocks of %d positions", blocks, bs))
+	if err != nil {
+		return err
+	}
+	if err := gpu.MemsetD8Async(kv.Ptr(), 0, kv.Len(), s.stream); err != nil {
+		return fmt.Errorf("clear the KV cache: %w", err)
+	}
+	s.kcache = kv.Ptr()
+	s.vcache = kv.Ptr() + gpu.DevicePtr(layers*s.kvLayer)
+	s.mem.KVBytes = int64(kv.Len())
+	s.mem.KVBlocks, s.mem.BlockSize = blocks, bs
 	return nil
 }
 
@@ -399,6 +494,8 @@ func (s *Stage) Info() stage.Info {
 		MaxTokens: s.pl.lay.maxTokens,
 		MaxSeqs:   s.pl.lay.maxSeqs,
 		ActDType:  collective.F32,
+		KVBlocks:  s.pl.kv.blocks,
+		BlockSize: s.pl.kv.blockSize,
 		Graphs:    graphs.Always,
 	}
 }
@@ -425,7 +522,9 @@ func (s *Stage) Stream() gpu.Stream { return s.stream }
 // events around it.
 func (s *Stage) LastStepTime() time.Duration { return s.lastGPU }
 
-// Free drops a sequence's KV cache slot.
+// Free forgets a sequence's cached length, so that it may start again at
+// position 0. Its blocks are the leader's. Freeing an unknown sequence does
+// nothing.
 func (s *Stage) Free(seq uint64) { s.pl.kv.release(seq) }
 
 // Close releases the device memory, handles and (when New opened it) the

@@ -77,6 +77,7 @@ func TestDecodeTiming(t *testing.T) {
 		"piecewise_graph_bytes": piecewise.Bytes, "piecewise_graphs": piecewise.Graphs}
 	rng := rand.New(rand.NewPCG(1, 1))
 	ctx := context.Background()
+	tables := tablesFor(st)
 	next := uint64(1)
 	var prefill []float64
 	var table strings.Builder
@@ -95,7 +96,7 @@ func TestDecodeTiming(t *testing.T) {
 				}
 				b.Seqs = append(b.Seqs, stage.Seq{ID: ids[j], Tokens: toks, Sample: true})
 			}
-			out, err := st.Forward(ctx, b)
+			out, err := st.Forward(ctx, fill(t, tables, b))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -120,6 +121,7 @@ func TestDecodeTiming(t *testing.T) {
 				m, desc := d.Dispatch(batch, true, batch)
 				b.Graph = graphs.Step{Mode: m, Desc: desc}
 			}
+			fill(t, tables, b)
 			begin := time.Now()
 			out, err := st.Forward(ctx, b)
 			el := time.Since(begin)
@@ -136,6 +138,7 @@ func TestDecodeTiming(t *testing.T) {
 		}
 		for _, id := range ids {
 			st.Free(id)
+			tables.Free(id)
 		}
 		for _, mode := range modes {
 			r := map[string]float64{"wall_ms": median(wall[mode]), "gpu_ms": median(gpuT[mode])}

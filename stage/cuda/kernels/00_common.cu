@@ -9,6 +9,12 @@ typedef unsigned long long u64;
 #define NEG_INF __int_as_float(0xff800000)
 #define POS_INF __int_as_float(0x7f800000)
 
+// Status codes a kernel records in the first word of the stage's status
+// array (first stage), the first error winning; the host reads the array
+// back after the step, reports the error and clears it.
+#define STATUS_NO_TOKEN 1 // [1] token row, [2] slot: a placeholder found no token
+#define STATUS_BAD_ROW 2  // [1] row, [2] slot, [3] token: a hand-off row was refused
+
 __device__ __forceinline__ float bf2f(bf16 x) {
     return __uint_as_float(((unsigned)x) << 16);
 }

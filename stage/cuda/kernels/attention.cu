@@ -1,22 +1,24 @@
 // attention computes causal grouped-query attention for one (token, head)
 // per block. Token t at position pos[t] attends to its sequence's keys at
-// positions 0..pos[t], which sit in cache rows kv_base[t] + j (a contiguous
-// per-sequence slot; a paged cache replaces this mapping). Scores and the
-// softmax are fp32, with an online (running max) softmax over tiles of
-// blockDim.x keys; q is pre-scaled by `scale`. The output is rounded to
-// bf16, its rounding remainder at row t + lo (put_split).
+// positions 0..pos[t] in the paged KV cache: position j sits in cache row
+// tab[j / bs] * bs + j % bs, where tab = tables + table_off[t] is the
+// sequence's block table. Scores and the softmax are fp32, with an online
+// (running max) softmax over tiles of blockDim.x keys; q is pre-scaled by
+// `scale`. The output is rounded to bf16, its rounding remainder at row
+// t + lo (put_split).
 // Grid: (tokens, heads). Block: 128 threads; head_dim <= 256.
 #define ATT_THREADS 128
 extern "C" __global__ void attention(const bf16* q, const bf16* kcache, const bf16* vcache,
-                                     bf16* out, int lo, const int* kv_base, const int* pos, int nh,
-                                     int nkv, int hd, float scale) {
+                                     bf16* out, int lo, const int* tables, const int* table_off,
+                                     const int* pos, int bs, int nh, int nkv, int hd, float scale) {
     __shared__ float qs[256];
     __shared__ float ps[ATT_THREADS];
+    __shared__ int rows[ATT_THREADS];
     __shared__ float sh[32];
     int t = blockIdx.x, h = blockIdx.y, tid = threadIdx.x;
     int kvh = h / (nh / nkv);
     int n = pos[t] + 1;
-    size_t base = (size_t)kv_base[t];
+    const int* tab = tables + table_off[t];
     int kvdim = nkv * hd;
     const bf16* qrow = q + ((size_t)t * nh + h) * hd;
     for (int d = tid; d < hd; d += ATT_THREADS) {
@@ -28,7 +30,9 @@ extern "C" __global__ void attention(const bf16* q, const bf16* kcache, const bf
         int j = j0 + tid;
         float s = NEG_INF;
         if (j < n) {
-            const bf16* k = kcache + (base + j) * kvdim + kvh * hd;
+            int row = tab[j / bs] * bs + j % bs;
+            rows[tid] = row;
+            const bf16* k = kcache + (size_t)row * kvdim + kvh * hd;
             float a = 0.f;
             for (int d = 0; d < hd; d++) {
                 a += qs[d] * bf2f(k[d]);
@@ -44,14 +48,14 @@ extern "C" __global__ void attention(const bf16* q, const bf16* kcache, const bf
         acc1 *= corr;
         m = mnew;
         int cnt = min(ATT_THREADS, n - j0);
-        const bf16* v = vcache + (base + j0) * kvdim + kvh * hd;
         for (int jj = 0; jj < cnt; jj++) {
             float pj = ps[jj];
+            const bf16* v = vcache + (size_t)rows[jj] * kvdim + kvh * hd;
             if (tid < hd) {
-                acc0 += pj * bf2f(v[(size_t)jj * kvdim + tid]);
+                acc0 += pj * bf2f(v[tid]);
             }
             if (tid + ATT_THREADS < hd) {
-                acc1 += pj * bf2f(v[(size_t)jj * kvdim + tid + ATT_THREADS]);
+                acc1 += pj * bf2f(v[tid + ATT_THREADS]);
             }
         }
         __syncthreads();

@@ -5,8 +5,10 @@
 //   [0] logits row   [1] temperature (float bits)   [2] top_k (0: off)
 //   [3] top_p (float bits; 0 or >= 1: off)   [4] seed low   [5] seed high
 //   [6] sample index   [7] number of top alternatives wanted (<= maxlp)
+//   [8] hand-off slot
 // out (2 + 2 * maxlp ints per sequence):
 //   [0] token   [1] log-probability (float bits)   then (token, logprob) pairs.
+// handoff (null: none) gets one (slot, token) row per sequence.
 //
 // Log-probabilities are the log-softmax of the raw logits (temperature does
 // not apply). Temperature 0 (or top_k 1) is greedy, ties to the lowest id.
@@ -17,7 +19,7 @@
 // noise hashed from (seed, index, token id): the draw depends only on the
 // request's seed and sample index, never on the batch it shares.
 // Grid: (sequences). Block: SAMPLE_THREADS.
-#define SAMPLE_PARAMS 8
+#define SAMPLE_PARAMS 9
 #define SAMPLE_THREADS 1024
 
 // fkey maps a float to an unsigned key with the same order.
@@ -64,7 +66,7 @@ __device__ float mass_at_least(const float* l, int vocab, unsigned k, float m, f
 }
 
 extern "C" __global__ void sample(const float* logits, int vocab, const int* params, int* out,
-                                  int maxlp) {
+                                  int maxlp, int* handoff) {
     __shared__ float sh[32];
     __shared__ float shv[32];
     __shared__ int shi[32];
@@ -165,5 +167,9 @@ extern "C" __global__ void sample(const float* logits, int vocab, const int* par
     if (threadIdx.x == 0) {
         o[0] = tok;
         o[1] = __float_as_int(l[tok] - logz);
+        if (handoff) {
+            handoff[2 * blockIdx.x] = p[8];
+            handoff[2 * blockIdx.x + 1] = tok;
+        }
     }
 }
