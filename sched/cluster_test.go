@@ -21,8 +21,9 @@ import (
 
 // cpuPipeline starts an in-process pipeline of CPU stages over ckpt, split
 // at the given layers, with KV caches of the given blocks (0: the stage's
-// defaults). It returns the pipeline and the least capacity of its stages.
-func cpuPipeline(t *testing.T, ckpt *model.Checkpoint, numBlocks, blockSize int, splits ...int) (*pipeline.Driver, int) {
+// defaults) and on-device hand-off if asked. It returns the pipeline and
+// the least capacity of its stages.
+func cpuPipeline(t *testing.T, ckpt *model.Checkpoint, numBlocks, blockSize int, handoff bool, splits ...int) (*pipeline.Driver, int) {
 	t.Helper()
 	cfg := ckpt.Config()
 	bounds := append(append([]int{0}, splits...), cfg.NumLayers)
@@ -40,16 +41,17 @@ func cpuPipeline(t *testing.T, ckpt *model.Checkpoint, numBlocks, blockSize int,
 			capacity = info.KVBlocks
 		}
 	}
-	d, err := pipeline.StartLocal(context.Background(), stages)
+	d, err := pipeline.LocalOptions{Handoff: handoff}.Start(context.Background(), stages)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return d, capacity
 }
 
-// TestCPUCluster runs concurrent requests through the Loop over a real
-// two-stage CPU pipeline, with prompts chunked, two steps in flight and a
-// KV capacity small enough to force preemption, and checks every request's
+// TestCPUCluster runs concurrent requests through the Loop over real CPU
+// pipelines of two and three stages, with prompts chunked, several steps
+// in flight (one more than the stages with on-device hand-off) and a KV
+// capacity small enough to force preemption, and checks every request's
 // tokens against the request run alone through pipeline.Generate on a
 // single stage.
 func TestCPUCluster(t *testing.T) {
@@ -77,7 +79,7 @@ func TestCPUCluster(t *testing.T) {
 		}
 		reqs = append(reqs, r)
 	}
-	alone, _ := cpuPipeline(t, ckpt, 0, 0)
+	alone, _ := cpuPipeline(t, ckpt, 0, 0, false)
 	want := make([][]int32, len(reqs))
 	for i, r := range reqs {
 		err := pipeline.Generate(context.Background(), alone, []pipeline.Request{{ID: 1, Prompt: r.Prompt, MaxTokens: r.MaxTokens, Sampling: r.Sampling}},
@@ -97,13 +99,19 @@ func TestCPUCluster(t *testing.T) {
 	want[0] = want[0][:slices.Index(want[0], want[0][1])+1]
 
 	goroutines := runtime.NumGoroutine()
-	for _, c := range []sched.Config{
-		{MaxNumBatchedTokens: 16, MaxNumSeqs: 4, BlockSize: 4, NumBlocks: 10, MaxConcurrentBatches: 2},
-		{MaxNumBatchedTokens: 7, MaxNumSeqs: 8, BlockSize: 2, NumBlocks: 16, MaxConcurrentBatches: 1},
+	for _, tc := range []struct {
+		c      sched.Config
+		splits []int
+	}{
+		{sched.Config{MaxNumBatchedTokens: 16, MaxNumSeqs: 4, BlockSize: 4, NumBlocks: 10, MaxConcurrentBatches: 2}, []int{2}},
+		{sched.Config{MaxNumBatchedTokens: 7, MaxNumSeqs: 8, BlockSize: 2, NumBlocks: 16, MaxConcurrentBatches: 1}, []int{2}},
+		{sched.Config{MaxNumBatchedTokens: 16, MaxNumSeqs: 4, BlockSize: 4, NumBlocks: 10, MaxConcurrentBatches: 3, OnDeviceHandoff: true}, []int{2}},
+		{sched.Config{MaxNumBatchedTokens: 9, MaxNumSeqs: 8, BlockSize: 2, NumBlocks: 20, MaxConcurrentBatches: 4, OnDeviceHandoff: true}, []int{1, 3}},
 	} {
-		t.Run(fmt.Sprintf("tokens=%d,block=%d,blocks=%d,inflight=%d", c.MaxNumBatchedTokens, c.BlockSize, c.NumBlocks, c.MaxConcurrentBatches), func(t *testing.T) {
+		c := tc.c
+		t.Run(fmt.Sprintf("stages=%d,tokens=%d,block=%d,blocks=%d,inflight=%d,handoff=%v", len(tc.splits)+1, c.MaxNumBatchedTokens, c.BlockSize, c.NumBlocks, c.MaxConcurrentBatches, c.OnDeviceHandoff), func(t *testing.T) {
 			// The stages' paged caches hold exactly the scheduler's blocks.
-			d, capacity := cpuPipeline(t, ckpt, c.NumBlocks, c.BlockSize, 2)
+			d, capacity := cpuPipeline(t, ckpt, c.NumBlocks, c.BlockSize, c.OnDeviceHandoff, tc.splits...)
 			defer d.Close()
 			if capacity != c.NumBlocks {
 				t.Fatalf("stages report %d KV blocks, want %d", capacity, c.NumBlocks)
@@ -144,8 +152,8 @@ func TestCPUCluster(t *testing.T) {
 			}
 			st := l.Stats()
 			t.Logf("%d steps, %d preemptions, %d discarded", st.Steps, st.Preemptions, st.Discarded)
-			if c.NumBlocks == 10 && st.Preemptions == 0 {
-				t.Error("no preemption with a KV capacity of 10 blocks")
+			if c.NumBlocks <= 10 && st.Preemptions == 0 {
+				t.Errorf("no preemption with a KV capacity of %d blocks", c.NumBlocks)
 			}
 		})
 	}
