@@ -29,6 +29,13 @@
 // OnDeviceHandoff a request's next decode is scheduled at once with
 // stage.Placeholder as input, which the first stage fills on the device;
 // tokens sampled past a stop found later are dropped, never delivered.
+// With more than two steps in flight (a pipeline of p stages runs p+1),
+// the running requests form MaxConcurrentBatches-1 groups that take
+// turns: a request's next step goes that many steps after its last, so it
+// waits on the first stage for its token while the other groups' steps
+// run, not behind its own previous step, and the step in flight beyond p
+// hides the round trip of results through the leader. At most MaxNumSeqs
+// requests run with hand-off, one per slot.
 //
 // The hand-off (see stage.HandoffReceiver and pipeline.Worker): each
 // running request holds a slot (stage.Seq.Slot) in [0, MaxNumSeqs) from

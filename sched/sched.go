@@ -157,9 +157,12 @@ func (sc *Scheduler) Cancel(id uint64) bool {
 
 // plan is the step being built.
 type plan struct {
-	id      uint64
-	budget  int // tokens left
-	seqCap  int // most sequences
+	id     uint64
+	budget int // tokens left
+	seqCap int // most sequences
+	// window: with hand-off, a sequence's next placeholder decode goes at
+	// least window steps after its last one.
+	window  int
 	seqs    []stage.Seq
 	entries []entry
 	inputs  []int32 // placeholder inputs of the step
@@ -187,21 +190,30 @@ func (sc *Scheduler) Schedule() (*pipeline.Step, bool) {
 	if len(sc.flights) >= sc.cfg.MaxConcurrentBatches {
 		return nil, false
 	}
-	p := plan{id: sc.lastBatch + 1, budget: sc.cfg.MaxNumBatchedTokens, seqCap: sc.cfg.MaxNumSeqs}
+	p := plan{id: sc.lastBatch + 1, budget: sc.cfg.MaxNumBatchedTokens, seqCap: sc.cfg.MaxNumSeqs, window: 1}
 	maxRunning := sc.cfg.MaxNumSeqs
-	if !sc.cfg.OnDeviceHandoff && sc.cfg.MaxConcurrentBatches > 1 {
+	active := len(sc.running) + len(sc.waiting)
+	switch mcb := sc.cfg.MaxConcurrentBatches; {
+	case !sc.cfg.OnDeviceHandoff && mcb > 1:
 		// Disjoint steps in flight: spread the requests evenly over them,
 		// and admit as many as they can carry together.
-		maxRunning *= sc.cfg.MaxConcurrentBatches
-		active := len(sc.running) + len(sc.waiting)
-		p.seqCap = min(p.seqCap, (active+sc.cfg.MaxConcurrentBatches-1)/sc.cfg.MaxConcurrentBatches)
+		maxRunning *= mcb
+		p.seqCap = min(p.seqCap, (active+mcb-1)/mcb)
+	case sc.cfg.OnDeviceHandoff && mcb > 2 && active > 1:
+		// With hand-off, one step more than the stages is in flight: spread
+		// the requests over mcb-1 groups that take turns, so that a
+		// group's next step waits on the first stage while the stages run
+		// the other groups' steps, not on the group's own last step.
+		groups := min(mcb-1, active)
+		p.seqCap = min(p.seqCap, (active+groups-1)/groups)
+		p.window = groups
 	}
 	f := sc.spareFlight(min(p.seqCap, len(sc.running)+len(sc.waiting)))
 	p.seqs, p.entries = f.seqs, f.entries
 	for _, decodes := range []bool{true, false} {
 		for i := 0; i < len(sc.running) && !p.full(); {
 			s := sc.running[i]
-			n, ok := sc.chunk(s, p.budget)
+			n, ok := sc.chunk(s, &p)
 			if !ok || s.batch == p.id || (n == 1 && s.computed+1 >= len(s.tokens)) != decodes {
 				i++
 				continue
@@ -218,7 +230,7 @@ func (sc *Scheduler) Schedule() (*pipeline.Step, bool) {
 			i++
 			continue
 		}
-		n, ok := sc.chunk(s, p.budget)
+		n, ok := sc.chunk(s, &p)
 		if !ok || !sc.place(&p, s, n, false) {
 			break
 		}
@@ -266,10 +278,11 @@ func (sc *Scheduler) spareFlight(n int) *flight {
 	return &flight{seqs: make([]stage.Seq, 0, n), entries: make([]entry, 0, n)}
 }
 
-// chunk is how many positions s can feed in a step with budget tokens left
-// (false: none now). A chunk that reaches the end of the known tokens, or a
-// placeholder decode, samples.
-func (sc *Scheduler) chunk(s *seq, budget int) (int, bool) {
+// chunk is how many positions s can feed in step p (false: none now). A
+// chunk that reaches the end of the known tokens, or a placeholder decode,
+// samples.
+func (sc *Scheduler) chunk(s *seq, p *plan) (int, bool) {
+	budget := p.budget
 	if budget == 0 {
 		return 0, false
 	}
@@ -280,8 +293,9 @@ func (sc *Scheduler) chunk(s *seq, budget int) (int, bool) {
 		return min(len(s.tokens)-s.computed, budget), true
 	}
 	// Everything known is fed: with hand-off, feed the last placeholder,
-	// unless its sample would pass MaxTokens.
-	if sc.cfg.OnDeviceHandoff && s.pending > 0 && s.generated()+s.pending < s.req.MaxTokens {
+	// unless its sample would pass MaxTokens or it is not the sequence's
+	// group's turn.
+	if sc.cfg.OnDeviceHandoff && s.pending > 0 && s.generated()+s.pending < s.req.MaxTokens && s.batch+uint64(p.window) <= p.id {
 		return 1, true
 	}
 	return 0, false
