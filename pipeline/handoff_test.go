@@ -377,3 +377,129 @@ func TestWorkerHandoffOrder(t *testing.T) {
 		})
 	}
 }
+
+// TestTCPHandoff wires two hash stages as separate processes would: control
+// over TCP (ListenControl, DialLink), activations and the hand-off ring over
+// collective TCP links (the last stage dials a listener of the first), and
+// drives them through sched.Loop with hand-off and three steps in flight.
+// Every request's tokens must be those it produces alone.
+func TestTCPHandoff(t *testing.T) {
+	const vocab = 50
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	stages := []*hashStage{newHashStage(true, false, vocab, 0), newHashStage(false, true, vocab, 0)}
+	workers := []*pipeline.Worker{{Index: 0, Stage: stages[0]}, {Index: 1, Stage: stages[1]}}
+	listen := func() *collective.Listener {
+		ln, err := collective.Listen("127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { ln.Close() })
+		return ln
+	}
+	// Activations 0 → 1, and the ring 1 → 0.
+	for _, l := range []struct {
+		from, to int
+		ring     bool
+	}{{0, 1, false}, {1, 0, true}} {
+		ln := listen()
+		accepted := make(chan collective.Receiver, 1)
+		go func() {
+			recv, err := ln.Accept(ctx)
+			if err != nil {
+				t.Error(err)
+			}
+			accepted <- recv
+		}()
+		send, err := collective.Dial(ctx, ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		recv := <-accepted
+		if recv == nil {
+			t.FailNow()
+		}
+		if l.ring {
+			workers[l.from].HandoffOut, workers[l.to].HandoffIn = send, recv
+		} else {
+			workers[l.from].Next, workers[l.to].Prev = send, recv
+		}
+	}
+	var links []pipeline.Link
+	served := make(chan error, len(workers))
+	for _, w := range workers {
+		cl, err := pipeline.ListenControl("127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer cl.Close()
+		link, err := pipeline.DialLink(ctx, cl.Addr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		nc, err := cl.Accept(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		w.Ctl = nc
+		links = append(links, link)
+		go func() {
+			err := w.Serve(ctx)
+			// As a stage process does: hang up on the leader, close the
+			// data links.
+			for _, c := range []io.Closer{nc, w.Prev, w.Next, w.HandoffIn, w.HandoffOut} {
+				if c != nil {
+					c.Close()
+				}
+			}
+			served <- err
+		}()
+	}
+	d, err := pipeline.NewDriver(links)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := sched.Start(sched.Config{MaxNumBatchedTokens: 24, MaxNumSeqs: hashMaxSeqs, BlockSize: 4, NumBlocks: 256,
+		MaxConcurrentBatches: 3, OnDeviceHandoff: true}, d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	for i := range 12 {
+		r := sched.Request{Prompt: []int32{int32(i), 3, int32(2 * i % vocab)}, MaxTokens: 5 + i, Sampling: stage.Sampling{Seed: uint64(i)}}
+		s, err := l.Submit(ctx, r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		wg.Go(func() {
+			var got []int32
+			for {
+				o, err := s.Recv(ctx)
+				if err == io.EOF {
+					break
+				}
+				if err != nil {
+					t.Errorf("request %d: %v", i, err)
+					return
+				}
+				got = append(got, o.Token.Token)
+			}
+			if want := hashAlone(2, vocab, &r); !slices.Equal(got, want) {
+				t.Errorf("request %d: %v, want %v (alone)", i, got, want)
+			}
+		})
+	}
+	wg.Wait()
+	l.Close()
+	if err := d.Close(); err != nil {
+		t.Error(err)
+	}
+	for range workers {
+		if err := <-served; err != nil {
+			t.Errorf("worker: %v", err)
+		}
+	}
+	if stages[0].placeholds == 0 {
+		t.Error("no placeholder reached the first stage")
+	}
+}
