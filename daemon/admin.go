@@ -54,17 +54,55 @@ func (a *adminServer) Status(context.Context, *tandemv1.StatusRequest) (*tandemv
 		resp.RequestsRunning = uint32(st.Running)
 		resp.RequestsWaiting = uint32(st.Waiting)
 		resp.Scheduler = schedulerStats(st)
+		resp.GraphMode = p.graphs.dispatch.Mode().String()
+		resp.Handoff = p.handoff
+		resp.MaxInFlight = uint32(p.maxInFlight)
 		for i, s := range p.stages {
-			resp.Stages = append(resp.Stages, &tandemv1.Stage{
-				Index:       uint32(i),
-				Node:        s.Node,
-				LayerLo:     uint32(s.Lo),
-				LayerHi:     uint32(s.Hi),
-				Backend:     s.member.Meta.Backend,
-				MemoryBytes: s.member.Meta.MemFree,
-				KvTokens:    uint64(s.kvTokens),
-			})
+			resp.Stages = append(resp.Stages, stageStatus(i, &s))
 		}
+	}
+	return resp, nil
+}
+
+// stageStatus describes one stage of the leader's pipeline.
+func stageStatus(i int, s *stageState) *tandemv1.Stage {
+	l := s.load
+	out := &tandemv1.Stage{
+		Index:       uint32(i),
+		Node:        s.Node,
+		LayerLo:     uint32(s.Lo),
+		LayerHi:     uint32(s.Hi),
+		Backend:     l.GetBackend(),
+		MemoryBytes: s.member.Meta.MemFree,
+		KvTokens:    uint64(s.kvTokens),
+		Device:      l.GetDevice(),
+		WeightBytes: l.GetWeightBytes(),
+		KvBytes:     l.GetKvBytes(),
+		GraphBytes:  l.GetGraphBytes(),
+		NextLink:    s.nextLink,
+	}
+	if c := s.capture; c != nil {
+		out.GraphBytes, out.Graphs, out.CaptureTime = c.GetGraphBytes(), c.GetGraphs(), c.GetCaptureTime()
+	}
+	return out
+}
+
+// Graphs implements tandem.v1.Admin.
+func (a *adminServer) Graphs(context.Context, *tandemv1.GraphsRequest) (*tandemv1.GraphsResponse, error) {
+	d := a.d
+	d.mu.Lock()
+	p := d.pipe
+	d.mu.Unlock()
+	if p == nil {
+		return nil, grpcError(preconditionf("node %s runs no pipeline: ask the leader", d.cfg.Name))
+	}
+	g := p.graphs
+	resp := &tandemv1.GraphsResponse{Mode: g.dispatch.Mode().String(), ConfiguredMode: g.configured.String(), Downgrades: g.downgrades}
+	for _, s := range g.dispatch.CaptureSizes() {
+		resp.CaptureSizes = append(resp.CaptureSizes, uint32(s))
+	}
+	for _, r := range p.eng.graphs.Snapshot() {
+		resp.Steps = append(resp.Steps, &tandemv1.GraphStepCount{Unpadded: uint32(r.Unpadded), Padded: uint32(r.Padded), Mode: r.Mode.String(), Count: r.Count})
 	}
 	return resp, nil
 }

@@ -8,11 +8,14 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/pelletier/go-toml/v2"
+
+	"github.com/tandem-llm/tandem/graphs"
 )
 
 // Config is a daemon's configuration, read from a TOML file by LoadConfig
@@ -76,20 +79,45 @@ type ClusterConfig struct {
 	DrainTimeout Duration `toml:"drain_timeout"`
 }
 
-// StageConfig is the stage this node offers to the pipeline.
+// StageConfig is the stage this node offers, and how the leader runs the
+// pipeline (batch bounds, CUDA graphs, hand-off).
 type StageConfig struct {
 	// Enabled offers a stage (default true); a node without one only leads.
 	Enabled *bool `toml:"enabled"`
-	// Backend is "cpu", the only one the daemon runs for now: CUDA stages
-	// exchange activations through NCCL, which the daemon does not wire
-	// yet.
+	// Backend is "cpu", "cuda" (fail when no GPU can be used) or "auto"
+	// (the default: cuda when a CUDA driver and device are found, else cpu,
+	// said at start-up with the reason).
 	Backend string `toml:"backend"`
+	// Device is the ordinal of the GPU a cuda stage runs on, among those
+	// CUDA_VISIBLE_DEVICES shows (default 0).
+	Device int `toml:"device"`
 	// Memory is what the stage may use, such as "8GiB" (default: 90% of the
-	// host's available memory at start).
+	// host's available memory at start, or of the GPU's free memory).
 	Memory ByteSize `toml:"memory"`
 	// MaxBatchTokens and MaxSeqs bound one step's batch (defaults 512, 64).
 	MaxBatchTokens int `toml:"max_batch_tokens"`
 	MaxSeqs        int `toml:"max_seqs"`
+	// GraphMode is the CUDA-graph mode the leader asks for (default
+	// FULL_AND_PIECEWISE; NONE, PIECEWISE, FULL, FULL_DECODE_ONLY): it is
+	// reduced to what the weakest stage supports, so a pipeline with a CPU
+	// stage runs eagerly.
+	GraphMode string `toml:"graph_mode"`
+	// CaptureSizes are the token counts CUDA graphs are captured for
+	// (default 1, 2, 4, then every multiple of 8 up to MaxCaptureSize).
+	CaptureSizes []int `toml:"capture_sizes"`
+	// MaxCaptureSize bounds the capture sizes (default: the largest of
+	// CaptureSizes, else the smaller of 512 and max_batch_tokens).
+	MaxCaptureSize int `toml:"max_capture_size"`
+	// GraphMemory is the device memory a cuda stage holds back for its
+	// CUDA graphs before it sizes its KV cache (default 512MiB).
+	GraphMemory ByteSize `toml:"graph_memory"`
+	// Handoff lets the last stage hand sampled tokens straight to the first
+	// (default true) when the first stage can take them: the leader then
+	// keeps one more step in flight than there are stages.
+	Handoff *bool `toml:"handoff"`
+	// CacheDir holds compiled CUDA kernels (default: $TANDEM_CACHE_DIR,
+	// else systemd's $CACHE_DIRECTORY, else the user cache directory).
+	CacheDir string `toml:"cache_dir"`
 }
 
 // SecurityConfig enables TLS and the admin token.
@@ -182,6 +210,14 @@ const (
 	DefaultMaxBatchTokens = 512
 	DefaultMaxSeqs        = 64
 	DefaultDrainTimeout   = 30 * time.Second
+	DefaultGraphMemory    = 512 << 20
+)
+
+// Stage backends of the configuration.
+const (
+	BackendCPU  = "cpu"
+	BackendCUDA = "cuda"
+	BackendAuto = "auto"
 )
 
 // LoadConfig reads a TOML configuration file. Keys it does not know are
@@ -240,12 +276,19 @@ func (c Config) withDefaults() (Config, error) {
 	def(&c.Listen.Gossip, DefaultGossipAddr)
 	def(&c.Listen.Control, "127.0.0.1:0")
 	def(&c.Listen.Data, "127.0.0.1:0")
-	def(&c.Stage.Backend, "cpu")
+	def(&c.Stage.Backend, BackendAuto)
+	def(&c.Stage.GraphMode, graphs.DefaultMode.String())
 	if c.Cluster.LeaderEligible == nil {
 		c.Cluster.LeaderEligible = ptr(true)
 	}
 	if c.Stage.Enabled == nil {
 		c.Stage.Enabled = ptr(true)
+	}
+	if c.Stage.Handoff == nil {
+		c.Stage.Handoff = ptr(true)
+	}
+	if c.Stage.GraphMemory == 0 {
+		c.Stage.GraphMemory = DefaultGraphMemory
 	}
 	if c.Cluster.ExpectStages == 0 {
 		c.Cluster.ExpectStages = 1
@@ -258,6 +301,13 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.Stage.MaxSeqs == 0 {
 		c.Stage.MaxSeqs = DefaultMaxSeqs
+	}
+	if c.Stage.MaxCaptureSize == 0 {
+		if len(c.Stage.CaptureSizes) > 0 {
+			c.Stage.MaxCaptureSize = slices.Max(c.Stage.CaptureSizes)
+		} else {
+			c.Stage.MaxCaptureSize = min(graphs.DefaultMaxCaptureSize, c.Stage.MaxBatchTokens)
+		}
 	}
 	return c, c.validate()
 }
@@ -285,8 +335,21 @@ func (c *Config) validate() error {
 			bad("cluster.seeds: %q: %v", s, err)
 		}
 	}
-	if c.Stage.Backend != "cpu" {
-		bad("stage.backend %q: only cpu is supported (CUDA stages need NCCL between them, not wired yet)", c.Stage.Backend)
+	switch c.Stage.Backend {
+	case BackendCPU, BackendCUDA, BackendAuto:
+	default:
+		bad("stage.backend %q: want %s, %s or %s", c.Stage.Backend, BackendCPU, BackendCUDA, BackendAuto)
+	}
+	if c.Stage.Device < 0 {
+		bad("stage.device %d: want a GPU ordinal, at least 0", c.Stage.Device)
+	}
+	if _, err := graphs.ParseMode(c.Stage.GraphMode); err != nil {
+		bad("stage.graph_mode: %v", err)
+	}
+	if _, err := c.newDispatcher(graphs.None); err != nil {
+		bad("stage.capture_sizes %v, stage.max_capture_size %d: %v", c.Stage.CaptureSizes, c.Stage.MaxCaptureSize, err)
+	} else if c.Stage.MaxCaptureSize > c.Stage.MaxBatchTokens {
+		bad("stage.max_capture_size %d exceeds stage.max_batch_tokens %d: a graph cannot hold more tokens than a batch", c.Stage.MaxCaptureSize, c.Stage.MaxBatchTokens)
 	}
 	if c.Cluster.ExpectStages < 1 {
 		bad("cluster.expect_stages %d: want at least 1", c.Cluster.ExpectStages)
@@ -316,6 +379,9 @@ func (c Config) LogValue() slog.Value {
 		slog.Any("seeds", c.Cluster.Seeds),
 		slog.String("leader", c.Cluster.Leader),
 		slog.Int("expect_stages", c.Cluster.ExpectStages),
+		slog.String("backend", c.Stage.Backend),
+		slog.String("graph_mode", c.Stage.GraphMode),
+		slog.Bool("handoff", c.Stage.Handoff != nil && *c.Stage.Handoff),
 		slog.Bool("tls", c.Security.TLSCertFile != ""),
 		slog.Bool("admin_token", c.Security.AdminTokenFile != ""),
 		slog.Bool("gossip_encrypted", c.Cluster.GossipKeyFile != ""),
@@ -355,4 +421,24 @@ func (c *Config) readSecrets() (secrets, error) {
 		s.gossipKey = key
 	}
 	return s, nil
+}
+
+// graphMode is the configured CUDA-graph mode (validated by withDefaults).
+func (c *Config) graphMode() graphs.Mode {
+	m, err := graphs.ParseMode(c.Stage.GraphMode)
+	if err != nil {
+		return graphs.None
+	}
+	return m
+}
+
+// newDispatcher builds the leader's CUDA-graph dispatcher for the resolved
+// mode from the configured capture sizes.
+func (c *Config) newDispatcher(mode graphs.Mode) (*graphs.Dispatcher, error) {
+	return graphs.NewDispatcher(graphs.Config{
+		Mode:           mode,
+		CaptureSizes:   c.Stage.CaptureSizes,
+		MaxCaptureSize: c.Stage.MaxCaptureSize,
+		MaxNumSeqs:     c.Stage.MaxSeqs,
+	})
 }

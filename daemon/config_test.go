@@ -27,8 +27,16 @@ func TestExampleConfig(t *testing.T) {
 	if err != nil {
 		t.Errorf("example config: %v", err)
 	}
-	if full.Stage.MaxSeqs != 64 || full.Stage.Backend != "cpu" {
+	if full.Stage.MaxSeqs != 64 || full.Stage.Backend != "cuda" || full.Stage.GraphMode != "PIECEWISE" || full.Stage.MaxCaptureSize != 256 ||
+		full.Stage.GraphMemory != 1<<30 || full.Stage.Handoff == nil || *full.Stage.Handoff {
 		t.Errorf("with defaults: %+v", full.Stage)
+	}
+	def, err := Config{Name: "n", Model: "m", Stage: StageConfig{MaxBatchTokens: 128}}.withDefaults()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := def.Stage; s.Backend != BackendAuto || s.GraphMode != "FULL_AND_PIECEWISE" || s.MaxCaptureSize != 128 || s.GraphMemory != DefaultGraphMemory || !*s.Handoff {
+		t.Errorf("defaults: %+v", s)
 	}
 }
 
@@ -56,7 +64,11 @@ func TestConfigErrors(t *testing.T) {
 		{"bad grpc address", Config{Name: "n", Model: "m", Listen: ListenConfig{GRPC: "7400"}}, "listen.grpc"},
 		{"wildcard without advertise", Config{Name: "n", Model: "m", Listen: ListenConfig{GRPC: "0.0.0.0:7400"}}, "listen.advertise"},
 		{"bad seed", Config{Name: "n", Model: "m", Cluster: ClusterConfig{Seeds: []string{"host"}}}, "cluster.seeds"},
-		{"cuda", Config{Name: "n", Model: "m", Stage: StageConfig{Backend: "cuda"}}, "only cpu"},
+		{"bad backend", Config{Name: "n", Model: "m", Stage: StageConfig{Backend: "tpu"}}, "stage.backend \"tpu\""},
+		{"bad device", Config{Name: "n", Model: "m", Stage: StageConfig{Device: -1}}, "stage.device -1"},
+		{"bad graph mode", Config{Name: "n", Model: "m", Stage: StageConfig{GraphMode: "PARTIAL"}}, "stage.graph_mode"},
+		{"unsorted capture sizes", Config{Name: "n", Model: "m", Stage: StageConfig{CaptureSizes: []int{8, 4}}}, "stage.capture_sizes"},
+		{"capture past the batch", Config{Name: "n", Model: "m", Stage: StageConfig{MaxBatchTokens: 64, MaxCaptureSize: 128}}, "exceeds stage.max_batch_tokens"},
 		{"cert without key", Config{Name: "n", Model: "m", Security: SecurityConfig{TLSCertFile: "c"}}, "go together"},
 		{"bad plan", Config{Name: "n", Model: "m", Plan: []PlanRange{{Node: "a", Layers: [2]int{3, 3}}}}, "plan[0]"},
 		{"negative expect", Config{Name: "n", Model: "m", Cluster: ClusterConfig{ExpectStages: -1}}, "expect_stages"},

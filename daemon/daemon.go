@@ -70,11 +70,15 @@ type Daemon struct {
 	tok      *tokenizer.Tokenizer
 	memb     *membership.Membership
 	slot     *stageSlot
+	dev      *stageDevice // what the stage runs on (nil without a stage)
 	health   *health.Server
 	dialOpts []grpc.DialOption
 	meta     membership.Meta
 	lastTick atomic.Int64 // supervisor heartbeat, unix nanoseconds
 	engines  sync.WaitGroup
+	// background runs the supervisor's clean-ups (releasing the stages of
+	// a stopped pipeline); Run waits for them.
+	background sync.WaitGroup
 
 	mu         sync.Mutex
 	leader     membership.Member // zero while there is none
@@ -151,9 +155,26 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 	defer stopSlots()
 	d.slot.ctx = slotCtx
 	if *d.cfg.Stage.Enabled {
-		if d.slot.usable, err = d.stageMemory(); err != nil {
+		if d.dev, err = openDevice(d.cfg.Stage, d.log); err != nil {
 			lis.Close()
 			return err
+		}
+		defer d.dev.close()
+		if d.slot.usable, err = d.dev.usable(d.cfg.Stage.Memory); err != nil {
+			lis.Close()
+			return err
+		}
+		d.slot.dev = d.dev
+		if d.dev.backend == BackendCUDA {
+			// The graphs' memory is held back before the KV cache is sized.
+			g := uint64(d.cfg.Stage.GraphMemory)
+			if d.slot.usable <= g {
+				lis.Close()
+				return fmt.Errorf("stage memory %v leaves nothing beside the %v held back for CUDA graphs (stage.graph_memory)", ByteSize(d.slot.usable), ByteSize(g))
+			}
+			d.slot.usable -= g
+			d.slot.graphMemory = int64(g)
+			d.slot.cacheDir = kernelCacheDir(d.cfg.Stage.CacheDir)
 		}
 		tandemv1.RegisterNodeServer(srv, d.slot)
 	}
@@ -182,6 +203,7 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 	defer stopWatchdog()
 
 	d.supervise(ctx)
+	d.background.Wait()
 
 	// Drain and stop.
 	d.log.Info("draining")
@@ -232,33 +254,20 @@ func (d *Daemon) openModel() error {
 	return nil
 }
 
-// stageMemory is what this node's stage may use: the configured amount, or
-// 90% of the host's available memory.
-func (d *Daemon) stageMemory() (uint64, error) {
-	if m := d.cfg.Stage.Memory; m > 0 {
-		return uint64(m), nil
-	}
-	_, avail, err := hostMemory()
-	if err != nil {
-		return 0, fmt.Errorf("%w (set stage.memory)", err)
-	}
-	return avail / 10 * 9, nil
-}
-
 func (d *Daemon) startMembership(ctx context.Context) error {
 	host, port, err := splitHostPort(d.cfg.Listen.Gossip)
 	if err != nil {
 		return fmt.Errorf("listen.gossip: %w", err)
 	}
-	total, _, err := hostMemory()
-	if err != nil && d.slot.usable == 0 {
-		total = 0
+	dev := d.dev
+	if dev == nil {
+		dev = cpuDevice()
 	}
 	d.meta = membership.Meta{
 		Name:           d.cfg.Name,
-		Backend:        membership.BackendCPU,
-		Device:         cpuName(),
-		MemTotal:       max(total, d.slot.usable),
+		Backend:        dev.backend,
+		Device:         dev.name,
+		MemTotal:       max(dev.total, d.slot.usable),
 		MemFree:        d.slot.usable,
 		GRPCAddr:       advertised(d.addrs.GRPC, d.cfg.Listen.Advertise),
 		Version:        Version,

@@ -7,13 +7,52 @@
 // One member is the leader: the one named in the configuration, or the
 // leader-eligible live member with the smallest name. The leader places
 // the model's layers over the stage nodes (package placement), has each
-// load its range and connect to the next (Node.Load, then Node.Connect),
-// dials every stage's control link (package pipeline) and runs the request
-// loop (package sched: continuous batching over the stages' paged KV
-// caches). Every step of the pipeline goes to every stage with the leader's
-// epoch; stages refuse older epochs, so a stale leader cannot drive them.
-// The leader alone knows every request's tokens; stages hold only caches,
-// so a pipeline can always be rebuilt from the leader's state.
+// load its range (Node.Load), capture the CUDA graphs it will dispatch
+// (Node.Capture), and wire its links (Node.Connect, then Node.Join for
+// NCCL links), dials every stage's control link (package pipeline) and
+// runs the request loop (package sched: continuous batching over the
+// stages' paged KV caches). Every step of the pipeline goes to every stage
+// with the leader's epoch; stages refuse older epochs, so a stale leader
+// cannot drive them. The leader alone knows every request's tokens; stages
+// hold only caches, so a pipeline can always be rebuilt from the leader's
+// state.
+//
+// # Backends and links
+//
+// A node's stage runs on the CPU (package stage/cpu) or on one GPU
+// (stage/cuda): stage.backend cpu, cuda, or auto (the default), which
+// takes the GPU when a CUDA driver and the configured device are there and
+// otherwise logs "using CPU backend: ..." with the reason. The daemon opens
+// the GPU at start, gossips its name and memory, and sizes each stage's KV
+// cache from the memory it may use, after holding back stage.graph_memory
+// for CUDA graphs; compiled kernels are cached in stage.cache_dir,
+// $TANDEM_CACHE_DIR or systemd's $CACHE_DIRECTORY. Activations go from each
+// stage to the next over NCCL between two CUDA stages (a two-rank
+// communicator per link: the sender makes the id at Connect, the leader
+// hands it to the receiver's Join, both join within a minute; a lost peer
+// aborts the communicator and fails the step, and the leader releases the
+// stages of a stopped pipeline so none waits on a dead link), and over TCP
+// otherwise, a CUDA end staging through host memory. Both backends send
+// float32 activations; the leader refuses neighbours whose element types
+// differ.
+//
+// # CUDA graphs and hand-off
+//
+// The leader reduces stage.graph_mode (default FULL_AND_PIECEWISE) to what
+// every stage supports (graphs.Resolve, each reduction logged: a CPU stage
+// makes it NONE), builds a graphs.Dispatcher over the capture sizes, has
+// the CUDA stages capture its keys before they are wired, and dispatches
+// once per step: every step carries its runtime mode and padded
+// descriptor (stage.Batch.Graph), every stage obeys it, and a stage that
+// cannot replay it fails the step, which fails the pipeline rather than
+// hanging it. Admin.Graphs reports the dispatch counts (tandemctl graphs);
+// Admin.Status each stage's graph memory and capture time. There is no
+// metrics endpoint yet. With stage.handoff (default true) and a first
+// stage that takes hand-offs (stage.HandoffReceiver), the last stage sends
+// its sampled tokens straight to the first over a ring link (NCCL between
+// CUDA stages, else TCP; none for a single stage) and the scheduler keeps
+// one more step in flight than there are stages, feeding decodes whose
+// input the first stage fills on its own.
 //
 // Clients call the leader's tandem.v1.Inference (Generate) and
 // tandem.v1.Admin (Status) services, with gRPC health (NOT_SERVING until a
@@ -45,7 +84,10 @@
 // builds and stops pipelines), per running pipeline a sched.Loop (the only
 // user of its pipeline.Driver; Generate calls submit requests to it and
 // read their token streams, so it never waits on a client) and the
-// goroutine that stops it, and one goroutine per assigned stage. Daemon.mu
-// guards the state shared with RPC handlers. When Run returns, every
-// goroutine it started has ended.
+// goroutine that stops it, the releases of stopped pipelines' stages, and
+// per assigned stage one goroutine (with, while it is wired, one that
+// accepts its TCP link in and one per NCCL link it joins). A stage's GPU
+// is driven through its gpu.Device goroutine. Daemon.mu guards the state
+// shared with RPC handlers; the stage slot's mutex serializes the Node
+// calls. When Run returns, every goroutine it started has ended.
 package daemon

@@ -7,8 +7,10 @@ import (
 	"sync"
 	"time"
 
+	"github.com/tandem-llm/tandem/graphs"
 	"github.com/tandem-llm/tandem/pipeline"
 	"github.com/tandem-llm/tandem/sched"
+	"github.com/tandem-llm/tandem/stage"
 )
 
 // drainPoll is how often a draining engine checks whether its requests are
@@ -26,6 +28,7 @@ type engine struct {
 	drv      *pipeline.Driver
 	epoch    uint64
 	kvTokens int // the pipeline's KV capacity: blocks × block size
+	graphs   *graphs.Stats
 
 	drainCh  chan struct{} // closed by drain
 	abortCh  chan struct{} // closed by abort
@@ -38,22 +41,47 @@ type engine struct {
 	abortCause error
 }
 
-// epochExecutor stamps every step with the leader's epoch before the
-// driver sends it: stages refuse steps of an older epoch.
-type epochExecutor struct {
+// stepExecutor completes every step before the driver sends it: it stamps
+// the leader's epoch (stages refuse steps of an older epoch) and the CUDA
+// graph the dispatcher picks for the batch, which every stage obeys, and
+// counts the dispatch.
+type stepExecutor struct {
 	*pipeline.Driver
-	epoch uint64
+	epoch    uint64
+	dispatch *graphs.Dispatcher
+	stats    *graphs.Stats
 }
 
-func (x epochExecutor) Submit(ctx context.Context, s *pipeline.Step) error {
+func (x stepExecutor) Submit(ctx context.Context, s *pipeline.Step) error {
 	s.Epoch = x.epoch
+	if b := &s.Batch; len(b.Seqs) > 0 {
+		b.Graph = dispatchStep(x.dispatch, b)
+		x.stats.Record(b.NumTokens(), b.Graph.Desc.NumTokens, b.Graph.Mode)
+	}
 	return x.Driver.Submit(ctx, s)
 }
 
-// newEngine starts the scheduler loop over the driver. run must then be
-// called: it owns the loop and the driver until they stop.
-func newEngine(drv *pipeline.Driver, epoch uint64, cfg sched.Config) (*engine, error) {
-	loop, err := sched.Start(cfg, epochExecutor{drv, epoch})
+// dispatchStep picks the batch's runtime mode and graph descriptor: a
+// batch is a uniform decode when every sequence brings the dispatcher's
+// query length of tokens.
+func dispatchStep(d *graphs.Dispatcher, b *stage.Batch) graphs.Step {
+	q, uniform := d.UniformDecodeQueryLen(), true
+	for i := range b.Seqs {
+		if len(b.Seqs[i].Tokens) != q {
+			uniform = false
+			break
+		}
+	}
+	m, desc := d.Dispatch(b.NumTokens(), uniform, len(b.Seqs))
+	return graphs.Step{Mode: m, Desc: desc}
+}
+
+// newEngine starts the scheduler loop over the driver, dispatching CUDA
+// graphs with d. run must then be called: it owns the loop and the driver
+// until they stop.
+func newEngine(drv *pipeline.Driver, epoch uint64, cfg sched.Config, d *graphs.Dispatcher) (*engine, error) {
+	stats := &graphs.Stats{}
+	loop, err := sched.Start(cfg, stepExecutor{Driver: drv, epoch: epoch, dispatch: d, stats: stats})
 	if err != nil {
 		return nil, err
 	}
@@ -61,6 +89,7 @@ func newEngine(drv *pipeline.Driver, epoch uint64, cfg sched.Config) (*engine, e
 		loop:     loop,
 		drv:      drv,
 		epoch:    epoch,
+		graphs:   stats,
 		kvTokens: cfg.NumBlocks * max(cfg.BlockSize, 1),
 		drainCh:  make(chan struct{}),
 		abortCh:  make(chan struct{}),

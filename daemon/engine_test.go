@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/tandem-llm/tandem/graphs"
 	"github.com/tandem-llm/tandem/model"
 	"github.com/tandem-llm/tandem/pipeline"
 	tandemv1 "github.com/tandem-llm/tandem/proto/tandem/v1"
@@ -74,7 +75,7 @@ var testSched = sched.Config{MaxNumBatchedTokens: 32, MaxNumSeqs: 4, BlockSize: 
 // returns it with a channel that delivers run's error.
 func startEngine(t *testing.T, d *pipeline.Driver, epoch uint64) (*engine, <-chan error) {
 	t.Helper()
-	e, err := newEngine(d, epoch, testSched)
+	e, err := newEngine(d, epoch, testSched, eagerDispatcher(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -85,6 +86,17 @@ func startEngine(t *testing.T, d *pipeline.Driver, epoch uint64) (*engine, <-cha
 		<-e.done
 	})
 	return e, done
+}
+
+// eagerDispatcher dispatches every step eagerly (mode NONE), as the leader
+// does for CPU stages.
+func eagerDispatcher(t *testing.T) *graphs.Dispatcher {
+	t.Helper()
+	d, err := graphs.NewDispatcher(graphs.Config{Mode: graphs.None, MaxCaptureSize: testSched.MaxNumBatchedTokens})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
 }
 
 // staticEngines serves one engine to an inferenceServer.

@@ -15,8 +15,10 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/tandem-llm/tandem/collective"
 	"github.com/tandem-llm/tandem/daemon/membership"
 	"github.com/tandem-llm/tandem/daemon/placement"
+	"github.com/tandem-llm/tandem/graphs"
 	"github.com/tandem-llm/tandem/model"
 	"github.com/tandem-llm/tandem/pipeline"
 	tandemv1 "github.com/tandem-llm/tandem/proto/tandem/v1"
@@ -29,17 +31,23 @@ const cpuDTypeBytes = 4
 
 // pipelineState is the leader's running pipeline.
 type pipelineState struct {
-	epoch  uint64
-	stages []stageState
-	eng    *engine
-	ended  chan struct{} // closed when the engine's goroutine has returned
+	epoch       uint64
+	stages      []stageState
+	graphs      *pipelineGraphs
+	handoff     bool // on-device hand-off is on
+	maxInFlight int  // steps the scheduler keeps in flight
+	eng         *engine
+	ended       chan struct{} // closed when the engine's goroutine has returned
 }
 
 // stageState is one stage of the leader's pipeline.
 type stageState struct {
 	placement.Stage
 	member   membership.Member
-	kvTokens int // the stage's KV capacity as it reported it
+	load     *tandemv1.LoadResponse    // what the stage reported loading
+	capture  *tandemv1.CaptureResponse // its CUDA graphs (nil: none)
+	nextLink string                    // transport to the next stage
+	kvTokens int                       // the stage's KV capacity as it reported it
 }
 
 // buildResult is what an attempt to build the pipeline ends with.
@@ -138,6 +146,26 @@ func (d *Daemon) supervise(ctx context.Context) {
 				d.log.Warn("pipeline stopped", "epoch", p.epoch, "err", err)
 			}
 			nextTry = time.Now().Add(buildRetry)
+			d.background.Go(func() { d.releaseStages(p) })
+		}
+	}
+}
+
+// releaseStages releases the stages of a pipeline that stopped, so that a
+// stage still waiting on a link (an NCCL transfer whose peer is gone)
+// gives its assignment up now rather than when the next pipeline replaces
+// it.
+func (d *Daemon) releaseStages(p *pipelineState) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for i, s := range p.stages {
+		c, err := grpc.NewClient(s.member.Meta.GRPCAddr, d.dialOpts...)
+		if err == nil {
+			_, err = tandemv1.NewNodeClient(c).Release(ctx, &tandemv1.ReleaseRequest{Epoch: p.epoch})
+			c.Close()
+		}
+		if err != nil {
+			d.log.Debug("release a stage of a stopped pipeline", "stage", i, "node", s.Node, "epoch", p.epoch, "err", err)
 		}
 	}
 }
@@ -233,13 +261,18 @@ func stageCandidates(members []membership.Member, modelID string) []membership.M
 }
 
 // plan places the model on the candidates: the configured plan, or layers
-// balanced over their memory.
+// balanced over their memory, costed for the CUDA backend when every
+// candidate runs it, else (conservatively) for the CPU backend.
 func (d *Daemon) plan(cands []membership.Member) (placement.Plan, error) {
-	cost := stageCost(d.ckpt.Config(), d.cfg.Stage.MaxBatchTokens, d.cfg.Stage.MaxSeqs)
+	backend := BackendCUDA
 	nodes := make([]placement.Node, len(cands))
 	for i, m := range cands {
 		nodes[i] = placement.Node{Name: m.Name, UsableBytes: m.Meta.MemFree, Backend: m.Meta.Backend}
+		if m.Meta.Backend != BackendCUDA {
+			backend = BackendCPU
+		}
 	}
+	cost := backendCost(d.ckpt.Config(), backend, d.cfg.Stage.MaxBatchTokens, d.cfg.Stage.MaxSeqs)
 	if len(d.cfg.Plan) == 0 {
 		return placement.Balance(nodes, cost)
 	}
@@ -261,9 +294,10 @@ func (d *Daemon) nextEpoch() uint64 {
 	return e
 }
 
-// build places the model, has every stage node load its layers and connect
-// to the next, and connects the leader's control links. On failure it
-// releases what was loaded.
+// build places the model, has every stage node load its layers, capture
+// the CUDA graphs the leader will dispatch and connect to its neighbours,
+// and connects the leader's control links. On failure it releases what was
+// loaded.
 func (d *Daemon) build(ctx context.Context, cands []membership.Member) (*pipelineState, error) {
 	plan, err := d.plan(cands)
 	if err != nil {
@@ -289,24 +323,35 @@ func (d *Daemon) build(ctx context.Context, cands []membership.Member) (*pipelin
 			return nil, fmt.Errorf("stage %d on %s: %w", i, s.Node, err)
 		}
 	}
+	nodes := make([]tandemv1.NodeClient, len(conns))
+	for i, c := range conns {
+		nodes[i] = tandemv1.NewNodeClient(c)
+	}
 	release := func() {
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer cancel()
-		for i, c := range conns {
-			if _, err := tandemv1.NewNodeClient(c).Release(rctx, &tandemv1.ReleaseRequest{Epoch: epoch}); err != nil {
+		for i, n := range nodes {
+			if _, err := n.Release(rctx, &tandemv1.ReleaseRequest{Epoch: epoch}); err != nil {
 				d.log.Warn("release a stage", "stage", i, "node", plan.Stages[i].Node, "err", err)
 			}
 		}
 	}
+	wired := false
+	defer func() {
+		if !wired {
+			release()
+		}
+	}()
 	mcfg := d.ckpt.Config()
 	loads := make([]*tandemv1.LoadResponse, len(conns))
 	err = forEach(len(conns), func(i int) error {
 		s := plan.Stages[i]
 		var trailer metadata.MD
-		resp, err := tandemv1.NewNodeClient(conns[i]).Load(ctx, &tandemv1.LoadRequest{
+		resp, err := nodes[i].Load(ctx, &tandemv1.LoadRequest{
 			Epoch: epoch, Leader: d.cfg.Name, ModelId: d.ckpt.Identity(), Index: uint32(i),
 			LayerLo: uint32(s.Lo), LayerHi: uint32(s.Hi),
 			MaxBatchTokens: uint32(d.cfg.Stage.MaxBatchTokens), MaxSeqs: uint32(d.cfg.Stage.MaxSeqs), BlockSize: sched.DefaultBlockSize,
+			Handoff: *d.cfg.Stage.Handoff,
 		}, grpc.Trailer(&trailer))
 		if err != nil {
 			d.noteRefusedEpoch(err, trailer)
@@ -319,29 +364,73 @@ func (d *Daemon) build(ctx context.Context, cands []membership.Member) (*pipelin
 		return nil
 	})
 	if err != nil {
-		release()
+		return nil, err
+	}
+	if err := checkActivations(plan.Stages, loads); err != nil {
 		return nil, err
 	}
 	maxSeqLen, blocks := mcfg.MaxPositions, math.MaxInt32
 	for i, l := range loads {
+		p.stages[i].load = l
 		p.stages[i].kvTokens = int(l.GetKvBlocks()) * sched.DefaultBlockSize
 		blocks = min(blocks, int(l.GetKvBlocks()))
 		maxSeqLen = min(maxSeqLen, int(l.GetMaxSeqLen()))
 	}
-	err = forEach(len(conns), func(i int) error {
-		next := ""
-		if i+1 < len(loads) {
-			next = loads[i+1].GetDataAddr()
-		}
-		_, err := tandemv1.NewNodeClient(conns[i]).Connect(ctx, &tandemv1.ConnectRequest{Epoch: epoch, NextDataAddr: next})
+	if p.graphs, err = d.resolveGraphs(plan.Stages, loads); err != nil {
+		return nil, err
+	}
+	if keys := p.graphs.dispatch.Keys(); len(keys) > 0 {
+		req := &tandemv1.CaptureRequest{Epoch: epoch, Keys: encodeGraphKeys(keys)}
+		err = forEach(len(nodes), func(i int) error {
+			r, err := nodes[i].Capture(ctx, req)
+			if err != nil {
+				return fmt.Errorf("stage %d on %s: capture %d CUDA graph keys: %w", i, plan.Stages[i].Node, len(keys), err)
+			}
+			p.stages[i].capture = r
+			return nil
+		})
 		if err != nil {
-			return fmt.Errorf("stage %d on %s: connect to the next stage: %w", i, plan.Stages[i].Node, err)
+			return nil, err
+		}
+	}
+	p.handoff = *d.cfg.Stage.Handoff && loads[0].GetHandoffReceiver()
+	wiring := planLinks(loads, p.handoff)
+	conn := make([]*tandemv1.ConnectResponse, len(nodes))
+	err = forEach(len(nodes), func(i int) error {
+		req := wiring[i]
+		req.Epoch = epoch
+		r, err := nodes[i].Connect(ctx, req)
+		if err != nil {
+			return fmt.Errorf("stage %d on %s: connect its links: %w", i, plan.Stages[i].Node, err)
+		}
+		conn[i] = r
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	last := len(nodes) - 1
+	err = forEach(len(nodes), func(i int) error {
+		req := &tandemv1.JoinRequest{Epoch: epoch}
+		if i > 0 {
+			req.PrevNcclId = conn[i-1].GetNextNcclId()
+		}
+		if i == 0 && last > 0 {
+			req.HandoffNcclId = conn[last].GetHandoffNcclId()
+		}
+		if len(req.PrevNcclId) == 0 && len(req.HandoffNcclId) == 0 {
+			return nil
+		}
+		if _, err := nodes[i].Join(ctx, req); err != nil {
+			return fmt.Errorf("stage %d on %s: join its NCCL links: %w", i, plan.Stages[i].Node, err)
 		}
 		return nil
 	})
 	if err != nil {
-		release()
 		return nil, err
+	}
+	for i := range p.stages {
+		p.stages[i].nextLink = transportName(wiring[i].GetNext())
 	}
 	links := make([]pipeline.Link, len(loads))
 	for i, l := range loads {
@@ -349,28 +438,103 @@ func (d *Daemon) build(ctx context.Context, cands []membership.Member) (*pipelin
 			for _, l := range links[:i] {
 				l.Close()
 			}
-			release()
 			return nil, fmt.Errorf("stage %d on %s: %w", i, plan.Stages[i].Node, err)
 		}
 	}
 	drv, err := pipeline.NewDriver(links)
 	if err != nil {
-		release()
 		return nil, err
+	}
+	p.maxInFlight = len(loads)
+	if p.handoff {
+		p.maxInFlight++
 	}
 	p.eng, err = newEngine(drv, epoch, sched.Config{
 		MaxNumBatchedTokens:  d.cfg.Stage.MaxBatchTokens,
 		MaxNumSeqs:           d.cfg.Stage.MaxSeqs,
 		BlockSize:            sched.DefaultBlockSize,
 		NumBlocks:            blocks,
-		MaxConcurrentBatches: len(loads),
+		MaxConcurrentBatches: p.maxInFlight,
 		MaxModelLen:          maxSeqLen,
-	})
+		OnDeviceHandoff:      p.handoff,
+	}, p.graphs.dispatch)
 	if err != nil {
 		drv.Close()
 		return nil, err
 	}
+	wired = true
 	return p, nil
+}
+
+// checkActivations refuses a pipeline in which a stage sends activations
+// of another element type than the next one receives.
+func checkActivations(stages []placement.Stage, loads []*tandemv1.LoadResponse) error {
+	for i := 1; i < len(loads); i++ {
+		from, to := collective.DType(loads[i-1].GetActDtype()), collective.DType(loads[i].GetActDtype())
+		if from != to {
+			return fmt.Errorf("stage %d on %s (%s) sends %v activations, stage %d on %s (%s) receives %v: the backends cannot be neighbours",
+				i-1, stages[i-1].Node, loads[i-1].GetBackend(), from, i, stages[i].Node, loads[i].GetBackend(), to)
+		}
+	}
+	return nil
+}
+
+// planLinks says how every stage's links run: NCCL between two CUDA
+// stages, TCP otherwise; with hand-off and several stages, a link from the
+// last stage back to the first. The epochs are left to the caller.
+func planLinks(loads []*tandemv1.LoadResponse, handoff bool) []*tandemv1.ConnectRequest {
+	reqs := make([]*tandemv1.ConnectRequest, len(loads))
+	for i := range loads {
+		reqs[i] = &tandemv1.ConnectRequest{}
+	}
+	for i := 0; i+1 < len(loads); i++ {
+		t := linkTransport(loads[i].GetBackend(), loads[i+1].GetBackend())
+		reqs[i].Next, reqs[i+1].Prev = t, t
+		if t == tandemv1.Transport_TRANSPORT_TCP {
+			reqs[i].NextDataAddr = loads[i+1].GetDataAddr()
+		}
+	}
+	if last := len(loads) - 1; handoff && last > 0 {
+		t := linkTransport(loads[last].GetBackend(), loads[0].GetBackend())
+		reqs[last].HandoffOut, reqs[0].HandoffIn = t, t
+		if t == tandemv1.Transport_TRANSPORT_TCP {
+			reqs[last].HandoffAddr = loads[0].GetHandoffAddr()
+		}
+	}
+	return reqs
+}
+
+// pipelineGraphs is how the leader dispatches CUDA graphs on a pipeline.
+type pipelineGraphs struct {
+	configured graphs.Mode
+	downgrades []string // why the mode was reduced
+	dispatch   *graphs.Dispatcher
+}
+
+// resolveGraphs reduces the configured CUDA-graph mode to what every stage
+// supports, logging each reduction, and builds the dispatcher.
+func (d *Daemon) resolveGraphs(stages []placement.Stage, loads []*tandemv1.LoadResponse) (*pipelineGraphs, error) {
+	sup := make([]graphs.StageSupport, len(loads))
+	for i, l := range loads {
+		s, err := graphs.ParseSupport(l.GetGraphSupport())
+		if err != nil {
+			return nil, fmt.Errorf("stage %d on %s: CUDA-graph support: %w", i, stages[i].Node, err)
+		}
+		sup[i] = graphs.StageSupport{Name: fmt.Sprintf("%d on %s (%s)", i, stages[i].Node, l.GetBackend()), Support: s}
+	}
+	g := &pipelineGraphs{configured: d.cfg.graphMode()}
+	mode, reasons, err := graphs.Resolve(g.configured, 1, sup)
+	if err != nil {
+		return nil, err
+	}
+	for _, r := range reasons {
+		d.log.Info("CUDA-graph mode downgraded", "reason", r)
+	}
+	g.downgrades = reasons
+	if g.dispatch, err = d.cfg.newDispatcher(mode); err != nil {
+		return nil, fmt.Errorf("CUDA-graph dispatcher: %w", err)
+	}
+	return g, nil
 }
 
 // noteRefusedEpoch remembers the epoch a node said it had accepted when it
@@ -410,18 +574,9 @@ func stageSummary(stages []stageState) string {
 	return s
 }
 
-// stageCost is what placement balances: the model's weights and KV cache
-// in the CPU backend's float32, and the workspace of the batch bounds.
-func stageCost(cfg *model.Config, maxBatchTokens, maxSeqs int) placement.Cost {
-	c := placement.CostOf(cfg, cpuDTypeBytes)
-	c.WorkspaceBytes = placement.Workspace(cfg, maxBatchTokens, maxSeqs)
-	return c
-}
-
 // stageKVTokens is the KV capacity in tokens of a stage holding layers
-// [lo, hi) of a model in usable bytes, as placement counts it.
-func stageKVTokens(cfg *model.Config, usable uint64, lo, hi, maxBatchTokens, maxSeqs int) (int, error) {
-	c := stageCost(cfg, maxBatchTokens, maxSeqs)
+// [lo, hi) of a model of cost c in usable bytes, as placement counts it.
+func stageKVTokens(cfg *model.Config, c placement.Cost, usable uint64, lo, hi int) (int, error) {
 	first, last := lo == 0, hi == cfg.NumLayers
 	need := uint64(hi-lo)*c.LayerBytes + c.WorkspaceBytes
 	switch {

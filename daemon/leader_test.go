@@ -77,24 +77,28 @@ func TestPlan(t *testing.T) {
 }
 
 // TestStageKVTokensMatchesPlacement checks the capacity a node reports for
-// its stage against what placement computed for the same stage.
+// its stage against what placement computed for the same stage, for the
+// costs of both backends.
 func TestStageKVTokensMatchesPlacement(t *testing.T) {
 	ckpt, _ := openTestModel(t, testModel(t))
 	cfg := ckpt.Config()
-	for _, usable := range []uint64{200 << 20, 1 << 30} {
-		nodes := []placement.Node{{Name: "a", UsableBytes: usable}, {Name: "b", UsableBytes: usable / 2}, {Name: "c", UsableBytes: usable}}
-		p, err := placement.Balance(nodes, stageCost(cfg, 64, 4))
-		if err != nil {
-			t.Fatal(err)
-		}
-		for i, s := range p.Stages {
-			got, err := stageKVTokens(cfg, nodes[i].UsableBytes, s.Lo, s.Hi, 64, 4)
-			if err != nil || got != s.KVTokens {
-				t.Errorf("usable %d, stage %+v: node reports %d tokens (%v), placement %d", usable, s, got, err, s.KVTokens)
+	for _, backend := range []string{BackendCPU, BackendCUDA} {
+		cost := backendCost(cfg, backend, 64, 4)
+		for _, usable := range []uint64{300 << 20, 1 << 30} {
+			nodes := []placement.Node{{Name: "a", UsableBytes: usable}, {Name: "b", UsableBytes: usable / 2}, {Name: "c", UsableBytes: usable}}
+			p, err := placement.Balance(nodes, cost)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i, s := range p.Stages {
+				got, err := stageKVTokens(cfg, cost, nodes[i].UsableBytes, s.Lo, s.Hi)
+				if err != nil || got != s.KVTokens {
+					t.Errorf("%s, usable %d, stage %+v: node reports %d tokens (%v), placement %d", backend, usable, s, got, err, s.KVTokens)
+				}
 			}
 		}
-	}
-	if _, err := stageKVTokens(cfg, 1<<20, 0, cfg.NumLayers, 64, 4); err == nil {
-		t.Error("a stage in 1 MiB: no error")
+		if _, err := stageKVTokens(cfg, cost, 1<<20, 0, cfg.NumLayers); err == nil {
+			t.Errorf("%s: a stage in 1 MiB: no error", backend)
+		}
 	}
 }

@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -11,13 +12,14 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/tandem-llm/tandem/collective"
+	"github.com/tandem-llm/tandem/collective/nccl"
 	"github.com/tandem-llm/tandem/model"
 	"github.com/tandem-llm/tandem/pipeline"
 	tandemv1 "github.com/tandem-llm/tandem/proto/tandem/v1"
 	"github.com/tandem-llm/tandem/stage"
-	"github.com/tandem-llm/tandem/stage/cpu"
 )
 
 // wireTimeout bounds how long an assigned stage waits for its peers and
@@ -34,12 +36,17 @@ const epochTrailer = "tandem-epoch"
 // replaces it, or the daemon stops.
 type stageSlot struct {
 	tandemv1.UnimplementedNodeServer
-	name      string
-	ckpt      *model.Checkpoint
-	usable    uint64 // memory the stage may use
-	listen    ListenConfig
-	log       *slog.Logger
-	onServing func(serving bool) // called when a stage starts and stops serving
+	name   string
+	ckpt   *model.Checkpoint
+	usable uint64       // memory the stage may use
+	dev    *stageDevice // what stages run on
+	// cacheDir and graphMemory configure CUDA stages (kernel cache, memory
+	// held back for graphs).
+	cacheDir    string
+	graphMemory int64
+	listen      ListenConfig
+	log         *slog.Logger
+	onServing   func(serving bool) // called when a stage starts and stops serving
 
 	ctx context.Context // the daemon's lifetime
 	wg  sync.WaitGroup  // assignment goroutines
@@ -51,17 +58,29 @@ type stageSlot struct {
 
 // assignment is one loaded stage of one epoch.
 type assignment struct {
-	epoch   uint64
-	index   int
-	st      stage.Stage
-	ctlLn   *pipeline.ControlListener
-	dataLn  *collective.Listener // nil on the first stage
-	next    collective.Sender    // set by Connect; nil on the last stage
-	last    bool
-	connect chan struct{} // closed by Connect
-	closers []io.Closer   // links accepted by the assignment's goroutine
-	cancel  context.CancelFunc
-	done    chan struct{} // closed when the assignment's goroutine returns
+	epoch  uint64
+	index  int
+	st     stage.Stage
+	info   stage.Info
+	ctlLn  *pipeline.ControlListener
+	dataLn *collective.Listener // the TCP link coming in: activations, or the hand-off into the first stage
+	// The links, as Connect describes them. Connect sets next and
+	// handoffOut (TCP) or the NCCL joins of the links this stage sends on;
+	// Join sets prev and handoffIn when they are NCCL; the assignment's
+	// goroutine accepts a TCP link coming in.
+	prevT, nextT, hoInT, hoOutT tandemv1.Transport
+	next, handoffOut            collective.Sender
+	prev, handoffIn             collective.Receiver
+	nextJoin, hoOutJoin         *ncclJoin
+	connect                     chan struct{}             // closed by Connect
+	joined                      chan struct{}             // closed by Join
+	graphs                      *tandemv1.CaptureResponse // set by Capture
+	ctx                         context.Context           // cancelled when the assignment ends
+	cancel                      context.CancelFunc
+	done                        chan struct{} // closed when the assignment's goroutine returns
+
+	mu      sync.Mutex
+	closers []io.Closer // the links, closed by closeAll
 }
 
 // checkEpoch refuses an epoch older than the newest accepted.
@@ -89,34 +108,42 @@ func (s *stageSlot) load(ctx context.Context, in *tandemv1.LoadRequest) (*tandem
 		return nil, preconditionf("node %s has model %s (%s), the leader %s serves %s", s.name, short(s.ckpt.Identity()), s.ckpt.Dir(), in.GetLeader(), short(in.GetModelId()))
 	}
 	cfg := s.ckpt.Config()
-	lo, hi := int(in.GetLayerLo()), int(in.GetLayerHi())
-	if lo >= hi || hi > cfg.NumLayers {
-		return nil, invalidf("layers [%d, %d): the model has layers [0, %d)", lo, hi, cfg.NumLayers)
+	sp := stageSpec{lo: int(in.GetLayerLo()), hi: int(in.GetLayerHi()), maxTokens: int(in.GetMaxBatchTokens()), maxSeqs: int(in.GetMaxSeqs()), blockSize: int(in.GetBlockSize())}
+	if sp.lo >= sp.hi || sp.hi > cfg.NumLayers {
+		return nil, invalidf("layers [%d, %d): the model has layers [0, %d)", sp.lo, sp.hi, cfg.NumLayers)
 	}
-	if in.GetMaxBatchTokens() == 0 || in.GetMaxSeqs() == 0 || in.GetBlockSize() == 0 {
-		return nil, invalidf("max_batch_tokens %d, max_seqs %d and block_size %d: want at least 1", in.GetMaxBatchTokens(), in.GetMaxSeqs(), in.GetBlockSize())
+	if sp.maxTokens == 0 || sp.maxSeqs == 0 || sp.blockSize == 0 {
+		return nil, invalidf("max_batch_tokens %d, max_seqs %d and block_size %d: want at least 1", sp.maxTokens, sp.maxSeqs, sp.blockSize)
 	}
-	maxSeqs, bs := int(in.GetMaxSeqs()), int(in.GetBlockSize())
-	kv, err := stageKVTokens(cfg, s.usable, lo, hi, int(in.GetMaxBatchTokens()), maxSeqs)
+	kv, err := stageKVTokens(cfg, backendCost(cfg, s.dev.backend, sp.maxTokens, sp.maxSeqs), s.usable, sp.lo, sp.hi)
 	if err != nil {
 		return nil, preconditionf("node %s: %v", s.name, err)
 	}
 	// The memory's worth of blocks, but no more than every sequence of a
 	// full batch at the model's context length needs.
-	blocks := min(kv/bs, maxSeqs*((cfg.MaxPositions+bs-1)/bs))
-	if blocks < 1 {
-		return nil, preconditionf("node %s: layers [%d, %d) leave room for %d tokens of KV cache, less than a block of %d", s.name, lo, hi, kv, bs)
+	estimate := kv / sp.blockSize
+	sp.blocks = sp.maxSeqs * ((cfg.MaxPositions + sp.blockSize - 1) / sp.blockSize)
+	if min(estimate, sp.blocks) < 1 {
+		return nil, preconditionf("node %s: layers [%d, %d) leave room for %d tokens of KV cache, less than a block of %d", s.name, sp.lo, sp.hi, kv, sp.blockSize)
 	}
 	s.release()
 	s.epoch = in.GetEpoch()
-	if err := s.ckpt.CheckLayers(lo, hi, lo == 0, hi == cfg.NumLayers); err != nil {
+	if err := s.ckpt.CheckLayers(sp.lo, sp.hi, sp.lo == 0, sp.hi == cfg.NumLayers); err != nil {
 		return nil, fmt.Errorf("node %s: %w", s.name, err)
 	}
-	st, err := cpu.New(cpu.Config{Model: cfg, Lo: lo, Hi: hi, Weights: s.ckpt, MaxTokens: int(in.GetMaxBatchTokens()), MaxSeqs: maxSeqs, NumBlocks: blocks, BlockSize: bs})
-	if err != nil {
-		return nil, fmt.Errorf("node %s: load layers [%d, %d): %w", s.name, lo, hi, err)
+	if s.dev.backend != BackendCUDA {
+		sp.blocks = min(sp.blocks, estimate)
 	}
-	a := &assignment{epoch: in.GetEpoch(), index: int(in.GetIndex()), st: st, last: hi == cfg.NumLayers, connect: make(chan struct{}), done: make(chan struct{})}
+	st, err := s.newStage(cfg, sp, estimate)
+	if err != nil {
+		return nil, fmt.Errorf("node %s: load layers [%d, %d) on %s: %w", s.name, sp.lo, sp.hi, s.dev.backend, err)
+	}
+	info := st.Info()
+	if info.KVBlocks > 0 {
+		sp.blocks = info.KVBlocks
+	}
+	a := &assignment{epoch: in.GetEpoch(), index: int(in.GetIndex()), st: st, info: info, connect: make(chan struct{}), joined: make(chan struct{}), done: make(chan struct{})}
+	a.ctx, a.cancel = context.WithCancel(s.ctx)
 	fail := func(err error) (*tandemv1.LoadResponse, error) {
 		a.closeAll()
 		return nil, err
@@ -124,63 +151,247 @@ func (s *stageSlot) load(ctx context.Context, in *tandemv1.LoadRequest) (*tandem
 	if a.ctlLn, err = pipeline.ListenControl(s.listen.Control); err != nil {
 		return fail(fmt.Errorf("node %s: %w", s.name, err))
 	}
-	info := st.Info()
-	resp := &tandemv1.LoadResponse{ControlAddr: advertised(a.ctlLn.Addr(), s.listen.Advertise), Backend: info.Backend, ModelId: s.ckpt.Identity(), KvBlocks: uint64(info.KVBlocks), MaxSeqLen: uint32(cfg.MaxPositions)}
-	if lo > 0 {
-		if a.dataLn, err = (collective.ListenConfig{Link: dataLink(lo), Logger: s.log}).Listen(s.listen.Data); err != nil {
+	_, receiver := st.(stage.HandoffReceiver)
+	resp := &tandemv1.LoadResponse{
+		ControlAddr: advertised(a.ctlLn.Addr(), s.listen.Advertise), Backend: info.Backend, ModelId: s.ckpt.Identity(),
+		KvBlocks: uint64(sp.blocks), MaxSeqLen: uint32(sp.maxSeqLen(cfg)), GraphSupport: info.Graphs.String(), ActDtype: uint32(info.ActDType),
+		HandoffReceiver: info.First && receiver, Device: s.dev.name,
+	}
+	if m, ok := st.(memoryReporter); ok {
+		mem := m.Memory()
+		resp.WeightBytes, resp.WorkspaceBytes, resp.KvBytes, resp.GraphBytes = uint64(mem.WeightBytes), uint64(mem.WorkspaceBytes), uint64(mem.KVBytes), uint64(mem.GraphBytes)
+	}
+	// The one TCP link that may come in: the previous stage's activations,
+	// or, into a first stage of several, the last stage's hand-off.
+	link := ""
+	switch {
+	case !info.First:
+		link = dataLink(sp.lo)
+	case !info.Last && in.GetHandoff() && resp.HandoffReceiver:
+		link = handoffLink
+	}
+	if link != "" {
+		if a.dataLn, err = (collective.ListenConfig{Link: link, Logger: s.log}).Listen(s.listen.Data); err != nil {
 			return fail(fmt.Errorf("node %s: %w", s.name, err))
 		}
-		resp.DataAddr = advertised(a.dataLn.Addr().String(), s.listen.Advertise)
+		addr := advertised(a.dataLn.Addr().String(), s.listen.Advertise)
+		if info.First {
+			resp.HandoffAddr = addr
+		} else {
+			resp.DataAddr = addr
+		}
 	}
-	actx, cancel := context.WithCancel(s.ctx)
-	a.cancel = cancel
 	s.cur = a
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
-		s.serve(actx, a)
+		s.serve(a)
 	}()
-	s.log.Info("stage loaded", "epoch", a.epoch, "index", a.index, "layers", fmt.Sprintf("[%d,%d)", lo, hi), "leader", in.GetLeader(), "kv_blocks", info.KVBlocks, "block_size", bs)
+	s.log.Info("stage loaded", "epoch", a.epoch, "index", a.index, "layers", fmt.Sprintf("[%d,%d)", sp.lo, sp.hi), "backend", info.Backend,
+		"leader", in.GetLeader(), "kv_blocks", resp.KvBlocks, "block_size", sp.blockSize, "graphs", info.Graphs, "weights", ByteSize(resp.WeightBytes), "workspace", ByteSize(resp.WorkspaceBytes))
 	return resp, nil
+}
+
+// current is the assignment of epoch, checked to be running. s.mu is held.
+func (s *stageSlot) current(ctx context.Context, epoch uint64) (*assignment, error) {
+	if err := s.checkEpoch(ctx, epoch); err != nil {
+		return nil, err
+	}
+	a := s.cur
+	if a == nil || a.epoch != epoch || a.ended() {
+		return nil, preconditionf("node %s has no stage of epoch %d", s.name, epoch)
+	}
+	return a, nil
+}
+
+// Capture implements tandem.v1.Node: the stage captures the CUDA graphs of
+// the leader's dispatcher keys, before it is connected.
+func (s *stageSlot) Capture(ctx context.Context, in *tandemv1.CaptureRequest) (*tandemv1.CaptureResponse, error) {
+	resp, err := s.capture(ctx, in)
+	return resp, grpcError(err)
+}
+
+func (s *stageSlot) capture(ctx context.Context, in *tandemv1.CaptureRequest) (*tandemv1.CaptureResponse, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	a, err := s.current(ctx, in.GetEpoch())
+	if err != nil {
+		return nil, err
+	}
+	if a.connected() {
+		return nil, preconditionf("node %s: capture after Connect: the stage of epoch %d is already wired", s.name, a.epoch)
+	}
+	keys, err := decodeGraphKeys(in.GetKeys())
+	if err != nil {
+		return nil, invalidf("%v", err)
+	}
+	c, ok := a.st.(capturer)
+	if !ok {
+		return nil, preconditionf("node %s: the %s stage captures no CUDA graphs (it supports %s)", s.name, a.info.Backend, a.info.Graphs)
+	}
+	if err := c.Capture(keys); err != nil {
+		return nil, fmt.Errorf("node %s: capture %d CUDA graph keys: %w", s.name, len(keys), err)
+	}
+	r := c.Graphs()
+	a.graphs = &tandemv1.CaptureResponse{Graphs: uint32(r.Graphs), Nodes: uint64(r.Nodes), GraphBytes: uint64(max(r.Bytes, 0)), CaptureTime: durationpb.New(r.CaptureTime)}
+	s.log.Info("CUDA graphs captured", "epoch", a.epoch, "keys", r.Keys, "graphs", r.Graphs, "nodes", r.Nodes, "memory", ByteSize(max(r.Bytes, 0)), "time", r.CaptureTime)
+	return a.graphs, nil
 }
 
 // Connect implements tandem.v1.Node.
 func (s *stageSlot) Connect(ctx context.Context, in *tandemv1.ConnectRequest) (*tandemv1.ConnectResponse, error) {
-	return &tandemv1.ConnectResponse{}, grpcError(s.connectNext(ctx, in))
+	resp, err := s.connectLinks(ctx, in)
+	return resp, grpcError(err)
 }
 
-func (s *stageSlot) connectNext(ctx context.Context, in *tandemv1.ConnectRequest) error {
+func (s *stageSlot) connectLinks(ctx context.Context, in *tandemv1.ConnectRequest) (*tandemv1.ConnectResponse, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if err := s.checkEpoch(ctx, in.GetEpoch()); err != nil {
-		return err
+	a, err := s.current(ctx, in.GetEpoch())
+	if err != nil {
+		return nil, err
 	}
-	a := s.cur
-	if a == nil || a.epoch != in.GetEpoch() || a.ended() {
-		return preconditionf("node %s has no stage of epoch %d to connect", s.name, in.GetEpoch())
+	if a.connected() {
+		return nil, preconditionf("node %s: the stage of epoch %d is already connected", s.name, a.epoch)
 	}
-	select {
-	case <-a.connect:
-		return preconditionf("node %s: the stage of epoch %d is already connected", s.name, a.epoch)
-	default:
-	}
+	info := a.info
+	none := tandemv1.Transport_TRANSPORT_NONE
 	switch {
-	case a.last && in.GetNextDataAddr() != "":
-		return invalidf("next_data_addr %q given to the last stage", in.GetNextDataAddr())
-	case !a.last && in.GetNextDataAddr() == "":
-		return invalidf("next_data_addr is required: stage %d is not the last", a.index)
+	case info.Last != (in.GetNext() == none):
+		return nil, invalidf("next link %s: stage %d is %s", in.GetNext(), a.index, position(info.Last, "the last", "not the last"))
+	case info.First != (in.GetPrev() == none):
+		return nil, invalidf("previous link %s: stage %d is %s", in.GetPrev(), a.index, position(info.First, "the first", "not the first"))
+	case in.GetHandoffOut() != none && (!info.Last || info.First):
+		return nil, invalidf("hand-off link out of stage %d, which is not the last of several", a.index)
+	case in.GetHandoffIn() != none && (!info.First || info.Last):
+		return nil, invalidf("hand-off link into stage %d, which is not the first of several", a.index)
+	case in.GetHandoffIn() == tandemv1.Transport_TRANSPORT_TCP && (a.dataLn == nil || info.Last):
+		return nil, invalidf("TCP hand-off link into stage %d, which was not loaded for hand-off", a.index)
+	case (in.GetNext() == tandemv1.Transport_TRANSPORT_TCP) != (in.GetNextDataAddr() != ""):
+		return nil, invalidf("next link %s with data address %q: a TCP link needs the address, no other does", in.GetNext(), in.GetNextDataAddr())
+	case (in.GetHandoffOut() == tandemv1.Transport_TRANSPORT_TCP) != (in.GetHandoffAddr() != ""):
+		return nil, invalidf("hand-off link %s with address %q: a TCP link needs the address, no other does", in.GetHandoffOut(), in.GetHandoffAddr())
 	}
-	if !a.last {
-		hi := a.st.Info().Hi
-		ctx, cancel := context.WithTimeout(ctx, wireTimeout)
-		defer cancel()
-		next, err := (collective.DialConfig{Link: dataLink(hi)}).Dial(ctx, in.GetNextDataAddr())
-		if err != nil {
-			return unavailablef("node %s: connect stage %d to the next stage at %s: %v", s.name, a.index, in.GetNextDataAddr(), err)
+	for _, t := range []tandemv1.Transport{in.GetNext(), in.GetPrev(), in.GetHandoffOut(), in.GetHandoffIn()} {
+		if t == tandemv1.Transport_TRANSPORT_NCCL {
+			if _, ok := a.st.(gpuStage); !ok {
+				return nil, invalidf("NCCL link for the %s stage %d: NCCL links join CUDA stages", info.Backend, a.index)
+			}
 		}
-		a.next = next
+	}
+	a.prevT, a.nextT, a.hoInT, a.hoOutT = in.GetPrev(), in.GetNext(), in.GetHandoffIn(), in.GetHandoffOut()
+	resp := &tandemv1.ConnectResponse{}
+	dctx, cancel := context.WithTimeout(ctx, wireTimeout)
+	defer cancel()
+	// A failed Connect ends the assignment: its goroutine closes what was
+	// made.
+	fail := func(err error) (*tandemv1.ConnectResponse, error) {
+		a.cancel()
+		return nil, err
+	}
+	if a.nextT == tandemv1.Transport_TRANSPORT_TCP {
+		next, err := (collective.DialConfig{Link: dataLink(info.Hi)}).Dial(dctx, in.GetNextDataAddr())
+		if err != nil {
+			return fail(unavailablef("node %s: connect stage %d to the next stage at %s: %v", s.name, a.index, in.GetNextDataAddr(), err))
+		}
+		a.own(next)
+		a.next = stageTCPSender(next, a.st, activationBytes(info))
+	}
+	if a.hoOutT == tandemv1.Transport_TRANSPORT_TCP {
+		out, err := (collective.DialConfig{Link: handoffLink}).Dial(dctx, in.GetHandoffAddr())
+		if err != nil {
+			return fail(unavailablef("node %s: connect the hand-off link of stage %d to the first stage at %s: %v", s.name, a.index, in.GetHandoffAddr(), err))
+		}
+		a.own(out)
+		a.handoffOut = stageTCPSender(out, a.st, handoffBytes(info))
+	}
+	// NCCL links this stage sends on: make each id and join as rank 0 in
+	// the background; the receiver joins with the id (Join).
+	for _, l := range []struct {
+		t    tandemv1.Transport
+		join **ncclJoin
+		id   *[]byte
+	}{{a.nextT, &a.nextJoin, &resp.NextNcclId}, {a.hoOutT, &a.hoOutJoin, &resp.HandoffNcclId}} {
+		if l.t != tandemv1.Transport_TRANSPORT_NCCL {
+			continue
+		}
+		id, err := nccl.NewUniqueID()
+		if err != nil {
+			return fail(fmt.Errorf("node %s: %w", s.name, err))
+		}
+		*l.join = startNCCLJoin(a.ctx, a.st.(gpuStage).Device(), id, 0)
+		*l.id = nccl.EncodeUniqueID(id)
 	}
 	close(a.connect)
+	return resp, nil
+}
+
+// Join implements tandem.v1.Node: the stage joins the NCCL links it
+// receives on, with the ids their senders made, and returns once joined.
+func (s *stageSlot) Join(ctx context.Context, in *tandemv1.JoinRequest) (*tandemv1.JoinResponse, error) {
+	return &tandemv1.JoinResponse{}, grpcError(s.join(ctx, in))
+}
+
+func (s *stageSlot) join(ctx context.Context, in *tandemv1.JoinRequest) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	a, err := s.current(ctx, in.GetEpoch())
+	if err != nil {
+		return err
+	}
+	if !a.connected() {
+		return preconditionf("node %s: Join before Connect for the stage of epoch %d", s.name, a.epoch)
+	}
+	select {
+	case <-a.joined:
+		return preconditionf("node %s: the stage of epoch %d has already joined its links", s.name, a.epoch)
+	default:
+	}
+	viaNCCL := tandemv1.Transport_TRANSPORT_NCCL
+	links := []struct {
+		name string
+		t    tandemv1.Transport
+		id   []byte
+		dst  *collective.Receiver
+	}{{"activations", a.prevT, in.GetPrevNcclId(), &a.prev}, {"hand-off", a.hoInT, in.GetHandoffNcclId(), &a.handoffIn}}
+	var joins []*ncclJoin
+	for _, l := range links {
+		if (l.t == viaNCCL) != (len(l.id) > 0) {
+			return invalidf("%s link %s with an NCCL id of %d bytes: an NCCL link needs its id, no other link takes one", l.name, l.t, len(l.id))
+		}
+		if l.t != viaNCCL {
+			joins = append(joins, nil)
+			continue
+		}
+		id, err := nccl.DecodeUniqueID(l.id)
+		if err != nil {
+			return invalidf("%s link: %v", l.name, err)
+		}
+		joins = append(joins, startNCCLJoin(ctx, a.st.(gpuStage).Device(), id, 1))
+	}
+	var errs []error
+	for i, j := range joins {
+		if j == nil {
+			continue
+		}
+		comm, err := j.wait()
+		if err == nil {
+			var r collective.Receiver
+			if r, err = newNCCLReceiver(a.st.(gpuStage), comm); err == nil {
+				a.own(r)
+				*links[i].dst = r
+			}
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("join the %s link: %w", links[i].name, err))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		// The assignment ends: its goroutine closes what was joined.
+		a.cancel()
+		return unavailablef("node %s, stage %d: %v", s.name, a.index, err)
+	}
+	close(a.joined)
 	return nil
 }
 
@@ -223,52 +434,131 @@ func (s *stageSlot) busy() bool {
 
 // serve wires the assignment to its peers, runs it as a pipeline worker
 // and cleans up after it.
-func (s *stageSlot) serve(ctx context.Context, a *assignment) {
+func (s *stageSlot) serve(a *assignment) {
 	defer close(a.done)
 	defer a.closeAll()
-	err := s.work(ctx, a)
+	err := s.work(a)
 	switch {
 	case err == nil:
 		s.log.Info("stage finished", "epoch", a.epoch, "index", a.index)
-	case ctx.Err() != nil:
+	case a.ctx.Err() != nil:
 		s.log.Info("stage released", "epoch", a.epoch, "index", a.index)
 	default:
 		s.log.Warn("stage failed", "epoch", a.epoch, "index", a.index, "err", err)
 	}
 }
 
-func (s *stageSlot) work(ctx context.Context, a *assignment) error {
-	w := &pipeline.Worker{Index: a.index, Stage: a.st, Epoch: a.epoch}
-	wctx, cancel := context.WithTimeout(ctx, wireTimeout)
+// accepted is the result of accepting the TCP link coming in.
+type accepted struct {
+	r   collective.Receiver
+	err error
+}
+
+func (s *stageSlot) work(a *assignment) error {
+	wctx, cancel := context.WithTimeout(a.ctx, wireTimeout)
 	defer cancel()
+	// Accept the TCP link coming in, if there may be one, without waiting
+	// for Connect: the sender's Connect dials it, and the leader's Connects
+	// run in any order.
+	acc := make(chan accepted, 1)
+	accDone := make(chan struct{})
 	if a.dataLn != nil {
-		prev, err := a.dataLn.Accept(wctx)
-		if err != nil {
-			return fmt.Errorf("accept the previous stage: %w", err)
-		}
-		a.addCloser(prev)
-		w.Prev = prev
+		go func() {
+			defer close(accDone)
+			r, err := a.dataLn.Accept(wctx)
+			if err == nil {
+				a.own(r)
+			}
+			acc <- accepted{r, err}
+		}()
+	} else {
+		close(accDone)
 	}
-	select {
-	case <-a.connect:
-	case <-wctx.Done():
-		return fmt.Errorf("wait for Connect: %w", wctx.Err())
+	err := s.wire(wctx, a, acc)
+	if a.dataLn != nil {
+		a.dataLn.Close() // ends an accept still waiting
 	}
-	w.Next = a.next
+	<-accDone
+	if err != nil {
+		return err
+	}
 	ctl, err := a.ctlLn.Accept(wctx)
 	if err != nil {
 		return fmt.Errorf("accept the leader's control link: %w", err)
 	}
-	a.addCloser(ctl)
-	w.Ctl = ctl
+	a.own(ctl)
+	w := &pipeline.Worker{Index: a.index, Stage: a.st, Epoch: a.epoch, Ctl: ctl,
+		Prev: a.prev, Next: a.next, HandoffIn: a.handoffIn, HandoffOut: a.handoffOut}
 	s.onServing(true)
 	defer s.onServing(false)
-	return w.Serve(ctx)
+	return w.Serve(a.ctx)
 }
 
-// addCloser registers a link for closeAll. Only the assignment's goroutine
-// calls it.
-func (a *assignment) addCloser(c io.Closer) { a.closers = append(a.closers, c) }
+// wire waits until every link of the assignment is up: Connect has run,
+// the TCP link coming in is accepted, the NCCL links are joined.
+func (s *stageSlot) wire(ctx context.Context, a *assignment, acc <-chan accepted) error {
+	select {
+	case <-a.connect:
+	case <-ctx.Done():
+		return fmt.Errorf("wait for Connect: %w", ctx.Err())
+	}
+	if a.prevT == tandemv1.Transport_TRANSPORT_TCP || a.hoInT == tandemv1.Transport_TRANSPORT_TCP {
+		r := <-acc
+		if r.err != nil {
+			return fmt.Errorf("accept the %s link: %w", position(a.info.First, "hand-off", "previous stage's"), r.err)
+		}
+		if a.info.First {
+			a.handoffIn = stageTCPReceiver(r.r, a.st, handoffBytes(a.info))
+		} else {
+			a.prev = stageTCPReceiver(r.r, a.st, activationBytes(a.info))
+		}
+	}
+	for _, l := range []struct {
+		name string
+		j    *ncclJoin
+		dst  *collective.Sender
+	}{{"next stage's", a.nextJoin, &a.next}, {"hand-off", a.hoOutJoin, &a.handoffOut}} {
+		if l.j == nil {
+			continue
+		}
+		comm, err := l.j.wait()
+		if err != nil {
+			return fmt.Errorf("join the %s NCCL link: %w", l.name, err)
+		}
+		l.j.taken = true
+		snd, err := newNCCLSender(a.st.(gpuStage), comm)
+		if err != nil {
+			return fmt.Errorf("the %s NCCL link: %w", l.name, err)
+		}
+		a.own(snd)
+		*l.dst = snd
+	}
+	if a.prevT == tandemv1.Transport_TRANSPORT_NCCL || a.hoInT == tandemv1.Transport_TRANSPORT_NCCL {
+		select {
+		case <-a.joined:
+		case <-ctx.Done():
+			return fmt.Errorf("wait for Join: %w", ctx.Err())
+		}
+	}
+	return nil
+}
+
+// own registers a link for closeAll.
+func (a *assignment) own(c io.Closer) {
+	a.mu.Lock()
+	a.closers = append(a.closers, c)
+	a.mu.Unlock()
+}
+
+// connected reports whether Connect has run. s.mu is held.
+func (a *assignment) connected() bool {
+	select {
+	case <-a.connect:
+		return true
+	default:
+		return false
+	}
+}
 
 // ended reports whether the assignment's goroutine has returned.
 func (a *assignment) ended() bool {
@@ -280,14 +570,27 @@ func (a *assignment) ended() bool {
 	}
 }
 
-// closeAll releases everything the assignment holds.
+// closeAll releases everything the assignment holds: it ends NCCL joins
+// still running (aborting communicators no link took), closes the links
+// and listeners, then the stage.
 func (a *assignment) closeAll() {
-	if a.next != nil {
-		a.next.Close()
+	if a.cancel != nil {
+		a.cancel()
 	}
+	for _, j := range []*ncclJoin{a.nextJoin, a.hoOutJoin} {
+		if j == nil {
+			continue
+		}
+		if comm, err := j.wait(); err == nil && !j.taken {
+			comm.Abort()
+		}
+	}
+	a.mu.Lock()
 	for _, c := range a.closers {
 		c.Close()
 	}
+	a.closers = nil
+	a.mu.Unlock()
 	if a.dataLn != nil {
 		a.dataLn.Close()
 	}

@@ -33,7 +33,7 @@ func startDaemon(t *testing.T, modelDir, token string) string {
 		Model:    modelDir,
 		Listen:   daemon.ListenConfig{GRPC: "127.0.0.1:0", Gossip: "127.0.0.1:0"},
 		Cluster:  daemon.ClusterConfig{FastFailureDetection: true},
-		Stage:    daemon.StageConfig{Memory: 1 << 30},
+		Stage:    daemon.StageConfig{Memory: 1 << 30, Backend: daemon.BackendCPU},
 		Security: daemon.SecurityConfig{AdminTokenFile: tokenFile},
 	}, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
@@ -144,6 +144,59 @@ func TestStatusAndGenerate(t *testing.T) {
 		t.Errorf("generate with an id out of the vocabulary: %v, want InvalidArgument", err)
 	}
 	checkSchedulerStatus(t)
+	checkGraphs(t)
+}
+
+// checkGraphs checks the graphs command after the requests of
+// TestStatusAndGenerate on a CPU stage: mode NONE, and a row per eager
+// step size whose counts add up to the steps the JSON reports.
+func checkGraphs(t *testing.T) {
+	out, err := run(t, "", "graphs", "--json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var g struct {
+		Mode, ConfiguredMode string
+		Downgrades           []string
+		Steps                []struct {
+			Unpadded, Padded uint32
+			Mode             string
+			Count            uint64 `json:",string"`
+		}
+	}
+	if err := json.Unmarshal([]byte(out), &g); err != nil {
+		t.Fatalf("graphs --json: %v:\n%s", err, out)
+	}
+	var total uint64
+	for _, r := range g.Steps {
+		if r.Mode != "NONE" || r.Padded != r.Unpadded || r.Count == 0 {
+			t.Errorf("graphs --json: row %+v, want NONE steps without padding", r)
+		}
+		total += r.Count
+	}
+	if g.Mode != "NONE" || g.ConfiguredMode != "FULL_AND_PIECEWISE" || len(g.Downgrades) != 1 || len(g.Steps) == 0 {
+		t.Errorf("graphs --json: %+v, want mode NONE reduced from FULL_AND_PIECEWISE by the cpu stage, with steps", g)
+	}
+	out, err = run(t, "", "graphs")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"mode: NONE (configured FULL_AND_PIECEWISE)", "downgraded: stage 0 on solo (cpu) supports NEVER", fmt.Sprintf("CUDA graph dispatch: %d steps", total)}
+	for _, r := range g.Steps {
+		want = append(want, fmt.Sprintf("%d| %d| 0| NONE| %d|", r.Unpadded, r.Padded, r.Count))
+	}
+	for _, w := range want {
+		if !strings.Contains(strings.ReplaceAll(out, " ", ""), strings.ReplaceAll(w, " ", "")) {
+			t.Errorf("graphs table lacks %q:\n%s", w, out)
+		}
+	}
+	out, err = run(t, "", "status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w := "CUDA-graph mode NONE; on-device hand-off on, up to 2 steps in flight"; !strings.Contains(out, w) {
+		t.Errorf("status table lacks %q:\n%s", w, out)
+	}
 }
 
 // checkSchedulerStatus checks the scheduler's figures in status after the

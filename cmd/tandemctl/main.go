@@ -1,8 +1,8 @@
 // Command tandemctl is tandem's operator and user tool: it shows a
-// cluster's status, completes prompts through the leader's gRPC API, writes
-// random-init checkpoints and checks prompts against a tokenizer. The
-// leader's address comes from --addr or $TANDEM_ADDR, the admin token from
-// --token or $TANDEM_TOKEN.
+// cluster's status and CUDA-graph dispatch, completes prompts through the
+// leader's gRPC API, writes random-init checkpoints and checks prompts
+// against a tokenizer. The leader's address comes from --addr or
+// $TANDEM_ADDR, the admin token from --token or $TANDEM_TOKEN.
 package main
 
 import (
@@ -26,6 +26,6 @@ func newRootCmd() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newStatusCmd(), newGenerateCmd(), newModelCmd(), newTokenizeCmd())
+	root.AddCommand(newStatusCmd(), newGraphsCmd(), newGenerateCmd(), newModelCmd(), newTokenizeCmd())
 	return root
 }

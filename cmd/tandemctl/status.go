@@ -71,6 +71,13 @@ func printStatus(w io.Writer, st *tandemv1.StatusResponse) error {
 	if sc := st.GetScheduler(); sc != nil {
 		printScheduler(tw, sc)
 	}
+	if st.GetServing() {
+		handoff := "off"
+		if st.GetHandoff() {
+			handoff = "on"
+		}
+		fmt.Fprintf(tw, "graphs:	CUDA-graph mode %s; on-device hand-off %s, up to %d steps in flight\n", st.GetGraphMode(), handoff, st.GetMaxInFlight())
+	}
 	tw.Flush()
 
 	fmt.Fprintln(w)
@@ -90,9 +97,15 @@ func printStatus(w io.Writer, st *tandemv1.StatusResponse) error {
 	if len(st.GetStages()) > 0 {
 		fmt.Fprintln(w)
 		tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "STAGE\tNODE\tLAYERS\tBACKEND\tMEMORY\tKV TOKENS")
+		fmt.Fprintln(tw, "STAGE\tNODE\tLAYERS\tBACKEND\tMEMORY\tKV TOKENS\tWEIGHTS\tKV CACHE\tGRAPHS\tGRAPH MEMORY\tCAPTURE\tNEXT\tDEVICE")
 		for _, s := range st.GetStages() {
-			fmt.Fprintf(tw, "%d\t%s\t[%d, %d)\t%s\t%s\t%d\n", s.GetIndex(), s.GetNode(), s.GetLayerLo(), s.GetLayerHi(), s.GetBackend(), bytesText(s.GetMemoryBytes()), s.GetKvTokens())
+			next := s.GetNextLink()
+			if next == "" {
+				next = "-"
+			}
+			fmt.Fprintf(tw, "%d\t%s\t[%d, %d)\t%s\t%s\t%d\t%s\t%s\t%d\t%s\t%v\t%s\t%s\n", s.GetIndex(), s.GetNode(), s.GetLayerLo(), s.GetLayerHi(), s.GetBackend(),
+				bytesText(s.GetMemoryBytes()), s.GetKvTokens(), bytesText(s.GetWeightBytes()), bytesText(s.GetKvBytes()), s.GetGraphs(), bytesText(s.GetGraphBytes()),
+				s.GetCaptureTime().AsDuration(), next, s.GetDevice())
 		}
 		tw.Flush()
 	}

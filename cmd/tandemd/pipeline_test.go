@@ -79,9 +79,15 @@ func (l *logBuffer) String() string {
 // and stops it when the test ends, showing the logs of a failed test.
 func startCluster(t *testing.T, ctx context.Context, dir string, stages int, leaderStage bool) (*localCluster, *logBuffer) {
 	t.Helper()
+	return startClusterWith(t, ctx, dir, stages, leaderStage)
+}
+
+// startClusterWith is startCluster with more flags for every daemon.
+func startClusterWith(t *testing.T, ctx context.Context, dir string, stages int, leaderStage bool, extra ...string) (*localCluster, *logBuffer) {
+	t.Helper()
 	logs := &logBuffer{}
 	start := time.Now()
-	c, err := startLocalCluster(ctx, clusterSpec{exe: os.Args[0], env: []string{asDaemonEnv + "=1"}, model: dir, stages: stages, leaderStage: leaderStage, logLevel: "info", stderr: logs})
+	c, err := startLocalCluster(ctx, clusterSpec{exe: os.Args[0], env: []string{asDaemonEnv + "=1"}, model: dir, stages: stages, leaderStage: leaderStage, logLevel: "info", extra: extra, stderr: logs})
 	if err != nil {
 		t.Fatalf("%v\ndaemon logs:\n%s", err, logs)
 	}
@@ -397,6 +403,11 @@ func TestStageSplits(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			// The CPU stages take hand-offs: one more step in flight than
+			// there are stages, and no CUDA graphs.
+			if !st.GetHandoff() || st.GetMaxInFlight() != uint32(n+1) || st.GetGraphMode() != "NONE" {
+				t.Errorf("status: hand-off %t, %d steps in flight, graph mode %q; want hand-off on, %d in flight, NONE", st.GetHandoff(), st.GetMaxInFlight(), st.GetGraphMode(), n+1)
+			}
 			var got [][2]int
 			next := 0
 			for _, s := range st.GetStages() {
@@ -411,7 +422,43 @@ func TestStageSplits(t *testing.T) {
 			}
 			t.Logf("daemons' stages %v", got)
 			generateAll(t, ctx, c.Conn, cases, wantGen)
+			checkEagerDispatch(t, ctx, c.Conn)
 		})
+	}
+	t.Run("daemons/2/handoff-off", func(t *testing.T) {
+		c, _ := startClusterWith(t, ctx, dir, 2, true, "--handoff=false")
+		st, err := tandemv1.NewAdminClient(c.Conn).Status(ctx, &tandemv1.StatusRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.GetHandoff() || st.GetMaxInFlight() != 2 {
+			t.Errorf("status with --handoff=false: hand-off %t, %d steps in flight; want off, 2", st.GetHandoff(), st.GetMaxInFlight())
+		}
+		generateAll(t, ctx, c.Conn, cases, wantGen)
+	})
+}
+
+// checkEagerDispatch checks the leader's CUDA-graph statistics of a CPU
+// cluster that has served requests: the mode resolved to NONE because of a
+// CPU stage, and every step ran eagerly at its own token count.
+func checkEagerDispatch(t *testing.T, ctx context.Context, conn *grpc.ClientConn) {
+	t.Helper()
+	g, err := tandemv1.NewAdminClient(conn).Graphs(ctx, &tandemv1.GraphsRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g.GetMode() != "NONE" || g.GetConfiguredMode() != "FULL_AND_PIECEWISE" || len(g.GetDowngrades()) != 1 || !strings.Contains(g.GetDowngrades()[0], "(cpu) supports NEVER") {
+		t.Errorf("graphs: mode %s (configured %s), downgrades %q; want NONE from FULL_AND_PIECEWISE because of a cpu stage", g.GetMode(), g.GetConfiguredMode(), g.GetDowngrades())
+	}
+	steps := uint64(0)
+	for _, r := range g.GetSteps() {
+		if r.GetMode() != "NONE" || r.GetPadded() != r.GetUnpadded() {
+			t.Errorf("graphs: step count %v, want only NONE steps without padding", r)
+		}
+		steps += r.GetCount()
+	}
+	if steps == 0 {
+		t.Error("graphs: no step counted after the requests")
 	}
 }
 

@@ -15,11 +15,13 @@ import (
 // serveFlags are the flags of tandemd serve; each overrides its key of the
 // configuration file when given.
 type serveFlags struct {
-	config string
-	cfg    daemon.Config
-	stage  bool
-	memory string
-	seeds  []string
+	config      string
+	cfg         daemon.Config
+	stage       bool
+	memory      string
+	seeds       []string
+	graphMemory string
+	handoff     bool
 }
 
 func newServeCmd() *cobra.Command {
@@ -60,6 +62,14 @@ SIGINT drains (requests in flight finish), leaves the cluster and exits 0.`,
 	f.StringVar(&o.memory, "memory", "", "memory the stage may use, e.g. 8GiB (default: 90% of the available memory)")
 	f.IntVar(&c.Stage.MaxBatchTokens, "max-batch-tokens", daemon.DefaultMaxBatchTokens, "most tokens in one step")
 	f.IntVar(&c.Stage.MaxSeqs, "max-seqs", daemon.DefaultMaxSeqs, "most sequences in one step")
+	f.StringVar(&c.Stage.Backend, "backend", daemon.BackendAuto, "stage backend: cpu, cuda, or auto (cuda when a GPU is usable)")
+	f.IntVar(&c.Stage.Device, "device", 0, "GPU ordinal of a cuda stage (among CUDA_VISIBLE_DEVICES)")
+	f.StringVar(&c.Stage.GraphMode, "graph-mode", "FULL_AND_PIECEWISE", "CUDA-graph mode: NONE, PIECEWISE, FULL, FULL_DECODE_ONLY or FULL_AND_PIECEWISE")
+	f.IntSliceVar(&c.Stage.CaptureSizes, "capture-sizes", nil, "token counts to capture CUDA graphs for (default 1,2,4,8,16,... up to --max-capture-size)")
+	f.IntVar(&c.Stage.MaxCaptureSize, "max-capture-size", 0, "largest CUDA-graph capture size (default: min(512, --max-batch-tokens))")
+	f.StringVar(&o.graphMemory, "graph-memory", "", "device memory held back for CUDA graphs (default 512MiB)")
+	f.BoolVar(&o.handoff, "handoff", true, "on-device hand-off of sampled tokens from the last stage to the first (one more step in flight)")
+	f.StringVar(&c.Stage.CacheDir, "cache-dir", "", "compiled CUDA kernel cache (default: $TANDEM_CACHE_DIR, $CACHE_DIRECTORY or the user cache)")
 	f.StringVar(&c.Security.TLSCertFile, "tls-cert", "", "TLS certificate file (serve TLS)")
 	f.StringVar(&c.Security.TLSKeyFile, "tls-key", "", "TLS key file")
 	f.StringVar(&c.Security.TLSCAFile, "tls-ca", "", "CA file verifying other nodes' certificates")
@@ -98,6 +108,13 @@ func (o *serveFlags) resolve(fs *pflag.FlagSet) (daemon.Config, error) {
 	set("stage", func() { cfg.Stage.Enabled = &o.stage })
 	set("max-batch-tokens", func() { cfg.Stage.MaxBatchTokens = c.Stage.MaxBatchTokens })
 	set("max-seqs", func() { cfg.Stage.MaxSeqs = c.Stage.MaxSeqs })
+	set("backend", func() { cfg.Stage.Backend = c.Stage.Backend })
+	set("device", func() { cfg.Stage.Device = c.Stage.Device })
+	set("graph-mode", func() { cfg.Stage.GraphMode = c.Stage.GraphMode })
+	set("capture-sizes", func() { cfg.Stage.CaptureSizes = c.Stage.CaptureSizes })
+	set("max-capture-size", func() { cfg.Stage.MaxCaptureSize = c.Stage.MaxCaptureSize })
+	set("handoff", func() { cfg.Stage.Handoff = &o.handoff })
+	set("cache-dir", func() { cfg.Stage.CacheDir = c.Stage.CacheDir })
 	set("tls-cert", func() { cfg.Security.TLSCertFile = c.Security.TLSCertFile })
 	set("tls-key", func() { cfg.Security.TLSKeyFile = c.Security.TLSKeyFile })
 	set("tls-ca", func() { cfg.Security.TLSCAFile = c.Security.TLSCAFile })
@@ -108,6 +125,13 @@ func (o *serveFlags) resolve(fs *pflag.FlagSet) (daemon.Config, error) {
 			return cfg, fmt.Errorf("--memory: %w", err)
 		}
 		cfg.Stage.Memory = m
+	}
+	if fs.Changed("graph-memory") {
+		m, err := daemon.ParseByteSize(o.graphMemory)
+		if err != nil {
+			return cfg, fmt.Errorf("--graph-memory: %w", err)
+		}
+		cfg.Stage.GraphMemory = m
 	}
 	return cfg, nil
 }

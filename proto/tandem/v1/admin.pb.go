@@ -138,7 +138,14 @@ type StatusResponse struct {
 	RequestsRunning uint32 `protobuf:"varint,12,opt,name=requests_running,json=requestsRunning,proto3" json:"requests_running,omitempty"`
 	RequestsWaiting uint32 `protobuf:"varint,13,opt,name=requests_waiting,json=requestsWaiting,proto3" json:"requests_waiting,omitempty"`
 	// The leader's scheduler (the leader only, while it has a pipeline).
-	Scheduler     *SchedulerStats `protobuf:"bytes,14,opt,name=scheduler,proto3" json:"scheduler,omitempty"`
+	Scheduler *SchedulerStats `protobuf:"bytes,14,opt,name=scheduler,proto3" json:"scheduler,omitempty"`
+	// The pipeline's CUDA-graph mode after the stages' support reduced the
+	// configured one (NONE: every step eager).
+	GraphMode string `protobuf:"bytes,15,opt,name=graph_mode,json=graphMode,proto3" json:"graph_mode,omitempty"`
+	// On-device hand-off is on, and the most steps the leader keeps in
+	// flight.
+	Handoff       bool   `protobuf:"varint,16,opt,name=handoff,proto3" json:"handoff,omitempty"`
+	MaxInFlight   uint32 `protobuf:"varint,17,opt,name=max_in_flight,json=maxInFlight,proto3" json:"max_in_flight,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -269,6 +276,27 @@ func (x *StatusResponse) GetScheduler() *SchedulerStats {
 		return x.Scheduler
 	}
 	return nil
+}
+
+func (x *StatusResponse) GetGraphMode() string {
+	if x != nil {
+		return x.GraphMode
+	}
+	return ""
+}
+
+func (x *StatusResponse) GetHandoff() bool {
+	if x != nil {
+		return x.Handoff
+	}
+	return false
+}
+
+func (x *StatusResponse) GetMaxInFlight() uint32 {
+	if x != nil {
+		return x.MaxInFlight
+	}
+	return 0
 }
 
 // SchedulerStats is a snapshot of the leader's scheduler, taken between
@@ -561,7 +589,20 @@ type Stage struct {
 	// The memory the stage may use, in bytes.
 	MemoryBytes uint64 `protobuf:"varint,6,opt,name=memory_bytes,json=memoryBytes,proto3" json:"memory_bytes,omitempty"`
 	// The stage's KV capacity in tokens.
-	KvTokens      uint64 `protobuf:"varint,7,opt,name=kv_tokens,json=kvTokens,proto3" json:"kv_tokens,omitempty"`
+	KvTokens uint64 `protobuf:"varint,7,opt,name=kv_tokens,json=kvTokens,proto3" json:"kv_tokens,omitempty"`
+	// The device the stage runs on, and the device memory it holds (CUDA
+	// stages): weights, KV cache, and CUDA graphs (what the captured graphs
+	// took, else what is held back for them).
+	Device      string `protobuf:"bytes,8,opt,name=device,proto3" json:"device,omitempty"`
+	WeightBytes uint64 `protobuf:"varint,9,opt,name=weight_bytes,json=weightBytes,proto3" json:"weight_bytes,omitempty"`
+	KvBytes     uint64 `protobuf:"varint,10,opt,name=kv_bytes,json=kvBytes,proto3" json:"kv_bytes,omitempty"`
+	GraphBytes  uint64 `protobuf:"varint,11,opt,name=graph_bytes,json=graphBytes,proto3" json:"graph_bytes,omitempty"`
+	// CUDA graphs captured, and the time it took.
+	Graphs      uint32               `protobuf:"varint,12,opt,name=graphs,proto3" json:"graphs,omitempty"`
+	CaptureTime *durationpb.Duration `protobuf:"bytes,13,opt,name=capture_time,json=captureTime,proto3" json:"capture_time,omitempty"`
+	// The transport of the activations to the next stage: "tcp", "nccl", or
+	// empty on the last stage.
+	NextLink      string `protobuf:"bytes,14,opt,name=next_link,json=nextLink,proto3" json:"next_link,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -645,12 +686,246 @@ func (x *Stage) GetKvTokens() uint64 {
 	return 0
 }
 
+func (x *Stage) GetDevice() string {
+	if x != nil {
+		return x.Device
+	}
+	return ""
+}
+
+func (x *Stage) GetWeightBytes() uint64 {
+	if x != nil {
+		return x.WeightBytes
+	}
+	return 0
+}
+
+func (x *Stage) GetKvBytes() uint64 {
+	if x != nil {
+		return x.KvBytes
+	}
+	return 0
+}
+
+func (x *Stage) GetGraphBytes() uint64 {
+	if x != nil {
+		return x.GraphBytes
+	}
+	return 0
+}
+
+func (x *Stage) GetGraphs() uint32 {
+	if x != nil {
+		return x.Graphs
+	}
+	return 0
+}
+
+func (x *Stage) GetCaptureTime() *durationpb.Duration {
+	if x != nil {
+		return x.CaptureTime
+	}
+	return nil
+}
+
+func (x *Stage) GetNextLink() string {
+	if x != nil {
+		return x.NextLink
+	}
+	return ""
+}
+
+type GraphsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GraphsRequest) Reset() {
+	*x = GraphsRequest{}
+	mi := &file_tandem_v1_admin_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GraphsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GraphsRequest) ProtoMessage() {}
+
+func (x *GraphsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_tandem_v1_admin_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GraphsRequest.ProtoReflect.Descriptor instead.
+func (*GraphsRequest) Descriptor() ([]byte, []int) {
+	return file_tandem_v1_admin_proto_rawDescGZIP(), []int{5}
+}
+
+type GraphsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The runtime mode family the leader dispatches (after the stages'
+	// support reduced the configured mode), and why it was reduced.
+	Mode           string   `protobuf:"bytes,1,opt,name=mode,proto3" json:"mode,omitempty"`
+	ConfiguredMode string   `protobuf:"bytes,2,opt,name=configured_mode,json=configuredMode,proto3" json:"configured_mode,omitempty"`
+	Downgrades     []string `protobuf:"bytes,3,rep,name=downgrades,proto3" json:"downgrades,omitempty"`
+	// Token counts graphs are captured for: larger batches run eagerly.
+	CaptureSizes  []uint32          `protobuf:"varint,4,rep,packed,name=capture_sizes,json=captureSizes,proto3" json:"capture_sizes,omitempty"`
+	Steps         []*GraphStepCount `protobuf:"bytes,5,rep,name=steps,proto3" json:"steps,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GraphsResponse) Reset() {
+	*x = GraphsResponse{}
+	mi := &file_tandem_v1_admin_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GraphsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GraphsResponse) ProtoMessage() {}
+
+func (x *GraphsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_tandem_v1_admin_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GraphsResponse.ProtoReflect.Descriptor instead.
+func (*GraphsResponse) Descriptor() ([]byte, []int) {
+	return file_tandem_v1_admin_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *GraphsResponse) GetMode() string {
+	if x != nil {
+		return x.Mode
+	}
+	return ""
+}
+
+func (x *GraphsResponse) GetConfiguredMode() string {
+	if x != nil {
+		return x.ConfiguredMode
+	}
+	return ""
+}
+
+func (x *GraphsResponse) GetDowngrades() []string {
+	if x != nil {
+		return x.Downgrades
+	}
+	return nil
+}
+
+func (x *GraphsResponse) GetCaptureSizes() []uint32 {
+	if x != nil {
+		return x.CaptureSizes
+	}
+	return nil
+}
+
+func (x *GraphsResponse) GetSteps() []*GraphStepCount {
+	if x != nil {
+		return x.Steps
+	}
+	return nil
+}
+
+// GraphStepCount is how many steps ran as mode with unpadded tokens padded
+// to padded tokens.
+type GraphStepCount struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Unpadded      uint32                 `protobuf:"varint,1,opt,name=unpadded,proto3" json:"unpadded,omitempty"`
+	Padded        uint32                 `protobuf:"varint,2,opt,name=padded,proto3" json:"padded,omitempty"`
+	Mode          string                 `protobuf:"bytes,3,opt,name=mode,proto3" json:"mode,omitempty"`
+	Count         uint64                 `protobuf:"varint,4,opt,name=count,proto3" json:"count,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GraphStepCount) Reset() {
+	*x = GraphStepCount{}
+	mi := &file_tandem_v1_admin_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GraphStepCount) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GraphStepCount) ProtoMessage() {}
+
+func (x *GraphStepCount) ProtoReflect() protoreflect.Message {
+	mi := &file_tandem_v1_admin_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GraphStepCount.ProtoReflect.Descriptor instead.
+func (*GraphStepCount) Descriptor() ([]byte, []int) {
+	return file_tandem_v1_admin_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *GraphStepCount) GetUnpadded() uint32 {
+	if x != nil {
+		return x.Unpadded
+	}
+	return 0
+}
+
+func (x *GraphStepCount) GetPadded() uint32 {
+	if x != nil {
+		return x.Padded
+	}
+	return 0
+}
+
+func (x *GraphStepCount) GetMode() string {
+	if x != nil {
+		return x.Mode
+	}
+	return ""
+}
+
+func (x *GraphStepCount) GetCount() uint64 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
 var File_tandem_v1_admin_proto protoreflect.FileDescriptor
 
 const file_tandem_v1_admin_proto_rawDesc = "" +
 	"\n" +
 	"\x15tandem/v1/admin.proto\x12\ttandem.v1\x1a\x1egoogle/protobuf/duration.proto\"\x0f\n" +
-	"\rStatusRequest\"\xdd\x03\n" +
+	"\rStatusRequest\"\xba\x04\n" +
 	"\x0eStatusResponse\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x16\n" +
 	"\x06leader\x18\x02 \x01(\tR\x06leader\x12\x1f\n" +
@@ -667,7 +942,11 @@ const file_tandem_v1_admin_proto_rawDesc = "" +
 	"\tkv_tokens\x18\v \x01(\x04R\bkvTokens\x12)\n" +
 	"\x10requests_running\x18\f \x01(\rR\x0frequestsRunning\x12)\n" +
 	"\x10requests_waiting\x18\r \x01(\rR\x0frequestsWaiting\x127\n" +
-	"\tscheduler\x18\x0e \x01(\v2\x19.tandem.v1.SchedulerStatsR\tscheduler\"\xe2\x03\n" +
+	"\tscheduler\x18\x0e \x01(\v2\x19.tandem.v1.SchedulerStatsR\tscheduler\x12\x1d\n" +
+	"\n" +
+	"graph_mode\x18\x0f \x01(\tR\tgraphMode\x12\x18\n" +
+	"\ahandoff\x18\x10 \x01(\bR\ahandoff\x12\"\n" +
+	"\rmax_in_flight\x18\x11 \x01(\rR\vmaxInFlight\"\xe2\x03\n" +
 	"\x0eSchedulerStats\x12\x18\n" +
 	"\arunning\x18\x01 \x01(\rR\arunning\x12\x18\n" +
 	"\awaiting\x18\x02 \x01(\rR\awaiting\x12\x1b\n" +
@@ -697,7 +976,7 @@ const file_tandem_v1_admin_proto_rawDesc = "" +
 	"\aversion\x18\t \x01(\tR\aversion\x12\x19\n" +
 	"\bmodel_id\x18\n" +
 	" \x01(\tR\amodelId\x12'\n" +
-	"\x0fleader_eligible\x18\v \x01(\bR\x0eleaderEligible\"\xc1\x01\n" +
+	"\x0fleader_eligible\x18\v \x01(\bR\x0eleaderEligible\"\xab\x03\n" +
 	"\x05Stage\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\rR\x05index\x12\x12\n" +
 	"\x04node\x18\x02 \x01(\tR\x04node\x12\x19\n" +
@@ -705,15 +984,39 @@ const file_tandem_v1_admin_proto_rawDesc = "" +
 	"\blayer_hi\x18\x04 \x01(\rR\alayerHi\x12\x18\n" +
 	"\abackend\x18\x05 \x01(\tR\abackend\x12!\n" +
 	"\fmemory_bytes\x18\x06 \x01(\x04R\vmemoryBytes\x12\x1b\n" +
-	"\tkv_tokens\x18\a \x01(\x04R\bkvTokens*\x8b\x01\n" +
+	"\tkv_tokens\x18\a \x01(\x04R\bkvTokens\x12\x16\n" +
+	"\x06device\x18\b \x01(\tR\x06device\x12!\n" +
+	"\fweight_bytes\x18\t \x01(\x04R\vweightBytes\x12\x19\n" +
+	"\bkv_bytes\x18\n" +
+	" \x01(\x04R\akvBytes\x12\x1f\n" +
+	"\vgraph_bytes\x18\v \x01(\x04R\n" +
+	"graphBytes\x12\x16\n" +
+	"\x06graphs\x18\f \x01(\rR\x06graphs\x12<\n" +
+	"\fcapture_time\x18\r \x01(\v2\x19.google.protobuf.DurationR\vcaptureTime\x12\x1b\n" +
+	"\tnext_link\x18\x0e \x01(\tR\bnextLink\"\x0f\n" +
+	"\rGraphsRequest\"\xc3\x01\n" +
+	"\x0eGraphsResponse\x12\x12\n" +
+	"\x04mode\x18\x01 \x01(\tR\x04mode\x12'\n" +
+	"\x0fconfigured_mode\x18\x02 \x01(\tR\x0econfiguredMode\x12\x1e\n" +
+	"\n" +
+	"downgrades\x18\x03 \x03(\tR\n" +
+	"downgrades\x12#\n" +
+	"\rcapture_sizes\x18\x04 \x03(\rR\fcaptureSizes\x12/\n" +
+	"\x05steps\x18\x05 \x03(\v2\x19.tandem.v1.GraphStepCountR\x05steps\"n\n" +
+	"\x0eGraphStepCount\x12\x1a\n" +
+	"\bunpadded\x18\x01 \x01(\rR\bunpadded\x12\x16\n" +
+	"\x06padded\x18\x02 \x01(\rR\x06padded\x12\x12\n" +
+	"\x04mode\x18\x03 \x01(\tR\x04mode\x12\x14\n" +
+	"\x05count\x18\x04 \x01(\x04R\x05count*\x8b\x01\n" +
 	"\vMemberState\x12\x1c\n" +
 	"\x18MEMBER_STATE_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12MEMBER_STATE_ALIVE\x10\x01\x12\x18\n" +
 	"\x14MEMBER_STATE_SUSPECT\x10\x02\x12\x15\n" +
 	"\x11MEMBER_STATE_DEAD\x10\x03\x12\x15\n" +
-	"\x11MEMBER_STATE_LEFT\x10\x042F\n" +
+	"\x11MEMBER_STATE_LEFT\x10\x042\x85\x01\n" +
 	"\x05Admin\x12=\n" +
-	"\x06Status\x12\x18.tandem.v1.StatusRequest\x1a\x19.tandem.v1.StatusResponseB7Z5github.com/tandem-llm/tandem/proto/tandem/v1;tandemv1b\x06proto3"
+	"\x06Status\x12\x18.tandem.v1.StatusRequest\x1a\x19.tandem.v1.StatusResponse\x12=\n" +
+	"\x06Graphs\x12\x18.tandem.v1.GraphsRequest\x1a\x19.tandem.v1.GraphsResponseB7Z5github.com/tandem-llm/tandem/proto/tandem/v1;tandemv1b\x06proto3"
 
 var (
 	file_tandem_v1_admin_proto_rawDescOnce sync.Once
@@ -728,7 +1031,7 @@ func file_tandem_v1_admin_proto_rawDescGZIP() []byte {
 }
 
 var file_tandem_v1_admin_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_tandem_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
+var file_tandem_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
 var file_tandem_v1_admin_proto_goTypes = []any{
 	(MemberState)(0),            // 0: tandem.v1.MemberState
 	(*StatusRequest)(nil),       // 1: tandem.v1.StatusRequest
@@ -736,22 +1039,29 @@ var file_tandem_v1_admin_proto_goTypes = []any{
 	(*SchedulerStats)(nil),      // 3: tandem.v1.SchedulerStats
 	(*Member)(nil),              // 4: tandem.v1.Member
 	(*Stage)(nil),               // 5: tandem.v1.Stage
-	(*durationpb.Duration)(nil), // 6: google.protobuf.Duration
+	(*GraphsRequest)(nil),       // 6: tandem.v1.GraphsRequest
+	(*GraphsResponse)(nil),      // 7: tandem.v1.GraphsResponse
+	(*GraphStepCount)(nil),      // 8: tandem.v1.GraphStepCount
+	(*durationpb.Duration)(nil), // 9: google.protobuf.Duration
 }
 var file_tandem_v1_admin_proto_depIdxs = []int32{
-	4, // 0: tandem.v1.StatusResponse.members:type_name -> tandem.v1.Member
-	5, // 1: tandem.v1.StatusResponse.stages:type_name -> tandem.v1.Stage
-	3, // 2: tandem.v1.StatusResponse.scheduler:type_name -> tandem.v1.SchedulerStats
-	6, // 3: tandem.v1.SchedulerStats.last_step_time:type_name -> google.protobuf.Duration
-	6, // 4: tandem.v1.SchedulerStats.mean_step_time:type_name -> google.protobuf.Duration
-	0, // 5: tandem.v1.Member.state:type_name -> tandem.v1.MemberState
-	1, // 6: tandem.v1.Admin.Status:input_type -> tandem.v1.StatusRequest
-	2, // 7: tandem.v1.Admin.Status:output_type -> tandem.v1.StatusResponse
-	7, // [7:8] is the sub-list for method output_type
-	6, // [6:7] is the sub-list for method input_type
-	6, // [6:6] is the sub-list for extension type_name
-	6, // [6:6] is the sub-list for extension extendee
-	0, // [0:6] is the sub-list for field type_name
+	4,  // 0: tandem.v1.StatusResponse.members:type_name -> tandem.v1.Member
+	5,  // 1: tandem.v1.StatusResponse.stages:type_name -> tandem.v1.Stage
+	3,  // 2: tandem.v1.StatusResponse.scheduler:type_name -> tandem.v1.SchedulerStats
+	9,  // 3: tandem.v1.SchedulerStats.last_step_time:type_name -> google.protobuf.Duration
+	9,  // 4: tandem.v1.SchedulerStats.mean_step_time:type_name -> google.protobuf.Duration
+	0,  // 5: tandem.v1.Member.state:type_name -> tandem.v1.MemberState
+	9,  // 6: tandem.v1.Stage.capture_time:type_name -> google.protobuf.Duration
+	8,  // 7: tandem.v1.GraphsResponse.steps:type_name -> tandem.v1.GraphStepCount
+	1,  // 8: tandem.v1.Admin.Status:input_type -> tandem.v1.StatusRequest
+	6,  // 9: tandem.v1.Admin.Graphs:input_type -> tandem.v1.GraphsRequest
+	2,  // 10: tandem.v1.Admin.Status:output_type -> tandem.v1.StatusResponse
+	7,  // 11: tandem.v1.Admin.Graphs:output_type -> tandem.v1.GraphsResponse
+	10, // [10:12] is the sub-list for method output_type
+	8,  // [8:10] is the sub-list for method input_type
+	8,  // [8:8] is the sub-list for extension type_name
+	8,  // [8:8] is the sub-list for extension extendee
+	0,  // [0:8] is the sub-list for field type_name
 }
 
 func init() { file_tandem_v1_admin_proto_init() }
@@ -765,7 +1075,7 @@ func file_tandem_v1_admin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_tandem_v1_admin_proto_rawDesc), len(file_tandem_v1_admin_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   5,
+			NumMessages:   8,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

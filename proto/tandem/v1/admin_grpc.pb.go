@@ -20,6 +20,7 @@ const _ = grpc.SupportPackageIsVersion9
 
 const (
 	Admin_Status_FullMethodName = "/tandem.v1.Admin/Status"
+	Admin_Graphs_FullMethodName = "/tandem.v1.Admin/Graphs"
 )
 
 // AdminClient is the client API for Admin service.
@@ -34,6 +35,11 @@ type AdminClient interface {
 	// leader, the stage map and the requests (the last two only on the
 	// leader).
 	Status(ctx context.Context, in *StatusRequest, opts ...grpc.CallOption) (*StatusResponse, error)
+	// Graphs is the leader's CUDA-graph dispatch: the resolved mode, the
+	// capture sizes, and how many steps ran at each (unpadded tokens, padded
+	// tokens, runtime mode). FAILED_PRECONDITION on a node without a
+	// pipeline.
+	Graphs(ctx context.Context, in *GraphsRequest, opts ...grpc.CallOption) (*GraphsResponse, error)
 }
 
 type adminClient struct {
@@ -54,6 +60,16 @@ func (c *adminClient) Status(ctx context.Context, in *StatusRequest, opts ...grp
 	return out, nil
 }
 
+func (c *adminClient) Graphs(ctx context.Context, in *GraphsRequest, opts ...grpc.CallOption) (*GraphsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GraphsResponse)
+	err := c.cc.Invoke(ctx, Admin_Graphs_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AdminServer is the server API for Admin service.
 // All implementations must embed UnimplementedAdminServer
 // for forward compatibility.
@@ -66,6 +82,11 @@ type AdminServer interface {
 	// leader, the stage map and the requests (the last two only on the
 	// leader).
 	Status(context.Context, *StatusRequest) (*StatusResponse, error)
+	// Graphs is the leader's CUDA-graph dispatch: the resolved mode, the
+	// capture sizes, and how many steps ran at each (unpadded tokens, padded
+	// tokens, runtime mode). FAILED_PRECONDITION on a node without a
+	// pipeline.
+	Graphs(context.Context, *GraphsRequest) (*GraphsResponse, error)
 	mustEmbedUnimplementedAdminServer()
 }
 
@@ -78,6 +99,9 @@ type UnimplementedAdminServer struct{}
 
 func (UnimplementedAdminServer) Status(context.Context, *StatusRequest) (*StatusResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Status not implemented")
+}
+func (UnimplementedAdminServer) Graphs(context.Context, *GraphsRequest) (*GraphsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Graphs not implemented")
 }
 func (UnimplementedAdminServer) mustEmbedUnimplementedAdminServer() {}
 func (UnimplementedAdminServer) testEmbeddedByValue()               {}
@@ -118,6 +142,24 @@ func _Admin_Status_Handler(srv interface{}, ctx context.Context, dec func(interf
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Admin_Graphs_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GraphsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).Graphs(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_Graphs_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).Graphs(ctx, req.(*GraphsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Admin_ServiceDesc is the grpc.ServiceDesc for Admin service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -128,6 +170,10 @@ var Admin_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Status",
 			Handler:    _Admin_Status_Handler,
+		},
+		{
+			MethodName: "Graphs",
+			Handler:    _Admin_Graphs_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

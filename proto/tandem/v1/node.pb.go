@@ -9,6 +9,7 @@ package tandemv1
 import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
+	durationpb "google.golang.org/protobuf/types/known/durationpb"
 	reflect "reflect"
 	sync "sync"
 	unsafe "unsafe"
@@ -20,6 +21,59 @@ const (
 	// Verify that runtime/protoimpl is sufficiently up-to-date.
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
+
+// Transport is how a link between two stages carries its messages.
+type Transport int32
+
+const (
+	// No link.
+	Transport_TRANSPORT_NONE Transport = 0
+	// TCP frames (collective): any pair of backends.
+	Transport_TRANSPORT_TCP Transport = 1
+	// NCCL send/receive between the devices of two CUDA stages.
+	Transport_TRANSPORT_NCCL Transport = 2
+)
+
+// Enum value maps for Transport.
+var (
+	Transport_name = map[int32]string{
+		0: "TRANSPORT_NONE",
+		1: "TRANSPORT_TCP",
+		2: "TRANSPORT_NCCL",
+	}
+	Transport_value = map[string]int32{
+		"TRANSPORT_NONE": 0,
+		"TRANSPORT_TCP":  1,
+		"TRANSPORT_NCCL": 2,
+	}
+)
+
+func (x Transport) Enum() *Transport {
+	p := new(Transport)
+	*p = x
+	return p
+}
+
+func (x Transport) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (Transport) Descriptor() protoreflect.EnumDescriptor {
+	return file_tandem_v1_node_proto_enumTypes[0].Descriptor()
+}
+
+func (Transport) Type() protoreflect.EnumType {
+	return &file_tandem_v1_node_proto_enumTypes[0]
+}
+
+func (x Transport) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use Transport.Descriptor instead.
+func (Transport) EnumDescriptor() ([]byte, []int) {
+	return file_tandem_v1_node_proto_rawDescGZIP(), []int{0}
+}
 
 type LoadRequest struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
@@ -37,7 +91,10 @@ type LoadRequest struct {
 	MaxSeqs        uint32 `protobuf:"varint,8,opt,name=max_seqs,json=maxSeqs,proto3" json:"max_seqs,omitempty"`
 	// Positions per block of the paged KV cache: the same on every stage,
 	// since a block id means the same block everywhere.
-	BlockSize     uint32 `protobuf:"varint,9,opt,name=block_size,json=blockSize,proto3" json:"block_size,omitempty"`
+	BlockSize uint32 `protobuf:"varint,9,opt,name=block_size,json=blockSize,proto3" json:"block_size,omitempty"`
+	// The leader may run on-device hand-off: a first stage that can take
+	// sampled tokens back also listens for the last stage's hand-off link.
+	Handoff       bool `protobuf:"varint,10,opt,name=handoff,proto3" json:"handoff,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -135,21 +192,48 @@ func (x *LoadRequest) GetBlockSize() uint32 {
 	return 0
 }
 
+func (x *LoadRequest) GetHandoff() bool {
+	if x != nil {
+		return x.Handoff
+	}
+	return false
+}
+
 type LoadResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Where the leader connects its control link.
 	ControlAddr string `protobuf:"bytes,1,opt,name=control_addr,json=controlAddr,proto3" json:"control_addr,omitempty"`
-	// Where the previous stage sends activations (empty on the first stage).
+	// Where the previous stage's TCP link connects (empty on the first
+	// stage).
 	DataAddr string `protobuf:"bytes,2,opt,name=data_addr,json=dataAddr,proto3" json:"data_addr,omitempty"`
-	Backend  string `protobuf:"bytes,3,opt,name=backend,proto3" json:"backend,omitempty"`
-	ModelId  string `protobuf:"bytes,4,opt,name=model_id,json=modelId,proto3" json:"model_id,omitempty"`
+	// "cpu" or "cuda", and the device it runs on.
+	Backend string `protobuf:"bytes,3,opt,name=backend,proto3" json:"backend,omitempty"`
+	ModelId string `protobuf:"bytes,4,opt,name=model_id,json=modelId,proto3" json:"model_id,omitempty"`
 	// The stage's KV capacity in blocks of block_size positions, from the
 	// memory it may use.
 	KvBlocks uint64 `protobuf:"varint,5,opt,name=kv_blocks,json=kvBlocks,proto3" json:"kv_blocks,omitempty"`
 	// The longest sequence (prompt and completion) the stage can hold.
-	MaxSeqLen     uint32 `protobuf:"varint,6,opt,name=max_seq_len,json=maxSeqLen,proto3" json:"max_seq_len,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	MaxSeqLen uint32 `protobuf:"varint,6,opt,name=max_seq_len,json=maxSeqLen,proto3" json:"max_seq_len,omitempty"`
+	// How much of the CUDA-graph machinery the stage supports: NEVER,
+	// UNIFORM_SINGLE_TOKEN_DECODE, UNIFORM_BATCH or ALWAYS.
+	GraphSupport string `protobuf:"bytes,7,opt,name=graph_support,json=graphSupport,proto3" json:"graph_support,omitempty"`
+	// The element type of the activations the stage receives and sends
+	// (collective.DType: 1 F32, 2 BF16, 3 F16).
+	ActDtype uint32 `protobuf:"varint,8,opt,name=act_dtype,json=actDtype,proto3" json:"act_dtype,omitempty"`
+	// The first stage can take sampled tokens back (on-device hand-off);
+	// handoff_addr is where a TCP hand-off link from the last stage
+	// connects.
+	HandoffReceiver bool   `protobuf:"varint,9,opt,name=handoff_receiver,json=handoffReceiver,proto3" json:"handoff_receiver,omitempty"`
+	HandoffAddr     string `protobuf:"bytes,10,opt,name=handoff_addr,json=handoffAddr,proto3" json:"handoff_addr,omitempty"`
+	Device          string `protobuf:"bytes,11,opt,name=device,proto3" json:"device,omitempty"`
+	// Device memory the stage holds: weights, workspace and KV cache, and
+	// what it holds back for CUDA graphs (0 on the CPU backend).
+	WeightBytes    uint64 `protobuf:"varint,12,opt,name=weight_bytes,json=weightBytes,proto3" json:"weight_bytes,omitempty"`
+	WorkspaceBytes uint64 `protobuf:"varint,13,opt,name=workspace_bytes,json=workspaceBytes,proto3" json:"workspace_bytes,omitempty"`
+	KvBytes        uint64 `protobuf:"varint,14,opt,name=kv_bytes,json=kvBytes,proto3" json:"kv_bytes,omitempty"`
+	GraphBytes     uint64 `protobuf:"varint,15,opt,name=graph_bytes,json=graphBytes,proto3" json:"graph_bytes,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *LoadResponse) Reset() {
@@ -224,18 +308,293 @@ func (x *LoadResponse) GetMaxSeqLen() uint32 {
 	return 0
 }
 
+func (x *LoadResponse) GetGraphSupport() string {
+	if x != nil {
+		return x.GraphSupport
+	}
+	return ""
+}
+
+func (x *LoadResponse) GetActDtype() uint32 {
+	if x != nil {
+		return x.ActDtype
+	}
+	return 0
+}
+
+func (x *LoadResponse) GetHandoffReceiver() bool {
+	if x != nil {
+		return x.HandoffReceiver
+	}
+	return false
+}
+
+func (x *LoadResponse) GetHandoffAddr() string {
+	if x != nil {
+		return x.HandoffAddr
+	}
+	return ""
+}
+
+func (x *LoadResponse) GetDevice() string {
+	if x != nil {
+		return x.Device
+	}
+	return ""
+}
+
+func (x *LoadResponse) GetWeightBytes() uint64 {
+	if x != nil {
+		return x.WeightBytes
+	}
+	return 0
+}
+
+func (x *LoadResponse) GetWorkspaceBytes() uint64 {
+	if x != nil {
+		return x.WorkspaceBytes
+	}
+	return 0
+}
+
+func (x *LoadResponse) GetKvBytes() uint64 {
+	if x != nil {
+		return x.KvBytes
+	}
+	return 0
+}
+
+func (x *LoadResponse) GetGraphBytes() uint64 {
+	if x != nil {
+		return x.GraphBytes
+	}
+	return 0
+}
+
+// GraphKey is one CUDA graph to capture (graphs.Step): its runtime mode
+// (PIECEWISE or FULL) and batch descriptor.
+type GraphKey struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Mode          string                 `protobuf:"bytes,1,opt,name=mode,proto3" json:"mode,omitempty"`
+	NumTokens     uint32                 `protobuf:"varint,2,opt,name=num_tokens,json=numTokens,proto3" json:"num_tokens,omitempty"`
+	NumReqs       uint32                 `protobuf:"varint,3,opt,name=num_reqs,json=numReqs,proto3" json:"num_reqs,omitempty"`
+	UniformDecode bool                   `protobuf:"varint,4,opt,name=uniform_decode,json=uniformDecode,proto3" json:"uniform_decode,omitempty"`
+	QueryLen      uint32                 `protobuf:"varint,5,opt,name=query_len,json=queryLen,proto3" json:"query_len,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GraphKey) Reset() {
+	*x = GraphKey{}
+	mi := &file_tandem_v1_node_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GraphKey) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GraphKey) ProtoMessage() {}
+
+func (x *GraphKey) ProtoReflect() protoreflect.Message {
+	mi := &file_tandem_v1_node_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GraphKey.ProtoReflect.Descriptor instead.
+func (*GraphKey) Descriptor() ([]byte, []int) {
+	return file_tandem_v1_node_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *GraphKey) GetMode() string {
+	if x != nil {
+		return x.Mode
+	}
+	return ""
+}
+
+func (x *GraphKey) GetNumTokens() uint32 {
+	if x != nil {
+		return x.NumTokens
+	}
+	return 0
+}
+
+func (x *GraphKey) GetNumReqs() uint32 {
+	if x != nil {
+		return x.NumReqs
+	}
+	return 0
+}
+
+func (x *GraphKey) GetUniformDecode() bool {
+	if x != nil {
+		return x.UniformDecode
+	}
+	return false
+}
+
+func (x *GraphKey) GetQueryLen() uint32 {
+	if x != nil {
+		return x.QueryLen
+	}
+	return 0
+}
+
+type CaptureRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Epoch uint64                 `protobuf:"varint,1,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	// The keys of the leader's dispatcher: the only graphs steps replay.
+	Keys          []*GraphKey `protobuf:"bytes,2,rep,name=keys,proto3" json:"keys,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CaptureRequest) Reset() {
+	*x = CaptureRequest{}
+	mi := &file_tandem_v1_node_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CaptureRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CaptureRequest) ProtoMessage() {}
+
+func (x *CaptureRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_tandem_v1_node_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CaptureRequest.ProtoReflect.Descriptor instead.
+func (*CaptureRequest) Descriptor() ([]byte, []int) {
+	return file_tandem_v1_node_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *CaptureRequest) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *CaptureRequest) GetKeys() []*GraphKey {
+	if x != nil {
+		return x.Keys
+	}
+	return nil
+}
+
+type CaptureResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Executable graphs made and their nodes.
+	Graphs uint32 `protobuf:"varint,1,opt,name=graphs,proto3" json:"graphs,omitempty"`
+	Nodes  uint64 `protobuf:"varint,2,opt,name=nodes,proto3" json:"nodes,omitempty"`
+	// Device memory the graphs took, measured around the capture.
+	GraphBytes uint64 `protobuf:"varint,3,opt,name=graph_bytes,json=graphBytes,proto3" json:"graph_bytes,omitempty"`
+	// Time to capture them all, warm-ups included.
+	CaptureTime   *durationpb.Duration `protobuf:"bytes,4,opt,name=capture_time,json=captureTime,proto3" json:"capture_time,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CaptureResponse) Reset() {
+	*x = CaptureResponse{}
+	mi := &file_tandem_v1_node_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CaptureResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CaptureResponse) ProtoMessage() {}
+
+func (x *CaptureResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_tandem_v1_node_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CaptureResponse.ProtoReflect.Descriptor instead.
+func (*CaptureResponse) Descriptor() ([]byte, []int) {
+	return file_tandem_v1_node_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *CaptureResponse) GetGraphs() uint32 {
+	if x != nil {
+		return x.Graphs
+	}
+	return 0
+}
+
+func (x *CaptureResponse) GetNodes() uint64 {
+	if x != nil {
+		return x.Nodes
+	}
+	return 0
+}
+
+func (x *CaptureResponse) GetGraphBytes() uint64 {
+	if x != nil {
+		return x.GraphBytes
+	}
+	return 0
+}
+
+func (x *CaptureResponse) GetCaptureTime() *durationpb.Duration {
+	if x != nil {
+		return x.CaptureTime
+	}
+	return nil
+}
+
 type ConnectRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Epoch uint64                 `protobuf:"varint,1,opt,name=epoch,proto3" json:"epoch,omitempty"`
-	// The next stage's data address (empty on the last stage).
-	NextDataAddr  string `protobuf:"bytes,2,opt,name=next_data_addr,json=nextDataAddr,proto3" json:"next_data_addr,omitempty"`
+	// The next stage's TCP data address, when next is TRANSPORT_TCP.
+	NextDataAddr string `protobuf:"bytes,2,opt,name=next_data_addr,json=nextDataAddr,proto3" json:"next_data_addr,omitempty"`
+	// The activations' link to the next stage (NONE on the last stage) and
+	// from the previous one (NONE on the first).
+	Next Transport `protobuf:"varint,3,opt,name=next,proto3,enum=tandem.v1.Transport" json:"next,omitempty"`
+	Prev Transport `protobuf:"varint,4,opt,name=prev,proto3,enum=tandem.v1.Transport" json:"prev,omitempty"`
+	// The hand-off link from the last stage to the first: handoff_out on
+	// the last stage (to the first stage's handoff_addr when TCP),
+	// handoff_in on the first; NONE without hand-off or with a single stage.
+	HandoffOut    Transport `protobuf:"varint,5,opt,name=handoff_out,json=handoffOut,proto3,enum=tandem.v1.Transport" json:"handoff_out,omitempty"`
+	HandoffAddr   string    `protobuf:"bytes,6,opt,name=handoff_addr,json=handoffAddr,proto3" json:"handoff_addr,omitempty"`
+	HandoffIn     Transport `protobuf:"varint,7,opt,name=handoff_in,json=handoffIn,proto3,enum=tandem.v1.Transport" json:"handoff_in,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ConnectRequest) Reset() {
 	*x = ConnectRequest{}
-	mi := &file_tandem_v1_node_proto_msgTypes[2]
+	mi := &file_tandem_v1_node_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -247,7 +606,7 @@ func (x *ConnectRequest) String() string {
 func (*ConnectRequest) ProtoMessage() {}
 
 func (x *ConnectRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tandem_v1_node_proto_msgTypes[2]
+	mi := &file_tandem_v1_node_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -260,7 +619,7 @@ func (x *ConnectRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConnectRequest.ProtoReflect.Descriptor instead.
 func (*ConnectRequest) Descriptor() ([]byte, []int) {
-	return file_tandem_v1_node_proto_rawDescGZIP(), []int{2}
+	return file_tandem_v1_node_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ConnectRequest) GetEpoch() uint64 {
@@ -277,15 +636,54 @@ func (x *ConnectRequest) GetNextDataAddr() string {
 	return ""
 }
 
+func (x *ConnectRequest) GetNext() Transport {
+	if x != nil {
+		return x.Next
+	}
+	return Transport_TRANSPORT_NONE
+}
+
+func (x *ConnectRequest) GetPrev() Transport {
+	if x != nil {
+		return x.Prev
+	}
+	return Transport_TRANSPORT_NONE
+}
+
+func (x *ConnectRequest) GetHandoffOut() Transport {
+	if x != nil {
+		return x.HandoffOut
+	}
+	return Transport_TRANSPORT_NONE
+}
+
+func (x *ConnectRequest) GetHandoffAddr() string {
+	if x != nil {
+		return x.HandoffAddr
+	}
+	return ""
+}
+
+func (x *ConnectRequest) GetHandoffIn() Transport {
+	if x != nil {
+		return x.HandoffIn
+	}
+	return Transport_TRANSPORT_NONE
+}
+
 type ConnectResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The NCCL ids of the links this stage sends on, for the leader to hand
+	// to their receivers (empty for TCP links).
+	NextNcclId    []byte `protobuf:"bytes,1,opt,name=next_nccl_id,json=nextNcclId,proto3" json:"next_nccl_id,omitempty"`
+	HandoffNcclId []byte `protobuf:"bytes,2,opt,name=handoff_nccl_id,json=handoffNcclId,proto3" json:"handoff_nccl_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ConnectResponse) Reset() {
 	*x = ConnectResponse{}
-	mi := &file_tandem_v1_node_proto_msgTypes[3]
+	mi := &file_tandem_v1_node_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -297,7 +695,7 @@ func (x *ConnectResponse) String() string {
 func (*ConnectResponse) ProtoMessage() {}
 
 func (x *ConnectResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tandem_v1_node_proto_msgTypes[3]
+	mi := &file_tandem_v1_node_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -310,7 +708,119 @@ func (x *ConnectResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConnectResponse.ProtoReflect.Descriptor instead.
 func (*ConnectResponse) Descriptor() ([]byte, []int) {
-	return file_tandem_v1_node_proto_rawDescGZIP(), []int{3}
+	return file_tandem_v1_node_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *ConnectResponse) GetNextNcclId() []byte {
+	if x != nil {
+		return x.NextNcclId
+	}
+	return nil
+}
+
+func (x *ConnectResponse) GetHandoffNcclId() []byte {
+	if x != nil {
+		return x.HandoffNcclId
+	}
+	return nil
+}
+
+type JoinRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Epoch uint64                 `protobuf:"varint,1,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	// The NCCL ids of the links this stage receives on, made by their
+	// senders (empty for TCP links).
+	PrevNcclId    []byte `protobuf:"bytes,2,opt,name=prev_nccl_id,json=prevNcclId,proto3" json:"prev_nccl_id,omitempty"`
+	HandoffNcclId []byte `protobuf:"bytes,3,opt,name=handoff_nccl_id,json=handoffNcclId,proto3" json:"handoff_nccl_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *JoinRequest) Reset() {
+	*x = JoinRequest{}
+	mi := &file_tandem_v1_node_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *JoinRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*JoinRequest) ProtoMessage() {}
+
+func (x *JoinRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_tandem_v1_node_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use JoinRequest.ProtoReflect.Descriptor instead.
+func (*JoinRequest) Descriptor() ([]byte, []int) {
+	return file_tandem_v1_node_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *JoinRequest) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *JoinRequest) GetPrevNcclId() []byte {
+	if x != nil {
+		return x.PrevNcclId
+	}
+	return nil
+}
+
+func (x *JoinRequest) GetHandoffNcclId() []byte {
+	if x != nil {
+		return x.HandoffNcclId
+	}
+	return nil
+}
+
+type JoinResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *JoinResponse) Reset() {
+	*x = JoinResponse{}
+	mi := &file_tandem_v1_node_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *JoinResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*JoinResponse) ProtoMessage() {}
+
+func (x *JoinResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_tandem_v1_node_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use JoinResponse.ProtoReflect.Descriptor instead.
+func (*JoinResponse) Descriptor() ([]byte, []int) {
+	return file_tandem_v1_node_proto_rawDescGZIP(), []int{8}
 }
 
 type ReleaseRequest struct {
@@ -322,7 +832,7 @@ type ReleaseRequest struct {
 
 func (x *ReleaseRequest) Reset() {
 	*x = ReleaseRequest{}
-	mi := &file_tandem_v1_node_proto_msgTypes[4]
+	mi := &file_tandem_v1_node_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -334,7 +844,7 @@ func (x *ReleaseRequest) String() string {
 func (*ReleaseRequest) ProtoMessage() {}
 
 func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tandem_v1_node_proto_msgTypes[4]
+	mi := &file_tandem_v1_node_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -347,7 +857,7 @@ func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_tandem_v1_node_proto_rawDescGZIP(), []int{4}
+	return file_tandem_v1_node_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ReleaseRequest) GetEpoch() uint64 {
@@ -365,7 +875,7 @@ type ReleaseResponse struct {
 
 func (x *ReleaseResponse) Reset() {
 	*x = ReleaseResponse{}
-	mi := &file_tandem_v1_node_proto_msgTypes[5]
+	mi := &file_tandem_v1_node_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -377,7 +887,7 @@ func (x *ReleaseResponse) String() string {
 func (*ReleaseResponse) ProtoMessage() {}
 
 func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tandem_v1_node_proto_msgTypes[5]
+	mi := &file_tandem_v1_node_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -390,14 +900,14 @@ func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseResponse) Descriptor() ([]byte, []int) {
-	return file_tandem_v1_node_proto_rawDescGZIP(), []int{5}
+	return file_tandem_v1_node_proto_rawDescGZIP(), []int{10}
 }
 
 var File_tandem_v1_node_proto protoreflect.FileDescriptor
 
 const file_tandem_v1_node_proto_rawDesc = "" +
 	"\n" +
-	"\x14tandem/v1/node.proto\x12\ttandem.v1\"\x86\x02\n" +
+	"\x14tandem/v1/node.proto\x12\ttandem.v1\x1a\x1egoogle/protobuf/duration.proto\"\xa0\x02\n" +
 	"\vLoadRequest\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12\x16\n" +
 	"\x06leader\x18\x02 \x01(\tR\x06leader\x12\x19\n" +
@@ -408,24 +918,75 @@ const file_tandem_v1_node_proto_rawDesc = "" +
 	"\x10max_batch_tokens\x18\a \x01(\rR\x0emaxBatchTokens\x12\x19\n" +
 	"\bmax_seqs\x18\b \x01(\rR\amaxSeqs\x12\x1d\n" +
 	"\n" +
-	"block_size\x18\t \x01(\rR\tblockSize\"\xc0\x01\n" +
+	"block_size\x18\t \x01(\rR\tblockSize\x12\x18\n" +
+	"\ahandoff\x18\n" +
+	" \x01(\bR\ahandoff\"\xf0\x03\n" +
 	"\fLoadResponse\x12!\n" +
 	"\fcontrol_addr\x18\x01 \x01(\tR\vcontrolAddr\x12\x1b\n" +
 	"\tdata_addr\x18\x02 \x01(\tR\bdataAddr\x12\x18\n" +
 	"\abackend\x18\x03 \x01(\tR\abackend\x12\x19\n" +
 	"\bmodel_id\x18\x04 \x01(\tR\amodelId\x12\x1b\n" +
 	"\tkv_blocks\x18\x05 \x01(\x04R\bkvBlocks\x12\x1e\n" +
-	"\vmax_seq_len\x18\x06 \x01(\rR\tmaxSeqLen\"L\n" +
+	"\vmax_seq_len\x18\x06 \x01(\rR\tmaxSeqLen\x12#\n" +
+	"\rgraph_support\x18\a \x01(\tR\fgraphSupport\x12\x1b\n" +
+	"\tact_dtype\x18\b \x01(\rR\bactDtype\x12)\n" +
+	"\x10handoff_receiver\x18\t \x01(\bR\x0fhandoffReceiver\x12!\n" +
+	"\fhandoff_addr\x18\n" +
+	" \x01(\tR\vhandoffAddr\x12\x16\n" +
+	"\x06device\x18\v \x01(\tR\x06device\x12!\n" +
+	"\fweight_bytes\x18\f \x01(\x04R\vweightBytes\x12'\n" +
+	"\x0fworkspace_bytes\x18\r \x01(\x04R\x0eworkspaceBytes\x12\x19\n" +
+	"\bkv_bytes\x18\x0e \x01(\x04R\akvBytes\x12\x1f\n" +
+	"\vgraph_bytes\x18\x0f \x01(\x04R\n" +
+	"graphBytes\"\x9c\x01\n" +
+	"\bGraphKey\x12\x12\n" +
+	"\x04mode\x18\x01 \x01(\tR\x04mode\x12\x1d\n" +
+	"\n" +
+	"num_tokens\x18\x02 \x01(\rR\tnumTokens\x12\x19\n" +
+	"\bnum_reqs\x18\x03 \x01(\rR\anumReqs\x12%\n" +
+	"\x0euniform_decode\x18\x04 \x01(\bR\runiformDecode\x12\x1b\n" +
+	"\tquery_len\x18\x05 \x01(\rR\bqueryLen\"O\n" +
+	"\x0eCaptureRequest\x12\x14\n" +
+	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12'\n" +
+	"\x04keys\x18\x02 \x03(\v2\x13.tandem.v1.GraphKeyR\x04keys\"\x9e\x01\n" +
+	"\x0fCaptureResponse\x12\x16\n" +
+	"\x06graphs\x18\x01 \x01(\rR\x06graphs\x12\x14\n" +
+	"\x05nodes\x18\x02 \x01(\x04R\x05nodes\x12\x1f\n" +
+	"\vgraph_bytes\x18\x03 \x01(\x04R\n" +
+	"graphBytes\x12<\n" +
+	"\fcapture_time\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\vcaptureTime\"\xaf\x02\n" +
 	"\x0eConnectRequest\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12$\n" +
-	"\x0enext_data_addr\x18\x02 \x01(\tR\fnextDataAddr\"\x11\n" +
-	"\x0fConnectResponse\"&\n" +
+	"\x0enext_data_addr\x18\x02 \x01(\tR\fnextDataAddr\x12(\n" +
+	"\x04next\x18\x03 \x01(\x0e2\x14.tandem.v1.TransportR\x04next\x12(\n" +
+	"\x04prev\x18\x04 \x01(\x0e2\x14.tandem.v1.TransportR\x04prev\x125\n" +
+	"\vhandoff_out\x18\x05 \x01(\x0e2\x14.tandem.v1.TransportR\n" +
+	"handoffOut\x12!\n" +
+	"\fhandoff_addr\x18\x06 \x01(\tR\vhandoffAddr\x123\n" +
+	"\n" +
+	"handoff_in\x18\a \x01(\x0e2\x14.tandem.v1.TransportR\thandoffIn\"[\n" +
+	"\x0fConnectResponse\x12 \n" +
+	"\fnext_nccl_id\x18\x01 \x01(\fR\n" +
+	"nextNcclId\x12&\n" +
+	"\x0fhandoff_nccl_id\x18\x02 \x01(\fR\rhandoffNcclId\"m\n" +
+	"\vJoinRequest\x12\x14\n" +
+	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12 \n" +
+	"\fprev_nccl_id\x18\x02 \x01(\fR\n" +
+	"prevNcclId\x12&\n" +
+	"\x0fhandoff_nccl_id\x18\x03 \x01(\fR\rhandoffNcclId\"\x0e\n" +
+	"\fJoinResponse\"&\n" +
 	"\x0eReleaseRequest\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\"\x11\n" +
-	"\x0fReleaseResponse2\xc3\x01\n" +
+	"\x0fReleaseResponse*F\n" +
+	"\tTransport\x12\x12\n" +
+	"\x0eTRANSPORT_NONE\x10\x00\x12\x11\n" +
+	"\rTRANSPORT_TCP\x10\x01\x12\x12\n" +
+	"\x0eTRANSPORT_NCCL\x10\x022\xbe\x02\n" +
 	"\x04Node\x127\n" +
 	"\x04Load\x12\x16.tandem.v1.LoadRequest\x1a\x17.tandem.v1.LoadResponse\x12@\n" +
-	"\aConnect\x12\x19.tandem.v1.ConnectRequest\x1a\x1a.tandem.v1.ConnectResponse\x12@\n" +
+	"\aCapture\x12\x19.tandem.v1.CaptureRequest\x1a\x1a.tandem.v1.CaptureResponse\x12@\n" +
+	"\aConnect\x12\x19.tandem.v1.ConnectRequest\x1a\x1a.tandem.v1.ConnectResponse\x127\n" +
+	"\x04Join\x12\x16.tandem.v1.JoinRequest\x1a\x17.tandem.v1.JoinResponse\x12@\n" +
 	"\aRelease\x12\x19.tandem.v1.ReleaseRequest\x1a\x1a.tandem.v1.ReleaseResponseB7Z5github.com/tandem-llm/tandem/proto/tandem/v1;tandemv1b\x06proto3"
 
 var (
@@ -440,27 +1001,45 @@ func file_tandem_v1_node_proto_rawDescGZIP() []byte {
 	return file_tandem_v1_node_proto_rawDescData
 }
 
-var file_tandem_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
+var file_tandem_v1_node_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
+var file_tandem_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
 var file_tandem_v1_node_proto_goTypes = []any{
-	(*LoadRequest)(nil),     // 0: tandem.v1.LoadRequest
-	(*LoadResponse)(nil),    // 1: tandem.v1.LoadResponse
-	(*ConnectRequest)(nil),  // 2: tandem.v1.ConnectRequest
-	(*ConnectResponse)(nil), // 3: tandem.v1.ConnectResponse
-	(*ReleaseRequest)(nil),  // 4: tandem.v1.ReleaseRequest
-	(*ReleaseResponse)(nil), // 5: tandem.v1.ReleaseResponse
+	(Transport)(0),              // 0: tandem.v1.Transport
+	(*LoadRequest)(nil),         // 1: tandem.v1.LoadRequest
+	(*LoadResponse)(nil),        // 2: tandem.v1.LoadResponse
+	(*GraphKey)(nil),            // 3: tandem.v1.GraphKey
+	(*CaptureRequest)(nil),      // 4: tandem.v1.CaptureRequest
+	(*CaptureResponse)(nil),     // 5: tandem.v1.CaptureResponse
+	(*ConnectRequest)(nil),      // 6: tandem.v1.ConnectRequest
+	(*ConnectResponse)(nil),     // 7: tandem.v1.ConnectResponse
+	(*JoinRequest)(nil),         // 8: tandem.v1.JoinRequest
+	(*JoinResponse)(nil),        // 9: tandem.v1.JoinResponse
+	(*ReleaseRequest)(nil),      // 10: tandem.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),     // 11: tandem.v1.ReleaseResponse
+	(*durationpb.Duration)(nil), // 12: google.protobuf.Duration
 }
 var file_tandem_v1_node_proto_depIdxs = []int32{
-	0, // 0: tandem.v1.Node.Load:input_type -> tandem.v1.LoadRequest
-	2, // 1: tandem.v1.Node.Connect:input_type -> tandem.v1.ConnectRequest
-	4, // 2: tandem.v1.Node.Release:input_type -> tandem.v1.ReleaseRequest
-	1, // 3: tandem.v1.Node.Load:output_type -> tandem.v1.LoadResponse
-	3, // 4: tandem.v1.Node.Connect:output_type -> tandem.v1.ConnectResponse
-	5, // 5: tandem.v1.Node.Release:output_type -> tandem.v1.ReleaseResponse
-	3, // [3:6] is the sub-list for method output_type
-	0, // [0:3] is the sub-list for method input_type
-	0, // [0:0] is the sub-list for extension type_name
-	0, // [0:0] is the sub-list for extension extendee
-	0, // [0:0] is the sub-list for field type_name
+	3,  // 0: tandem.v1.CaptureRequest.keys:type_name -> tandem.v1.GraphKey
+	12, // 1: tandem.v1.CaptureResponse.capture_time:type_name -> google.protobuf.Duration
+	0,  // 2: tandem.v1.ConnectRequest.next:type_name -> tandem.v1.Transport
+	0,  // 3: tandem.v1.ConnectRequest.prev:type_name -> tandem.v1.Transport
+	0,  // 4: tandem.v1.ConnectRequest.handoff_out:type_name -> tandem.v1.Transport
+	0,  // 5: tandem.v1.ConnectRequest.handoff_in:type_name -> tandem.v1.Transport
+	1,  // 6: tandem.v1.Node.Load:input_type -> tandem.v1.LoadRequest
+	4,  // 7: tandem.v1.Node.Capture:input_type -> tandem.v1.CaptureRequest
+	6,  // 8: tandem.v1.Node.Connect:input_type -> tandem.v1.ConnectRequest
+	8,  // 9: tandem.v1.Node.Join:input_type -> tandem.v1.JoinRequest
+	10, // 10: tandem.v1.Node.Release:input_type -> tandem.v1.ReleaseRequest
+	2,  // 11: tandem.v1.Node.Load:output_type -> tandem.v1.LoadResponse
+	5,  // 12: tandem.v1.Node.Capture:output_type -> tandem.v1.CaptureResponse
+	7,  // 13: tandem.v1.Node.Connect:output_type -> tandem.v1.ConnectResponse
+	9,  // 14: tandem.v1.Node.Join:output_type -> tandem.v1.JoinResponse
+	11, // 15: tandem.v1.Node.Release:output_type -> tandem.v1.ReleaseResponse
+	11, // [11:16] is the sub-list for method output_type
+	6,  // [6:11] is the sub-list for method input_type
+	6,  // [6:6] is the sub-list for extension type_name
+	6,  // [6:6] is the sub-list for extension extendee
+	0,  // [0:6] is the sub-list for field type_name
 }
 
 func init() { file_tandem_v1_node_proto_init() }
@@ -473,13 +1052,14 @@ func file_tandem_v1_node_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_tandem_v1_node_proto_rawDesc), len(file_tandem_v1_node_proto_rawDesc)),
-			NumEnums:      0,
-			NumMessages:   6,
+			NumEnums:      1,
+			NumMessages:   11,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
 		GoTypes:           file_tandem_v1_node_proto_goTypes,
 		DependencyIndexes: file_tandem_v1_node_proto_depIdxs,
+		EnumInfos:         file_tandem_v1_node_proto_enumTypes,
 		MessageInfos:      file_tandem_v1_node_proto_msgTypes,
 	}.Build()
 	File_tandem_v1_node_proto = out.File

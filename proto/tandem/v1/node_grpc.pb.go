@@ -20,7 +20,9 @@ const _ = grpc.SupportPackageIsVersion9
 
 const (
 	Node_Load_FullMethodName    = "/tandem.v1.Node/Load"
+	Node_Capture_FullMethodName = "/tandem.v1.Node/Capture"
 	Node_Connect_FullMethodName = "/tandem.v1.Node/Connect"
+	Node_Join_FullMethodName    = "/tandem.v1.Node/Join"
 	Node_Release_FullMethodName = "/tandem.v1.Node/Release"
 )
 
@@ -33,13 +35,21 @@ const (
 // leader epoch: a node refuses (FAILED_PRECONDITION) an epoch older than
 // the newest it has accepted, and a newer epoch replaces its assignment.
 //
-// Building a pipeline: Load on every stage (each loads its layers, opens
-// its control and data listeners and waits for its peers), then Connect on
-// every stage (each dials the next stage's data address), then the leader
-// dials every stage's control address and steps begin.
+// Building a pipeline: Load on every stage (each loads its layers and
+// opens its control and TCP data listeners); Capture on every stage when
+// the leader dispatches CUDA graphs (each captures the graphs of the
+// leader's keys); Connect on every stage (each is told how its links run:
+// a TCP sender dials the next stage's data address, an NCCL sender makes
+// the link's NCCL id, returns it and starts joining); Join on every stage
+// with an NCCL link coming in (it joins with the sender's id, and returns
+// once both ends have joined); then the leader dials every stage's control
+// address and steps begin. A stage whose links are not all up within a
+// minute of Load gives its assignment up.
 type NodeClient interface {
 	Load(ctx context.Context, in *LoadRequest, opts ...grpc.CallOption) (*LoadResponse, error)
+	Capture(ctx context.Context, in *CaptureRequest, opts ...grpc.CallOption) (*CaptureResponse, error)
 	Connect(ctx context.Context, in *ConnectRequest, opts ...grpc.CallOption) (*ConnectResponse, error)
+	Join(ctx context.Context, in *JoinRequest, opts ...grpc.CallOption) (*JoinResponse, error)
 	// Release drops the node's assignment of that epoch, if it still has it.
 	Release(ctx context.Context, in *ReleaseRequest, opts ...grpc.CallOption) (*ReleaseResponse, error)
 }
@@ -62,10 +72,30 @@ func (c *nodeClient) Load(ctx context.Context, in *LoadRequest, opts ...grpc.Cal
 	return out, nil
 }
 
+func (c *nodeClient) Capture(ctx context.Context, in *CaptureRequest, opts ...grpc.CallOption) (*CaptureResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CaptureResponse)
+	err := c.cc.Invoke(ctx, Node_Capture_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *nodeClient) Connect(ctx context.Context, in *ConnectRequest, opts ...grpc.CallOption) (*ConnectResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(ConnectResponse)
 	err := c.cc.Invoke(ctx, Node_Connect_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *nodeClient) Join(ctx context.Context, in *JoinRequest, opts ...grpc.CallOption) (*JoinResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(JoinResponse)
+	err := c.cc.Invoke(ctx, Node_Join_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -91,13 +121,21 @@ func (c *nodeClient) Release(ctx context.Context, in *ReleaseRequest, opts ...gr
 // leader epoch: a node refuses (FAILED_PRECONDITION) an epoch older than
 // the newest it has accepted, and a newer epoch replaces its assignment.
 //
-// Building a pipeline: Load on every stage (each loads its layers, opens
-// its control and data listeners and waits for its peers), then Connect on
-// every stage (each dials the next stage's data address), then the leader
-// dials every stage's control address and steps begin.
+// Building a pipeline: Load on every stage (each loads its layers and
+// opens its control and TCP data listeners); Capture on every stage when
+// the leader dispatches CUDA graphs (each captures the graphs of the
+// leader's keys); Connect on every stage (each is told how its links run:
+// a TCP sender dials the next stage's data address, an NCCL sender makes
+// the link's NCCL id, returns it and starts joining); Join on every stage
+// with an NCCL link coming in (it joins with the sender's id, and returns
+// once both ends have joined); then the leader dials every stage's control
+// address and steps begin. A stage whose links are not all up within a
+// minute of Load gives its assignment up.
 type NodeServer interface {
 	Load(context.Context, *LoadRequest) (*LoadResponse, error)
+	Capture(context.Context, *CaptureRequest) (*CaptureResponse, error)
 	Connect(context.Context, *ConnectRequest) (*ConnectResponse, error)
+	Join(context.Context, *JoinRequest) (*JoinResponse, error)
 	// Release drops the node's assignment of that epoch, if it still has it.
 	Release(context.Context, *ReleaseRequest) (*ReleaseResponse, error)
 	mustEmbedUnimplementedNodeServer()
@@ -113,8 +151,14 @@ type UnimplementedNodeServer struct{}
 func (UnimplementedNodeServer) Load(context.Context, *LoadRequest) (*LoadResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Load not implemented")
 }
+func (UnimplementedNodeServer) Capture(context.Context, *CaptureRequest) (*CaptureResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Capture not implemented")
+}
 func (UnimplementedNodeServer) Connect(context.Context, *ConnectRequest) (*ConnectResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Connect not implemented")
+}
+func (UnimplementedNodeServer) Join(context.Context, *JoinRequest) (*JoinResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Join not implemented")
 }
 func (UnimplementedNodeServer) Release(context.Context, *ReleaseRequest) (*ReleaseResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Release not implemented")
@@ -158,6 +202,24 @@ func _Node_Load_Handler(srv interface{}, ctx context.Context, dec func(interface
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Node_Capture_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CaptureRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(NodeServer).Capture(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Node_Capture_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(NodeServer).Capture(ctx, req.(*CaptureRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _Node_Connect_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(ConnectRequest)
 	if err := dec(in); err != nil {
@@ -172,6 +234,24 @@ func _Node_Connect_Handler(srv interface{}, ctx context.Context, dec func(interf
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
 		return srv.(NodeServer).Connect(ctx, req.(*ConnectRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Node_Join_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(JoinRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(NodeServer).Join(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Node_Join_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(NodeServer).Join(ctx, req.(*JoinRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }
@@ -206,8 +286,16 @@ var Node_ServiceDesc = grpc.ServiceDesc{
 			Handler:    _Node_Load_Handler,
 		},
 		{
+			MethodName: "Capture",
+			Handler:    _Node_Capture_Handler,
+		},
+		{
 			MethodName: "Connect",
 			Handler:    _Node_Connect_Handler,
+		},
+		{
+			MethodName: "Join",
+			Handler:    _Node_Join_Handler,
 		},
 		{
 			MethodName: "Release",

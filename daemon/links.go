@@ -1,0 +1,184 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/tandem-llm/tandem/collective"
+	"github.com/tandem-llm/tandem/collective/nccl"
+	"github.com/tandem-llm/tandem/gpu"
+	tandemv1 "github.com/tandem-llm/tandem/proto/tandem/v1"
+)
+
+// A stage's links to its neighbours. Activations go from each stage to the
+// next, and with on-device hand-off the sampled tokens go from the last
+// stage back to the first. Between two CUDA stages a link is an NCCL
+// communicator of its own (two ranks: the sender is rank 0 and makes the
+// id, the receiver rank 1); otherwise it is TCP (collective), and a CUDA
+// end copies its device buffer through host memory.
+
+// linkTransport is the transport of a link between two stages of the
+// given backends.
+func linkTransport(from, to string) tandemv1.Transport {
+	if from == BackendCUDA && to == BackendCUDA {
+		return tandemv1.Transport_TRANSPORT_NCCL
+	}
+	return tandemv1.Transport_TRANSPORT_TCP
+}
+
+// transportName names a transport in status and logs ("" for none).
+func transportName(t tandemv1.Transport) string {
+	switch t {
+	case tandemv1.Transport_TRANSPORT_TCP:
+		return "tcp"
+	case tandemv1.Transport_TRANSPORT_NCCL:
+		return "nccl"
+	}
+	return ""
+}
+
+// handoffLink names the TCP hand-off link into the first stage.
+const handoffLink = "handoff->layer0"
+
+// gpuStage is what an NCCL link needs of a CUDA stage: the device it runs
+// on and the stream its work is ordered on.
+type gpuStage interface {
+	Device() *gpu.Device
+	Stream() gpu.Stream
+}
+
+// ncclJoin is an NCCL communicator being joined in the background.
+type ncclJoin struct {
+	done chan struct{} // closed when the join has ended
+	comm *gpu.NCCLComm // set before done is closed, on success
+	err  error
+	// taken is set by the one that wraps comm in a link (whose Close
+	// aborts it); otherwise whoever ends the assignment aborts it.
+	taken bool
+}
+
+// startNCCLJoin joins rank of a 2-rank communicator with id on dev in the
+// background, for at most wireTimeout within ctx.
+func startNCCLJoin(ctx context.Context, dev *gpu.Device, id gpu.NCCLUniqueID, rank int) *ncclJoin {
+	j := &ncclJoin{done: make(chan struct{})}
+	go func() {
+		defer close(j.done)
+		ctx, cancel := context.WithTimeout(ctx, wireTimeout)
+		defer cancel()
+		j.comm, j.err = nccl.Connect(ctx, dev, 2, id, rank)
+	}()
+	return j
+}
+
+// wait waits for the join to end (ctx bounds it too).
+func (j *ncclJoin) wait() (*gpu.NCCLComm, error) {
+	<-j.done
+	return j.comm, j.err
+}
+
+// ncclSender is a Sender over an NCCL communicator of its own: Close also
+// aborts the communicator, which frees it without waiting for the peer.
+type ncclSender struct {
+	*nccl.Sender
+	comm *gpu.NCCLComm
+}
+
+func (s ncclSender) Close() error { return errors.Join(s.Sender.Close(), s.comm.Abort()) }
+
+// ncclReceiver is a Receiver over an NCCL communicator of its own.
+type ncclReceiver struct {
+	*nccl.Receiver
+	comm *gpu.NCCLComm
+}
+
+func (r ncclReceiver) Close() error { return errors.Join(r.Receiver.Close(), r.comm.Abort()) }
+
+// newNCCLSender wraps a joined communicator (rank 0) as the sender of a
+// link; on failure it aborts the communicator.
+func newNCCLSender(g gpuStage, comm *gpu.NCCLComm) (collective.Sender, error) {
+	s, err := nccl.NewSender(nccl.Config{Device: g.Device(), Comm: comm, Peer: 1, Stream: g.Stream()})
+	if err != nil {
+		comm.Abort()
+		return nil, err
+	}
+	return ncclSender{s, comm}, nil
+}
+
+// newNCCLReceiver wraps a joined communicator (rank 1) as the receiver of
+// a link; on failure it aborts the communicator.
+func newNCCLReceiver(g gpuStage, comm *gpu.NCCLComm) (collective.Receiver, error) {
+	r, err := nccl.NewReceiver(nccl.Config{Device: g.Device(), Comm: comm, Peer: 0, Stream: g.Stream()})
+	if err != nil {
+		comm.Abort()
+		return nil, err
+	}
+	return ncclReceiver{r, comm}, nil
+}
+
+// stagedSender sends over TCP what a CUDA stage has in device memory: it
+// copies the message into a host buffer first. Host buffers go straight
+// through.
+type stagedSender struct {
+	collective.Sender
+	dev  *gpu.Device
+	host collective.Host
+}
+
+func (s *stagedSender) Send(ctx context.Context, h collective.Header, b collective.Buffer) error {
+	m, ok := b.(gpu.Mem)
+	if !ok {
+		return s.Sender.Send(ctx, h, b)
+	}
+	n := h.Bytes()
+	if n > len(s.host) || n > m.Len() {
+		return fmt.Errorf("stage %v through host memory: %d bytes, the buffers hold %d (host) and %d (device)", h, n, len(s.host), m.Len())
+	}
+	if err := s.dev.Do(func() error { return gpu.CopyDtoH(s.host[:n], m.Ptr()) }); err != nil {
+		return fmt.Errorf("copy %v from the device: %w", h, err)
+	}
+	return s.Sender.Send(ctx, h, s.host[:n])
+}
+
+// stagedReceiver receives over TCP into a CUDA stage's device memory
+// through a host buffer.
+type stagedReceiver struct {
+	collective.Receiver
+	dev  *gpu.Device
+	host collective.Host
+}
+
+func (r *stagedReceiver) Recv(ctx context.Context, h collective.Header, b collective.Buffer) error {
+	m, ok := b.(gpu.Mem)
+	if !ok {
+		return r.Receiver.Recv(ctx, h, b)
+	}
+	n := h.Bytes()
+	if n > len(r.host) || n > m.Len() {
+		return fmt.Errorf("stage %v through host memory: %d bytes, the buffers hold %d (host) and %d (device)", h, n, len(r.host), m.Len())
+	}
+	if err := r.Receiver.Recv(ctx, h, r.host[:n]); err != nil {
+		return err
+	}
+	if err := r.dev.Do(func() error { return gpu.CopyHtoD(m.Ptr(), r.host[:n]) }); err != nil {
+		return fmt.Errorf("copy %v to the device: %w", h, err)
+	}
+	return nil
+}
+
+// stageTCPSender wraps a TCP sender of a stage: a CUDA stage's messages of
+// up to bytes bytes go through a host buffer.
+func stageTCPSender(s collective.Sender, st any, bytes int) collective.Sender {
+	if g, ok := st.(gpuStage); ok {
+		return &stagedSender{Sender: s, dev: g.Device(), host: make(collective.Host, bytes)}
+	}
+	return s
+}
+
+// stageTCPReceiver wraps a TCP receiver of a stage likewise.
+func stageTCPReceiver(r collective.Receiver, st any, bytes int) collective.Receiver {
+	if g, ok := st.(gpuStage); ok {
+		return &stagedReceiver{Receiver: r, dev: g.Device(), host: make(collective.Host, bytes)}
+	}
+	return r
+}

@@ -1,0 +1,248 @@
+#!/usr/bin/env bash
+# tandem's GPU cluster check: tandemd daemons serving a model over two GPUs,
+# NCCL between them, CUDA graphs dispatched by the leader, on-device
+# hand-off of sampled tokens.
+#
+#   bash scripts/gpu-cluster-check.sh         here (with Go): builds tandemd
+#                                             and tandemctl into .carry/cluster/
+#   bash scripts/gpu-cluster-check.sh device  on a machine of two GPUs (python3
+#                                             with torch and transformers; no Go)
+#   BACKEND=cpu bash scripts/gpu-cluster-check.sh device
+#                                             here, on the CPU with a tiny model:
+#                                             checks the script itself
+#
+# The device part (1) makes a random-init Llama-3.2-1B-shaped checkpoint with
+# transformers (bf16, init std 0.02, as scripts/hf_ref.py builds it) and gives
+# it a tokenizer of its vocabulary (tandemctl model init); (2) starts a leader
+# (no stage) and two `tandemd serve --backend cuda` stage daemons, one per GPU
+# (CUDA_VISIBLE_DEVICES=0 and 1), which the leader wires with NCCL; (3) runs a
+# few greedy prompts one at a time through `tandemctl generate --json` and
+# saves `tandemctl status` and `tandemctl graphs`; (4) measures tokens/s of N
+# concurrent requests; (5) restarts the cluster with --handoff=false (p steps
+# in flight instead of p+1) and measures the same; (6) starts a leader and
+# one stage daemon on GPU 0 and runs the same prompts: the tokens must match
+# the two-GPU cluster's and the log-probabilities agree within bf16
+# tolerance. Logs, outputs and summary.json go to $OUT; the summary is
+# printed last.
+#
+# With the device tool (nvidia-h200-x2): run `bash scripts/gpu-cluster-check.sh`
+# here, then on the device with carry [".carry"]:
+# `bash scripts/gpu-cluster-check.sh device`.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+if [ "${1:-}" != device ]; then
+	set -e
+	mkdir -p .carry/cluster
+	CGO_ENABLED=0 go build -o .carry/cluster/tandemd ./cmd/tandemd
+	CGO_ENABLED=0 go build -o .carry/cluster/tandemctl ./cmd/tandemctl
+	exit 0
+fi
+
+export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
+BACKEND=${BACKEND:-cuda}
+OUT=${OUT:-/tmp/tandem-cluster-check}
+WORK=${WORK:-/tmp/tandem-cluster}
+BIN=$PWD/.carry/cluster
+CONCURRENT=${CONCURRENT:-8 32}
+THROUGHPUT_TOKENS=${THROUGHPUT_TOKENS:-128}
+mkdir -p "$OUT" "$WORK/logs" "$WORK/runs"
+LOG=$OUT/cluster.log
+: >"$LOG"
+status=0
+step() { echo "== $(date -u +%T) $*" | tee -a "$LOG"; }
+ctl() { "$BIN/tandemctl" --addr "$LEADER" "$@"; }
+
+step "environment"
+{
+	date -u
+	if [ "$BACKEND" = cuda ]; then
+		nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv
+		nvidia-smi topo -m
+	fi
+} 2>&1 | tee -a "$LOG"
+
+step "(1) checkpoint"
+MODEL=$WORK/model
+if [ "$BACKEND" = cuda ]; then
+	python3 - "$MODEL" <<'EOF' 2>&1 | tee -a "$LOG"
+import sys, time
+sys.path.insert(0, "scripts")
+import hf_ref
+t = time.time()
+model, _ = hf_ref.build("llama1b", 0.02, 1234)
+model.save_pretrained(sys.argv[1])
+print("llama1b random init (std 0.02) saved in bf16 in %.1f s" % (time.time() - t))
+EOF
+	"$BIN/tandemctl" model init --out "$WORK/tok" --vocab 128256 --layers 1 --hidden 64 --heads 2 --kv-heads 1 --intermediate 64 >>"$LOG"
+	cp "$WORK/tok/tokenizer.json" "$MODEL/"
+	VOCAB=128256
+else
+	"$BIN/tandemctl" model init --out "$MODEL" --layers 4 | tee -a "$LOG"
+	VOCAB=512
+fi
+
+# Prompts: random token ids, fixed seeds, of several lengths.
+prompt_ids() { python3 -c "import random,sys; r=random.Random($1); print(','.join(str(r.randrange($VOCAB)) for _ in range($2)))"; }
+
+PIDS=()
+# start_cluster TAG GPUS [leader flags...]: a leader without a stage and one
+# stage daemon per GPU; waits until the leader serves.
+start_cluster() {
+	local tag=$1 gpus=$2
+	shift 2
+	local common=(serve --model "$MODEL" --leader leader --fast-gossip --max-seqs 64 --max-batch-tokens 512 --log-level info)
+	LEADER=127.0.0.1:17400
+	PIDS=()
+	"$BIN/tandemd" "${common[@]}" --name leader --stage=false --backend cpu --grpc "$LEADER" --gossip 127.0.0.1:17401 \
+		--expect-stages "$gpus" "$@" >/dev/null 2>"$WORK/logs/$tag-leader.log" &
+	PIDS+=($!)
+	for ((i = 0; i < gpus; i++)); do
+		local dev=(--backend cuda)
+		[ "$BACKEND" = cpu ] && dev=(--backend cpu --memory 1GiB)
+		CUDA_VISIBLE_DEVICES=$i TANDEM_CACHE_DIR=$WORK/cache "$BIN/tandemd" "${common[@]}" --name "gpu$i" "${dev[@]}" \
+			--grpc "127.0.0.1:$((17410 + 2 * i))" --gossip "127.0.0.1:$((17411 + 2 * i))" --seeds 127.0.0.1:17401 \
+			>/dev/null 2>"$WORK/logs/$tag-gpu$i.log" &
+		PIDS+=($!)
+	done
+	local start=$SECONDS
+	until ctl status --json 2>/dev/null | python3 -c 'import json,sys; sys.exit(0 if json.load(sys.stdin).get("serving") else 1)' 2>/dev/null; do
+		if ((SECONDS - start > 300)); then
+			echo "cluster $tag: not serving after 300 s" | tee -a "$LOG"
+			ctl status 2>&1 | tee -a "$LOG"
+			return 1
+		fi
+		sleep 0.5
+	done
+	echo "cluster $tag: serving $((SECONDS - start)) s after start" | tee -a "$LOG"
+}
+
+stop_cluster() {
+	kill -TERM "${PIDS[@]}" 2>/dev/null
+	for p in "${PIDS[@]}"; do
+		timeout 60 tail --pid="$p" -f /dev/null || { echo "daemon $p did not stop: killed" | tee -a "$LOG"; kill -KILL "$p"; }
+	done
+	PIDS=()
+}
+trap 'stop_cluster' EXIT
+
+# prompts TAG: the greedy prompts, one at a time, with log-probabilities.
+prompts() {
+	local tag=$1 n
+	: >"$WORK/runs/$tag.prompts"
+	for n in 7 33 100 250; do
+		ctl generate --ids "$(prompt_ids "$n" "$n")" --max-tokens 32 --ignore-eos --logprobs 5 --json |
+			python3 -c 'import json,sys; print(json.dumps(json.load(sys.stdin)))' >>"$WORK/runs/$tag.prompts" || return 1
+	done
+	echo "cluster $tag: 4 greedy prompts done" | tee -a "$LOG"
+}
+
+# throughput TAG: N concurrent requests of a 64-token prompt and
+# THROUGHPUT_TOKENS tokens each, for each N in CONCURRENT.
+throughput() {
+	local tag=$1 n i start end
+	for n in $CONCURRENT; do
+		local dir=$WORK/runs/$tag-c$n
+		mkdir -p "$dir"
+		local ids=() gen=()
+		for ((i = 0; i < n; i++)); do
+			ids+=("$(prompt_ids $((1000 + i)) 64)")
+		done
+		start=$(date +%s.%N)
+		for ((i = 0; i < n; i++)); do
+			ctl generate --ids "${ids[$i]}" --max-tokens "$THROUGHPUT_TOKENS" --ignore-eos --json >"$dir/$i.json" &
+			gen+=($!)
+		done
+		wait "${gen[@]}"
+		end=$(date +%s.%N)
+		python3 - "$dir" "$start" "$end" "$tag" "$n" <<'EOF' | tee -a "$LOG" >>"$WORK/runs/throughput.jsonl"
+import glob, json, sys
+d, start, end, tag, n = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), sys.argv[4], int(sys.argv[5])
+toks = 0
+for f in glob.glob(d + "/*.json"):
+    try:
+        toks += int(json.load(open(f))["usage"]["completionTokens"])
+    except Exception as e:
+        print("bad output", f, e, file=sys.stderr)
+wall = end - start
+print(json.dumps({"cluster": tag, "concurrent": n, "tokens": toks, "wall_s": round(wall, 3), "tokens_per_s": round(toks / wall, 1)}))
+EOF
+	done
+	ctl status --json >"$WORK/runs/$tag.status.json"
+}
+
+step "(2, 3, 4) two GPUs, NCCL, hand-off on"
+if start_cluster two 2; then
+	prompts two || status=1
+	{ echo "# tandemctl status (two GPUs, hand-off on)"; ctl status; echo; echo "# tandemctl graphs"; ctl graphs; } >"$OUT/status-graphs.txt" 2>&1
+	throughput two-handoff || status=1
+	{ echo; echo "# tandemctl graphs after the throughput runs"; ctl graphs; echo; ctl status; } >>"$OUT/status-graphs.txt" 2>&1
+else
+	status=1
+fi
+stop_cluster
+
+step "(5) two GPUs, NCCL, hand-off off"
+if start_cluster two-nohandoff 2 --handoff=false; then
+	throughput two-nohandoff || status=1
+	{ echo; echo "# tandemctl status (two GPUs, hand-off off)"; ctl status; } >>"$OUT/status-graphs.txt" 2>&1
+else
+	status=1
+fi
+stop_cluster
+
+step "(6) one GPU"
+if start_cluster one 1; then
+	prompts one || status=1
+	throughput one-handoff || status=1
+else
+	status=1
+fi
+stop_cluster
+
+step "summary"
+python3 - "$WORK/runs" "$OUT/summary.json" "$status" <<'EOF' 2>&1 | tee -a "$LOG"
+import json, os, sys
+runs, out, status = sys.argv[1], sys.argv[2], int(sys.argv[3])
+def load(tag):
+    p = os.path.join(runs, tag + ".prompts")
+    return [json.loads(l) for l in open(p)] if os.path.exists(p) else []
+two, one = load("two"), load("one")
+summary = {"status": status, "prompts": []}
+ok = len(two) == 4 and len(one) == 4
+for i, (a, b) in enumerate(zip(two, one)):
+    ta, tb = a.get("tokenIds", []), b.get("tokenIds", [])
+    same = ta == tb
+    first = next((k for k, (x, y) in enumerate(zip(ta, tb)) if x != y), None)
+    n = first if first is not None else min(len(ta), len(tb))
+    diff = 0.0
+    for la, lb in zip(a.get("logprobs", [])[:n], b.get("logprobs", [])[:n]):
+        diff = max(diff, abs(la.get("logprob", 0) - lb.get("logprob", 0)))
+        for x, y in zip(la.get("top", []), lb.get("top", [])):
+            if x.get("tokenId") == y.get("tokenId"):
+                diff = max(diff, abs(x.get("logprob", 0) - y.get("logprob", 0)))
+    summary["prompts"].append({"prompt": i, "tokens": len(ta), "same_tokens": same, "first_difference": first, "max_logprob_diff": diff})
+    ok = ok and same and diff <= 0.05
+summary["two_gpu_matches_one_gpu"] = ok
+tp = os.path.join(runs, "throughput.jsonl")
+summary["throughput"] = [json.loads(l) for l in open(tp)] if os.path.exists(tp) else []
+for tag in ("two-handoff", "two-nohandoff", "one-handoff"):
+    p = os.path.join(runs, tag + ".status.json")
+    if os.path.exists(p):
+        st = json.load(open(p))
+        summary[tag] = {k: st.get(k) for k in ("graphMode", "handoff", "maxInFlight", "scheduler")}
+        summary[tag]["stages"] = [{k: s.get(k) for k in ("node", "layerLo", "layerHi", "backend", "device", "kvTokens", "weightBytes", "kvBytes", "graphBytes", "graphs", "captureTime", "nextLink")} for s in st.get("stages", [])]
+json.dump(summary, open(out, "w"), indent=1)
+print(json.dumps(summary, indent=1))
+if not ok:
+    sys.exit(1)
+EOF
+[ "${PIPESTATUS[0]}" = 0 ] || status=1
+for f in "$WORK"/logs/*.log; do
+	echo "### $(basename "$f")"
+	tail -n 60 "$f"
+done >"$OUT/daemons.log"
+cp "$WORK/runs/two.prompts" "$OUT/two-gpu-prompts.jsonl" 2>/dev/null
+cp "$WORK/runs/one.prompts" "$OUT/one-gpu-prompts.jsonl" 2>/dev/null
+echo "exit status $status" | tee -a "$LOG"
+exit $status
