@@ -42,10 +42,9 @@ func transportName(t tandemv1.Transport) string {
 const handoffLink = "handoff->layer0"
 
 // gpuStage is what an NCCL link needs of a CUDA stage: the device it runs
-// on and the stream its work is ordered on.
+// on.
 type gpuStage interface {
 	Device() *gpu.Device
-	Stream() gpu.Stream
 }
 
 // ncclJoin is an NCCL communicator being joined in the background.
@@ -77,43 +76,108 @@ func (j *ncclJoin) wait() (*gpu.NCCLComm, error) {
 	return j.comm, j.err
 }
 
-// ncclSender is a Sender over an NCCL communicator of its own: Close also
-// aborts the communicator, which frees it without waiting for the peer.
+// ncclLink is what an NCCL link owns besides its endpoint: a
+// communicator and a stream of its own. Each link orders its transfers on
+// its own stream, so that the transfers of a stage's links never queue
+// behind one another (the first transfers of two links must run at once
+// to connect them) and never behind the stage's own work (Forward has
+// finished before a transfer starts, and a transfer has completed before
+// Forward reads it).
+type ncclLink struct {
+	dev    *gpu.Device
+	comm   *gpu.NCCLComm
+	stream gpu.Stream
+}
+
+// newNCCLLink makes the link's stream; on failure it aborts comm.
+func newNCCLLink(dev *gpu.Device, comm *gpu.NCCLComm) (*ncclLink, error) {
+	l := &ncclLink{dev: dev, comm: comm}
+	if err := dev.Do(func() (err error) { l.stream, err = gpu.NewStream(); return err }); err != nil {
+		comm.Abort()
+		return nil, fmt.Errorf("create the NCCL link's stream: %w", err)
+	}
+	return l, nil
+}
+
+// close aborts the communicator, which frees it without waiting for the
+// peer, then destroys the stream.
+func (l *ncclLink) close() error {
+	err := l.comm.Abort()
+	return errors.Join(err, l.dev.Do(l.stream.Destroy))
+}
+
+// ncclSender is a Sender over an NCCL link of its own.
 type ncclSender struct {
 	*nccl.Sender
-	comm *gpu.NCCLComm
+	link *ncclLink
 }
 
-func (s ncclSender) Close() error { return errors.Join(s.Sender.Close(), s.comm.Abort()) }
+func (s ncclSender) Close() error { return errors.Join(s.Sender.Close(), s.link.close()) }
 
-// ncclReceiver is a Receiver over an NCCL communicator of its own.
+// ncclReceiver is a Receiver over an NCCL link of its own.
 type ncclReceiver struct {
 	*nccl.Receiver
-	comm *gpu.NCCLComm
+	link *ncclLink
 }
 
-func (r ncclReceiver) Close() error { return errors.Join(r.Receiver.Close(), r.comm.Abort()) }
+func (r ncclReceiver) Close() error { return errors.Join(r.Receiver.Close(), r.link.close()) }
 
 // newNCCLSender wraps a joined communicator (rank 0) as the sender of a
 // link; on failure it aborts the communicator.
-func newNCCLSender(g gpuStage, comm *gpu.NCCLComm) (collective.Sender, error) {
-	s, err := nccl.NewSender(nccl.Config{Device: g.Device(), Comm: comm, Peer: 1, Stream: g.Stream()})
+func newNCCLSender(dev *gpu.Device, comm *gpu.NCCLComm) (collective.Sender, error) {
+	l, err := newNCCLLink(dev, comm)
 	if err != nil {
-		comm.Abort()
 		return nil, err
 	}
-	return ncclSender{s, comm}, nil
+	s, err := nccl.NewSender(nccl.Config{Device: dev, Comm: comm, Peer: 1, Stream: l.stream})
+	if err != nil {
+		l.close()
+		return nil, err
+	}
+	return ncclSender{s, l}, nil
 }
 
 // newNCCLReceiver wraps a joined communicator (rank 1) as the receiver of
 // a link; on failure it aborts the communicator.
-func newNCCLReceiver(g gpuStage, comm *gpu.NCCLComm) (collective.Receiver, error) {
-	r, err := nccl.NewReceiver(nccl.Config{Device: g.Device(), Comm: comm, Peer: 0, Stream: g.Stream()})
+func newNCCLReceiver(dev *gpu.Device, comm *gpu.NCCLComm) (collective.Receiver, error) {
+	l, err := newNCCLLink(dev, comm)
 	if err != nil {
-		comm.Abort()
 		return nil, err
 	}
-	return ncclReceiver{r, comm}, nil
+	r, err := nccl.NewReceiver(nccl.Config{Device: dev, Comm: comm, Peer: 0, Stream: l.stream})
+	if err != nil {
+		l.close()
+		return nil, err
+	}
+	return ncclReceiver{r, l}, nil
+}
+
+// warmUp moves one small message over a new NCCL link, from its sender
+// (send set) or into its receiver, so that NCCL connects the link now.
+// NCCL connects point-to-point links at their first transfer, which needs
+// both ends: otherwise the last stage's first hand-off send would wait for
+// the first stage's first hand-off receive, which comes only steps later,
+// while the first stage waits to send it activations. Connected, a link
+// buffers small messages (hand-off rows) until they are received.
+func warmUp(ctx context.Context, dev *gpu.Device, send collective.Sender, recv collective.Receiver) error {
+	h := collective.Header{Rows: 1, Cols: 1, DType: collective.I32}
+	var m gpu.Mem
+	if err := dev.Do(func() (err error) { m, err = gpu.Alloc(h.Bytes()); return err }); err != nil {
+		return fmt.Errorf("warm up the NCCL link: %w", err)
+	}
+	var err error
+	if send != nil {
+		err = send.Send(ctx, h, m)
+	} else {
+		err = recv.Recv(ctx, h, m)
+	}
+	if ferr := dev.Do(m.Free); err == nil && ferr != nil {
+		err = ferr
+	}
+	if err != nil {
+		return fmt.Errorf("warm up the NCCL link: %w", err)
+	}
+	return nil
 }
 
 // stagedSender sends over TCP what a CUDA stage has in device memory: it

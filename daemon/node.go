@@ -377,9 +377,12 @@ func (s *stageSlot) join(ctx context.Context, in *tandemv1.JoinRequest) error {
 		comm, err := j.wait()
 		if err == nil {
 			var r collective.Receiver
-			if r, err = newNCCLReceiver(a.st.(gpuStage), comm); err == nil {
+			if r, err = newNCCLReceiver(a.st.(gpuStage).Device(), comm); err == nil {
 				a.own(r)
 				*links[i].dst = r
+				wctx, cancel := context.WithTimeout(ctx, wireTimeout)
+				err = warmUp(wctx, a.st.(gpuStage).Device(), nil, r)
+				cancel()
 			}
 		}
 		if err != nil {
@@ -526,12 +529,15 @@ func (s *stageSlot) wire(ctx context.Context, a *assignment, acc <-chan accepted
 			return fmt.Errorf("join the %s NCCL link: %w", l.name, err)
 		}
 		l.j.taken = true
-		snd, err := newNCCLSender(a.st.(gpuStage), comm)
+		snd, err := newNCCLSender(a.st.(gpuStage).Device(), comm)
 		if err != nil {
 			return fmt.Errorf("the %s NCCL link: %w", l.name, err)
 		}
 		a.own(snd)
 		*l.dst = snd
+		if err := warmUp(ctx, a.st.(gpuStage).Device(), snd, nil); err != nil {
+			return fmt.Errorf("the %s link: %w", l.name, err)
+		}
 	}
 	if a.prevT == tandemv1.Transport_TRANSPORT_NCCL || a.hoInT == tandemv1.Transport_TRANSPORT_NCCL {
 		select {

@@ -34,8 +34,8 @@ cd "$(dirname "$0")/.."
 if [ "${1:-}" != device ]; then
 	set -e
 	mkdir -p .carry/cluster
-	CGO_ENABLED=0 go build -o .carry/cluster/tandemd ./cmd/tandemd
-	CGO_ENABLED=0 go build -o .carry/cluster/tandemctl ./cmd/tandemctl
+	CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o .carry/cluster/tandemd ./cmd/tandemd
+	CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o .carry/cluster/tandemctl ./cmd/tandemctl
 	exit 0
 fi
 
@@ -44,8 +44,8 @@ BACKEND=${BACKEND:-cuda}
 OUT=${OUT:-/tmp/tandem-cluster-check}
 WORK=${WORK:-/tmp/tandem-cluster}
 BIN=$PWD/.carry/cluster
-CONCURRENT=${CONCURRENT:-8 32}
-THROUGHPUT_TOKENS=${THROUGHPUT_TOKENS:-128}
+CONCURRENT=${CONCURRENT:-8 32 64}
+THROUGHPUT_TOKENS=${THROUGHPUT_TOKENS:-256}
 mkdir -p "$OUT" "$WORK/logs" "$WORK/runs"
 LOG=$OUT/cluster.log
 : >"$LOG"
@@ -90,6 +90,7 @@ PIDS=()
 # stage daemon per GPU; waits until the leader serves.
 start_cluster() {
 	local tag=$1 gpus=$2
+	TAG=$tag
 	shift 2
 	local common=(serve --model "$MODEL" --leader leader --fast-gossip --max-seqs 64 --max-batch-tokens 512 --log-level info)
 	LEADER=127.0.0.1:17400
@@ -107,8 +108,8 @@ start_cluster() {
 	done
 	local start=$SECONDS
 	until ctl status --json 2>/dev/null | python3 -c 'import json,sys; sys.exit(0 if json.load(sys.stdin).get("serving") else 1)' 2>/dev/null; do
-		if ((SECONDS - start > 300)); then
-			echo "cluster $tag: not serving after 300 s" | tee -a "$LOG"
+		if ((SECONDS - start > 180)); then
+			echo "cluster $tag: not serving after 180 s" | tee -a "$LOG"
 			ctl status 2>&1 | tee -a "$LOG"
 			return 1
 		fi
@@ -117,21 +118,28 @@ start_cluster() {
 	echo "cluster $tag: serving $((SECONDS - start)) s after start" | tee -a "$LOG"
 }
 
+# stop_cluster TAG: SIGTERM (each daemon drains and exits), then the tail
+# of each daemon's log into $OUT/daemons.log.
 stop_cluster() {
+	((${#PIDS[@]})) || return 0
 	kill -TERM "${PIDS[@]}" 2>/dev/null
 	for p in "${PIDS[@]}"; do
-		timeout 60 tail --pid="$p" -f /dev/null || { echo "daemon $p did not stop: killed" | tee -a "$LOG"; kill -KILL "$p"; }
+		timeout 40 tail --pid="$p" -f /dev/null || { echo "daemon $p did not stop: killed" | tee -a "$LOG"; kill -KILL "$p"; }
 	done
 	PIDS=()
+	for f in "$WORK/logs/$1"-*.log; do
+		echo "### $(basename "$f")"
+		tail -n 80 "$f"
+	done >>"$OUT/daemons.log"
 }
-trap 'stop_cluster' EXIT
+trap 'stop_cluster "$TAG"' EXIT
 
 # prompts TAG: the greedy prompts, one at a time, with log-probabilities.
 prompts() {
 	local tag=$1 n
 	: >"$WORK/runs/$tag.prompts"
 	for n in 7 33 100 250; do
-		ctl generate --ids "$(prompt_ids "$n" "$n")" --max-tokens 32 --ignore-eos --logprobs 5 --json |
+		ctl generate --timeout 120s --ids "$(prompt_ids "$n" "$n")" --max-tokens 32 --ignore-eos --logprobs 5 --json |
 			python3 -c 'import json,sys; print(json.dumps(json.load(sys.stdin)))' >>"$WORK/runs/$tag.prompts" || return 1
 	done
 	echo "cluster $tag: 4 greedy prompts done" | tee -a "$LOG"
@@ -150,7 +158,7 @@ throughput() {
 		done
 		start=$(date +%s.%N)
 		for ((i = 0; i < n; i++)); do
-			ctl generate --ids "${ids[$i]}" --max-tokens "$THROUGHPUT_TOKENS" --ignore-eos --json >"$dir/$i.json" &
+			ctl generate --timeout 120s --ids "${ids[$i]}" --max-tokens "$THROUGHPUT_TOKENS" --ignore-eos --json >"$dir/$i.json" &
 			gen+=($!)
 		done
 		wait "${gen[@]}"
@@ -172,33 +180,35 @@ EOF
 }
 
 step "(2, 3, 4) two GPUs, NCCL, hand-off on"
+: >"$OUT/daemons.log"
 if start_cluster two 2; then
 	prompts two || status=1
 	{ echo "# tandemctl status (two GPUs, hand-off on)"; ctl status; echo; echo "# tandemctl graphs"; ctl graphs; } >"$OUT/status-graphs.txt" 2>&1
 	throughput two-handoff || status=1
 	{ echo; echo "# tandemctl graphs after the throughput runs"; ctl graphs; echo; ctl status; } >>"$OUT/status-graphs.txt" 2>&1
-else
-	status=1
-fi
-stop_cluster
+	stop_cluster two
 
-step "(5) two GPUs, NCCL, hand-off off"
-if start_cluster two-nohandoff 2 --handoff=false; then
-	throughput two-nohandoff || status=1
-	{ echo; echo "# tandemctl status (two GPUs, hand-off off)"; ctl status; } >>"$OUT/status-graphs.txt" 2>&1
-else
-	status=1
-fi
-stop_cluster
+	step "(5) two GPUs, NCCL, hand-off off"
+	if start_cluster two-nohandoff 2 --handoff=false; then
+		throughput two-nohandoff || status=1
+		{ echo; echo "# tandemctl status (two GPUs, hand-off off)"; ctl status; } >>"$OUT/status-graphs.txt" 2>&1
+	else
+		status=1
+	fi
+	stop_cluster two-nohandoff
 
-step "(6) one GPU"
-if start_cluster one 1; then
-	prompts one || status=1
-	throughput one-handoff || status=1
+	step "(6) one GPU"
+	if start_cluster one 1; then
+		prompts one || status=1
+		throughput one-handoff || status=1
+	else
+		status=1
+	fi
+	stop_cluster one
 else
 	status=1
+	stop_cluster two
 fi
-stop_cluster
 
 step "summary"
 python3 - "$WORK/runs" "$OUT/summary.json" "$status" <<'EOF' 2>&1 | tee -a "$LOG"
@@ -238,10 +248,6 @@ if not ok:
     sys.exit(1)
 EOF
 [ "${PIPESTATUS[0]}" = 0 ] || status=1
-for f in "$WORK"/logs/*.log; do
-	echo "### $(basename "$f")"
-	tail -n 60 "$f"
-done >"$OUT/daemons.log"
 cp "$WORK/runs/two.prompts" "$OUT/two-gpu-prompts.jsonl" 2>/dev/null
 cp "$WORK/runs/one.prompts" "$OUT/one-gpu-prompts.jsonl" 2>/dev/null
 echo "exit status $status" | tee -a "$LOG"
