@@ -382,3 +382,77 @@ func isKind(err error, k kind) bool {
 	var ke *kindError
 	return errors.As(err, &ke) && ke.kind == k
 }
+
+// noGraphs is a stage that captured no CUDA graphs: as the stage contract
+// says, it fails a step it is told to replay instead of running it
+// eagerly.
+type noGraphs struct{ stage.Stage }
+
+func (s noGraphs) Forward(ctx context.Context, b *stage.Batch) (*stage.Output, error) {
+	if err := b.Graph.Validate("no-graphs", b.NumTokens(), len(b.Seqs), nil); err != nil {
+		return nil, err
+	}
+	return s.Stage.Forward(ctx, b)
+}
+
+// TestUnreplayableStepFails dispatches CUDA graphs to a pipeline whose
+// second stage has none: its refusal of the first step fails the request
+// with UNAVAILABLE naming the key and stops the engine, promptly, never
+// hanging the pipeline.
+func TestUnreplayableStepFails(t *testing.T) {
+	ckpt, tok := openTestModel(t, testModel(t))
+	cfg := ckpt.Config()
+	var stages []stage.Stage
+	for i, r := range [][2]int{{0, 2}, {2, cfg.NumLayers}} {
+		st, err := cpu.New(cpu.Config{Model: cfg, Lo: r[0], Hi: r[1], Weights: ckpt, MaxTokens: 32, MaxSeqs: 4, NumBlocks: testBlocks, BlockSize: sched.DefaultBlockSize})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { st.Close() })
+		if i == 1 {
+			stages = append(stages, noGraphs{st})
+		} else {
+			stages = append(stages, st)
+		}
+	}
+	d, err := pipeline.StartLocal(context.Background(), stages)
+	if err != nil {
+		t.Fatal(err)
+	}
+	disp, err := graphs.NewDispatcher(graphs.Config{Mode: graphs.FullAndPiecewise, MaxCaptureSize: testSched.MaxNumBatchedTokens, MaxNumSeqs: testSched.MaxNumSeqs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := newEngine(d, 1, testSched, disp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- e.run() }()
+	t.Cleanup(func() {
+		e.abort(errors.New("test over"))
+		<-e.done
+	})
+	s := &inferenceServer{model: cfg, tok: tok, engines: staticEngines{e}}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	start := time.Now()
+	_, _, err = collectGenerate(ctx, s, &tandemv1.GenerateRequest{Prompt: "Hello", MaxTokens: 4})
+	err = grpcError(err) // as the Generate RPC answers it
+	if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "stage no-graphs cannot replay key PIECEWISE tokens=4") {
+		t.Fatalf("generate: %v (code %v), want UNAVAILABLE naming the key the stage cannot replay", err, status.Code(err))
+	}
+	select {
+	case err := <-done:
+		if err == nil || !strings.Contains(err.Error(), "stage 1 failed") {
+			t.Errorf("engine stopped with %v, want stage 1's failure", err)
+		}
+	case <-ctx.Done():
+		t.Fatal("the engine did not stop after the failed step")
+	}
+	rows := e.graphs.Snapshot()
+	if len(rows) != 1 || rows[0] != (graphs.Row{Unpadded: 4, Padded: 4, Mode: graphs.Piecewise, Count: 1}) {
+		t.Errorf("dispatch statistics %+v, want the prompt's one PIECEWISE step of 4 tokens", rows)
+	}
+	t.Logf("the failed step ended the request and the engine in %v", time.Since(start).Round(time.Millisecond))
+}
