@@ -38,7 +38,7 @@ type stageSlot struct {
 	tandemv1.UnimplementedNodeServer
 	name   string
 	ckpt   *model.Checkpoint
-	usable uint64       // memory the stage may use
+	usable uint64       // memory the stage may use (besides graphMemory)
 	dev    *stageDevice // what stages run on
 	// cacheDir and graphMemory configure CUDA stages (kernel cache, memory
 	// held back for graphs).
@@ -51,7 +51,7 @@ type stageSlot struct {
 	ctx context.Context // the daemon's lifetime
 	wg  sync.WaitGroup  // assignment goroutines
 
-	mu    sync.Mutex // serializes Load, Connect and Release
+	mu    sync.Mutex // serializes the Node calls
 	epoch uint64     // newest accepted
 	cur   *assignment
 }
@@ -72,10 +72,9 @@ type assignment struct {
 	next, handoffOut            collective.Sender
 	prev, handoffIn             collective.Receiver
 	nextJoin, hoOutJoin         *ncclJoin
-	connect                     chan struct{}             // closed by Connect
-	joined                      chan struct{}             // closed by Join
-	graphs                      *tandemv1.CaptureResponse // set by Capture
-	ctx                         context.Context           // cancelled when the assignment ends
+	connect                     chan struct{}   // closed by Connect
+	joined                      chan struct{}   // closed by Join
+	ctx                         context.Context // cancelled when the assignment ends
 	cancel                      context.CancelFunc
 	done                        chan struct{} // closed when the assignment's goroutine returns
 
@@ -233,9 +232,8 @@ func (s *stageSlot) capture(ctx context.Context, in *tandemv1.CaptureRequest) (*
 		return nil, fmt.Errorf("node %s: capture %d CUDA graph keys: %w", s.name, len(keys), err)
 	}
 	r := c.Graphs()
-	a.graphs = &tandemv1.CaptureResponse{Graphs: uint32(r.Graphs), Nodes: uint64(r.Nodes), GraphBytes: uint64(max(r.Bytes, 0)), CaptureTime: durationpb.New(r.CaptureTime)}
 	s.log.Info("CUDA graphs captured", "epoch", a.epoch, "keys", r.Keys, "graphs", r.Graphs, "nodes", r.Nodes, "memory", ByteSize(max(r.Bytes, 0)), "time", r.CaptureTime)
-	return a.graphs, nil
+	return &tandemv1.CaptureResponse{Graphs: uint32(r.Graphs), Nodes: uint64(r.Nodes), GraphBytes: uint64(max(r.Bytes, 0)), CaptureTime: durationpb.New(r.CaptureTime)}, nil
 }
 
 // Connect implements tandem.v1.Node.
