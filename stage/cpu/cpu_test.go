@@ -3,7 +3,6 @@ package cpu
 import (
 	"context"
 	"errors"
-	"math"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -257,30 +256,6 @@ func TestToFloat32(t *testing.T) {
 			t.Errorf("%s: %v", tc.name, err)
 		case !tc.err && !slices.Equal(got, tc.want):
 			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
-		}
-	}
-}
-
-func TestRopeInvFreq(t *testing.T) {
-	plain := model.Config{HeadDim: 8, RopeTheta: 100}
-	scaled := plain
-	// wavelengths 6.28, 19.9, 62.8, 199: below 32/4, between, above 32/1
-	scaled.RopeScaling = &model.RopeScaling{Type: "llama3", Factor: 8, LowFreqFactor: 1, HighFreqFactor: 4, OriginalMaxPositions: 32}
-	cases := []struct {
-		name string
-		m    model.Config
-		want []float64
-	}{
-		{"plain", plain, []float64{1, 0.31622776601683794, 0.1, 0.031622776601683794}},
-		{"llama3", scaled, []float64{1, 0.09583998588296266, 0.0125, 0.003952847075210474}},
-	}
-	for _, tc := range cases {
-		got := ropeInvFreq(&tc.m)
-		for i := range tc.want {
-			if math.Abs(got[i]-tc.want[i]) > 1e-12*tc.want[i] {
-				t.Errorf("%s: inv_freq %v, want %v", tc.name, got, tc.want)
-				break
-			}
 		}
 	}
 }

@@ -1,42 +1,6 @@
 package cpu
 
-import (
-	"math"
-
-	"github.com/tandem-llm/tandem/model"
-)
-
-// ropeInvFreq returns the HeadDim/2 rotary inverse frequencies
-// 1/theta^(2i/HeadDim), rescaled by the llama3 rule when the model asks for
-// it: frequencies whose wavelength exceeds original/low_freq_factor are
-// divided by the factor, those whose wavelength is below
-// original/high_freq_factor are kept, and those in between are interpolated.
-func ropeInvFreq(m *model.Config) []float64 {
-	half := m.HeadDim / 2
-	inv := make([]float64, half)
-	for i := range inv {
-		inv[i] = 1 / math.Pow(m.RopeTheta, float64(2*i)/float64(m.HeadDim))
-	}
-	rs := m.RopeScaling
-	if rs == nil {
-		return inv
-	}
-	orig := float64(rs.OriginalMaxPositions)
-	lowWavelen := orig / rs.LowFreqFactor
-	highWavelen := orig / rs.HighFreqFactor
-	for i, f := range inv {
-		wavelen := 2 * math.Pi / f
-		switch {
-		case wavelen > lowWavelen:
-			inv[i] = f / rs.Factor
-		case wavelen < highWavelen:
-		default:
-			smooth := (orig/wavelen - rs.LowFreqFactor) / (rs.HighFreqFactor - rs.LowFreqFactor)
-			inv[i] = (1-smooth)*f/rs.Factor + smooth*f
-		}
-	}
-	return inv
-}
+import "math"
 
 // ropeTables fills cos and sin (HeadDim/2 values per row) for the position of
 // every row of the batch.

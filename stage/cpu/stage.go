@@ -126,7 +126,7 @@ func New(cfg Config) (*Stage, error) {
 		qDim:      m.QDim(),
 		kvDim:     m.KVDim(),
 		attnScale: float32(1 / math.Sqrt(float64(m.HeadDim))),
-		invFreq:   ropeInvFreq(&m),
+		invFreq:   m.RopeInvFreq(),
 		seqs:      make(map[uint64]*seqState),
 		blockSize: cfg.BlockSize,
 		numBlocks: cfg.NumBlocks,
