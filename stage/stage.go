@@ -5,7 +5,15 @@ import (
 
 	"github.com/tandem-llm/tandem/collective"
 	"github.com/tandem-llm/tandem/graphs"
+	"github.com/tandem-llm/tandem/model/safetensors"
 )
+
+// Weights gives a backend a checkpoint's tensors by their Hugging Face
+// name; *model.Checkpoint satisfies it. Backends read them only while the
+// stage is built.
+type Weights interface {
+	Tensor(name string) (*safetensors.Tensor, error)
+}
 
 // Stage runs the forward pass of one contiguous layer range [Lo, Hi) of a
 // model. The first stage embeds token ids; the last applies the final norm

@@ -8,10 +8,11 @@ import (
 
 	"github.com/tandem-llm/tandem/model"
 	"github.com/tandem-llm/tandem/model/safetensors"
+	"github.com/tandem-llm/tandem/stage"
 )
 
 // load reads the stage's tensors and converts them to float32.
-func (s *Stage) load(w Weights) error {
+func (s *Stage) load(w stage.Weights) error {
 	m := &s.m
 	h, inter, vocab := m.HiddenSize, m.IntermediateSize, m.VocabSize
 	s.layers = make([]layer, s.hi-s.lo)
@@ -83,7 +84,7 @@ type tensorPart struct {
 
 // loadInto reads tensor name, checks that its shape is shape, and converts
 // it into dst.
-func loadInto(w Weights, name string, shape []int, dst []float32) error {
+func loadInto(w stage.Weights, name string, shape []int, dst []float32) error {
 	t, err := w.Tensor(name)
 	if err != nil {
 		return fmt.Errorf("load tensor %s: %w", name, err)

@@ -9,21 +9,14 @@ import (
 
 	"github.com/tandem-llm/tandem/collective"
 	"github.com/tandem-llm/tandem/model"
-	"github.com/tandem-llm/tandem/model/safetensors"
 	"github.com/tandem-llm/tandem/stage"
 )
-
-// Weights gives access to a checkpoint's tensors by their Hugging Face name.
-// The tensors are only read during New.
-type Weights interface {
-	Tensor(name string) (*safetensors.Tensor, error)
-}
 
 // Config describes the stage to build.
 type Config struct {
 	Model   *model.Config
 	Lo, Hi  int // layer range [Lo, Hi)
-	Weights Weights
+	Weights stage.Weights
 	// MaxTokens and MaxSeqs bound one batch.
 	MaxTokens, MaxSeqs int
 	// NumBlocks and BlockSize size the paged KV cache: NumBlocks blocks of

@@ -8,6 +8,7 @@ import (
 	"github.com/tandem-llm/tandem/gpu"
 	"github.com/tandem-llm/tandem/model"
 	"github.com/tandem-llm/tandem/model/safetensors"
+	"github.com/tandem-llm/tandem/stage"
 )
 
 // part is one checkpoint tensor bound for the device: its expected shape
@@ -31,7 +32,7 @@ func numel(shape []int) int {
 // to bf16 and uploads them into one device allocation: the layers [lo, hi),
 // the embedding on the first stage, the final norm and LM head on the last
 // (the embedding again when the model ties them). Device goroutine only.
-func (s *Stage) loadWeights(w Weights) error {
+func (s *Stage) loadWeights(w stage.Weights) error {
 	m := &s.m
 	H, I, V := m.HiddenSize, m.IntermediateSize, m.VocabSize
 	var a arena

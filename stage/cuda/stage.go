@@ -12,21 +12,14 @@ import (
 	"github.com/tandem-llm/tandem/gpu"
 	"github.com/tandem-llm/tandem/graphs"
 	"github.com/tandem-llm/tandem/model"
-	"github.com/tandem-llm/tandem/model/safetensors"
 	"github.com/tandem-llm/tandem/stage"
 )
-
-// Weights gives access to a checkpoint's tensors by their Hugging Face name;
-// *model.Checkpoint satisfies it. Tensors are only read during New.
-type Weights interface {
-	Tensor(name string) (*safetensors.Tensor, error)
-}
 
 // Config describes the stage to build.
 type Config struct {
 	Model   *model.Config
 	Lo, Hi  int // layer range [Lo, Hi)
-	Weights Weights
+	Weights stage.Weights
 	// MaxTokens and MaxSeqs bound one batch; MaxSeqs is also the number
 	// of hand-off slots.
 	MaxTokens, MaxSeqs int
