@@ -19,7 +19,6 @@ import (
 	"github.com/tandem-llm/tandem/daemon/membership"
 	"github.com/tandem-llm/tandem/daemon/placement"
 	"github.com/tandem-llm/tandem/graphs"
-	"github.com/tandem-llm/tandem/model"
 	"github.com/tandem-llm/tandem/pipeline"
 	tandemv1 "github.com/tandem-llm/tandem/proto/tandem/v1"
 	"github.com/tandem-llm/tandem/sched"
@@ -572,27 +571,4 @@ func stageSummary(stages []stageState) string {
 		s += fmt.Sprintf("%s[%d,%d)", st.Node, st.Lo, st.Hi)
 	}
 	return s
-}
-
-// stageKVTokens is the KV capacity in tokens of a stage holding layers
-// [lo, hi) of a model of cost c in usable bytes, as placement counts it.
-func stageKVTokens(cfg *model.Config, c placement.Cost, usable uint64, lo, hi int) (int, error) {
-	first, last := lo == 0, hi == cfg.NumLayers
-	need := uint64(hi-lo)*c.LayerBytes + c.WorkspaceBytes
-	switch {
-	case first && last && c.Tied:
-		need += max(c.EmbedBytes, c.HeadBytes)
-	default:
-		if first {
-			need += c.EmbedBytes
-		}
-		if last {
-			need += c.HeadBytes
-		}
-	}
-	perToken := c.KVBytesPerToken * uint64(hi-lo)
-	if usable < need+perToken {
-		return 0, fmt.Errorf("layers [%d, %d) need %d bytes and %d per token of KV cache, more than the %d the stage may use", lo, hi, need, perToken, usable)
-	}
-	return int(min((usable-need)/perToken, 1<<40)), nil
 }

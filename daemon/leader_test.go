@@ -91,13 +91,13 @@ func TestStageKVTokensMatchesPlacement(t *testing.T) {
 				t.Fatal(err)
 			}
 			for i, s := range p.Stages {
-				got, err := stageKVTokens(cfg, cost, nodes[i].UsableBytes, s.Lo, s.Hi)
+				got, err := cost.StageKVTokens(nodes[i].UsableBytes, s.Lo, s.Hi)
 				if err != nil || got != s.KVTokens {
 					t.Errorf("%s, usable %d, stage %+v: node reports %d tokens (%v), placement %d", backend, usable, s, got, err, s.KVTokens)
 				}
 			}
 		}
-		if _, err := stageKVTokens(cfg, cost, 1<<20, 0, cfg.NumLayers); err == nil {
+		if _, err := cost.StageKVTokens(1<<20, 0, cfg.NumLayers); err == nil {
 			t.Errorf("%s: a stage in 1 MiB: no error", backend)
 		}
 	}

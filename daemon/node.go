@@ -114,7 +114,7 @@ func (s *stageSlot) load(ctx context.Context, in *tandemv1.LoadRequest) (*tandem
 	if sp.maxTokens == 0 || sp.maxSeqs == 0 || sp.blockSize == 0 {
 		return nil, invalidf("max_batch_tokens %d, max_seqs %d and block_size %d: want at least 1", sp.maxTokens, sp.maxSeqs, sp.blockSize)
 	}
-	kv, err := stageKVTokens(cfg, backendCost(cfg, s.dev.backend, sp.maxTokens, sp.maxSeqs), s.usable, sp.lo, sp.hi)
+	kv, err := backendCost(cfg, s.dev.backend, sp.maxTokens, sp.maxSeqs).StageKVTokens(s.usable, sp.lo, sp.hi)
 	if err != nil {
 		return nil, preconditionf("node %s: %v", s.name, err)
 	}

@@ -313,23 +313,47 @@ func (c Cost) plan(ns []Node, counts []int) (Plan, error) {
 	p := Plan{Stages: make([]Stage, len(ns)), KVTokens: math.MaxInt}
 	lo := 0
 	for i, n := range ns {
-		first, last := i == 0, i == len(ns)-1
-		k := uint64(counts[i])
-		weights := add(c.fixed(first, last), mul(k, c.LayerBytes))
-		kvTokens := 0
-		if n.UsableBytes > weights {
-			kvTokens = int(min((n.UsableBytes-weights)/mul(k, c.KVBytesPerToken), math.MaxInt))
-		}
+		hi := lo + counts[i]
+		weights, kvTokens := c.stage(n.UsableBytes, lo, hi)
 		if kvTokens < 1 {
-			need := add(weights, mul(k, c.KVBytesPerToken))
+			need := add(weights, mul(uint64(counts[i]), c.KVBytesPerToken))
 			return Plan{}, fmt.Errorf("node %q%s with layers [%d, %d) has %d bytes usable, needs %d: short by %d",
-				n.Name, role(first, last), lo, lo+counts[i], n.UsableBytes, need, need-n.UsableBytes)
+				n.Name, role(i == 0, i == len(ns)-1), lo, hi, n.UsableBytes, need, need-n.UsableBytes)
 		}
-		p.Stages[i] = Stage{Node: n.Name, Backend: n.Backend, Lo: lo, Hi: lo + counts[i], WeightBytes: weights, KVTokens: kvTokens}
+		p.Stages[i] = Stage{Node: n.Name, Backend: n.Backend, Lo: lo, Hi: hi, WeightBytes: weights, KVTokens: kvTokens}
 		p.KVTokens = min(p.KVTokens, kvTokens)
-		lo += counts[i]
+		lo = hi
 	}
 	return p, nil
+}
+
+// stage is what a stage holding layers [lo, hi) in usable bytes stores
+// besides its KV cache, and how many tokens of KV cache fit beside it.
+func (c Cost) stage(usable uint64, lo, hi int) (weights uint64, kvTokens int) {
+	k := uint64(hi - lo)
+	weights = add(c.fixed(lo == 0, hi == c.Layers), mul(k, c.LayerBytes))
+	if usable > weights {
+		kvTokens = int(min((usable-weights)/mul(k, c.KVBytesPerToken), math.MaxInt))
+	}
+	return weights, kvTokens
+}
+
+// StageKVTokens is the KV capacity, in tokens, of a stage holding layers
+// [lo, hi) in usable bytes, counted as Balance and Explicit count it. It is
+// an error when not even one token fits.
+func (c Cost) StageKVTokens(usable uint64, lo, hi int) (int, error) {
+	if err := c.validate(); err != nil {
+		return 0, err
+	}
+	if lo < 0 || hi > c.Layers || lo >= hi {
+		return 0, fmt.Errorf("layers [%d, %d) of a model of %d", lo, hi, c.Layers)
+	}
+	weights, kvTokens := c.stage(usable, lo, hi)
+	if kvTokens < 1 {
+		need := add(weights, mul(uint64(hi-lo), c.KVBytesPerToken))
+		return 0, fmt.Errorf("layers [%d, %d) need %d bytes with one token of KV cache, more than the %d the stage may use: short by %d", lo, hi, need, usable, need-usable)
+	}
+	return kvTokens, nil
 }
 
 // add and mul saturate at the largest uint64 instead of wrapping: a
