@@ -5,13 +5,19 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
+	"io"
 	"os"
 	"time"
 
+	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+
+	tandemv1 "github.com/tandem-llm/tandem/proto/tandem/v1"
 )
 
 // Environment variables the client flags default from.
@@ -98,3 +104,29 @@ func (b bearer) GetRequestMetadata(context.Context, ...string) (map[string]strin
 
 // RequireTransportSecurity implements credentials.PerRPCCredentials.
 func (b bearer) RequireTransportSecurity() bool { return b.secure }
+
+// adminShow runs one Admin call against the daemon the flags name and
+// prints its answer: as JSON with asJSON, else with print.
+func adminShow[R proto.Message](cmd *cobra.Command, c *clientFlags, asJSON bool, what string,
+	call func(context.Context, tandemv1.AdminClient) (R, error), print func(io.Writer, R) error) error {
+	conn, err := c.dial()
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	ctx, cancel := c.context(cmd.Context())
+	defer cancel()
+	r, err := call(ctx, tandemv1.NewAdminClient(conn))
+	if err != nil {
+		return fmt.Errorf("%s of %s: %w", what, c.addr, err)
+	}
+	if !asJSON {
+		return print(cmd.OutOrStdout(), r)
+	}
+	b, err := protojson.MarshalOptions{Multiline: true, EmitUnpopulated: true}.Marshal(r)
+	if err != nil {
+		return err
+	}
+	_, err = fmt.Fprintln(cmd.OutOrStdout(), string(b))
+	return err
+}

@@ -1,12 +1,12 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"strings"
 
 	"github.com/spf13/cobra"
-	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/tandem-llm/tandem/graphs"
 	tandemv1 "github.com/tandem-llm/tandem/proto/tandem/v1"
@@ -26,26 +26,9 @@ many steps ran at each unpadded token count, padded token count and
 runtime mode (NONE: eager). Needs the admin token when the cluster has one.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			conn, err := c.dial()
-			if err != nil {
-				return err
-			}
-			defer conn.Close()
-			ctx, cancel := c.context(cmd.Context())
-			defer cancel()
-			g, err := tandemv1.NewAdminClient(conn).Graphs(ctx, &tandemv1.GraphsRequest{})
-			if err != nil {
-				return fmt.Errorf("graphs of %s: %w", c.addr, err)
-			}
-			if asJSON {
-				b, err := protojson.MarshalOptions{Multiline: true, EmitUnpopulated: true}.Marshal(g)
-				if err != nil {
-					return err
-				}
-				_, err = fmt.Fprintln(cmd.OutOrStdout(), string(b))
-				return err
-			}
-			return printGraphs(cmd.OutOrStdout(), g)
+			return adminShow(cmd, &c, asJSON, "graphs", func(ctx context.Context, a tandemv1.AdminClient) (*tandemv1.GraphsResponse, error) {
+				return a.Graphs(ctx, &tandemv1.GraphsRequest{})
+			}, printGraphs)
 		},
 	}
 	c.register(cmd.Flags())

@@ -1,13 +1,13 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"strings"
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
-	"google.golang.org/protobuf/encoding/protojson"
 
 	tandemv1 "github.com/tandem-llm/tandem/proto/tandem/v1"
 )
@@ -25,26 +25,9 @@ and their health, the leader, the pipeline's stages and the requests
 running and waiting. Needs the admin token when the cluster has one.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			conn, err := c.dial()
-			if err != nil {
-				return err
-			}
-			defer conn.Close()
-			ctx, cancel := c.context(cmd.Context())
-			defer cancel()
-			st, err := tandemv1.NewAdminClient(conn).Status(ctx, &tandemv1.StatusRequest{})
-			if err != nil {
-				return fmt.Errorf("status of %s: %w", c.addr, err)
-			}
-			if asJSON {
-				b, err := protojson.MarshalOptions{Multiline: true, EmitUnpopulated: true}.Marshal(st)
-				if err != nil {
-					return err
-				}
-				_, err = fmt.Fprintln(cmd.OutOrStdout(), string(b))
-				return err
-			}
-			return printStatus(cmd.OutOrStdout(), st)
+			return adminShow(cmd, &c, asJSON, "status", func(ctx context.Context, a tandemv1.AdminClient) (*tandemv1.StatusResponse, error) {
+				return a.Status(ctx, &tandemv1.StatusRequest{})
+			}, printStatus)
 		},
 	}
 	c.register(cmd.Flags())
