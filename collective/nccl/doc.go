@@ -20,18 +20,23 @@
 //	err = s.Send(ctx, hdr, activations) // activations: a gpu.Mem
 //
 // Send and Recv return once the transfer has completed on the device. While
-// they wait they poll the stream and the communicator's asynchronous error;
-// when that reports an error or ctx ends first, they abort the communicator
-// (it cannot be used again: the control plane must make a new one) and
-// return an error, so a lost peer never hangs the caller. Connect makes a
-// non-blocking communicator, with which joining and connection setup are
-// bounded by ctx too; with a blocking one (gpu.NCCLInitRank) they block
-// inside NCCL until the peer shows up.
+// they wait they check the transfer's completion event and the
+// communicator's asynchronous error: back to back for Config.Spin (10 ms),
+// so that a wait as long as a neighbour's step ends within microseconds of
+// the transfer (a Go timer sleep lasts about 1 ms however short it is asked
+// to be), then once per Config.Sleep. When a check reports an error or ctx
+// ends first, they abort the communicator (it cannot be used again: the
+// control plane must make a new one) and return an error, so a lost peer
+// never hangs the caller. Connect makes a non-blocking communicator, with
+// which joining and connection setup are bounded by ctx too; with a
+// blocking one (gpu.NCCLInitRank) they block inside NCCL until the peer
+// shows up.
 //
 // # Concurrency
 //
-// A Sender or Receiver is used by one goroutine at a time. Send and Recv
-// run their device calls through Config.Device.Do, so they must not be
-// called from inside Do. A Sender and a Receiver may share a communicator
-// and a stream; the caller owns both and destroys them after Close.
+// A Sender or Receiver is used by one goroutine at a time, which keeps a CPU
+// core busy while it spins in Send or Recv. Send and Recv run their device
+// calls through Config.Device.Do, so they must not be called from inside
+// Do. A Sender and a Receiver may share a communicator and a stream; the
+// caller owns both and destroys them after Close.
 package nccl

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"runtime"
 	"time"
 
 	"github.com/tandem-llm/tandem/collective"
@@ -29,8 +28,16 @@ type Config struct {
 	Peer int
 	// Stream orders the transfers after the caller's work.
 	Stream gpu.Stream
-	// MaxPoll caps the sleep between completion polls (default 100 µs).
-	MaxPoll time.Duration
+	// Spin is how long a transfer's wait checks for completion back to
+	// back before it starts to sleep between checks (default 10 ms;
+	// negative: it sleeps from the first check on). Waits in a running
+	// pipeline last up to a neighbour's step; spinning through them
+	// avoids timer sleeps, which on Linux last at least about 1 ms
+	// whatever their duration, at the cost of a CPU core while waiting.
+	Spin time.Duration
+	// Sleep is the pause between checks once Spin has passed (default
+	// 1 ms).
+	Sleep time.Duration
 }
 
 // endpoint is what Sender and Receiver share.
@@ -48,8 +55,11 @@ func newEndpoint(cfg Config, verb string) (*endpoint, error) {
 	if cfg.Peer < 0 || cfg.Peer >= cfg.Comm.Ranks() || cfg.Peer == cfg.Comm.Rank() {
 		return nil, fmt.Errorf("nccl %s: peer %d is not another rank of a %d-rank communicator (this is rank %d)", verb, cfg.Peer, cfg.Comm.Ranks(), cfg.Comm.Rank())
 	}
-	if cfg.MaxPoll <= 0 {
-		cfg.MaxPoll = 100 * time.Microsecond
+	if cfg.Spin == 0 {
+		cfg.Spin = 10 * time.Millisecond
+	}
+	if cfg.Sleep <= 0 {
+		cfg.Sleep = time.Millisecond
 	}
 	e := &endpoint{cfg: cfg, verb: verb}
 	err := cfg.Device.Do(func() (err error) {
@@ -84,6 +94,7 @@ func (e *endpoint) transfer(ctx context.Context, h collective.Header, b collecti
 		return nil
 	}
 	comm, s := e.cfg.Comm, e.cfg.Stream
+	spinUntil := time.Now().Add(e.cfg.Spin)
 	err := e.cfg.Device.Do(func() error {
 		if err := gpu.NCCLGroupStart(); err != nil {
 			return err
@@ -108,7 +119,7 @@ func (e *endpoint) transfer(ctx context.Context, h collective.Header, b collecti
 	if comm.NonBlocking() {
 		// The group may still be connecting and issuing: the transfer is
 		// on the stream only once the communicator is ready.
-		if err := poll(ctx, e.cfg.MaxPoll, comm.Ready); err != nil {
+		if err := poll(ctx, spinUntil, e.cfg.Sleep, comm.Ready); err != nil {
 			return fmt.Errorf("%s: %w", what, e.fail(err))
 		}
 		if err := e.cfg.Device.Do(func() error { return e.done.Record(s) }); err != nil {
@@ -122,7 +133,7 @@ func (e *endpoint) transfer(ctx context.Context, h collective.Header, b collecti
 	if err != nil {
 		return fmt.Errorf("%s: %w", what, e.fail(err))
 	}
-	err = poll(ctx, e.cfg.MaxPoll, func() (bool, error) {
+	err = poll(ctx, spinUntil, e.cfg.Sleep, func() (bool, error) {
 		done, err := e.done.Done()
 		if err != nil || done {
 			return done, err
@@ -136,17 +147,13 @@ func (e *endpoint) transfer(ctx context.Context, h collective.Header, b collecti
 	return nil
 }
 
-// spinFor is how long poll calls check back to back before it starts to
-// sleep: transfers of a decode step take tens of microseconds, and a timer
-// sleep costs about as much.
-const spinFor = 200 * time.Microsecond
-
-// poll calls check until it reports done or an error, or ctx ends. It spins
-// for spinFor, then sleeps with backoff up to maxSleep between calls.
-func poll(ctx context.Context, maxSleep time.Duration, check func() (bool, error)) error {
+// poll calls check until it reports done or an error, or ctx ends. Until
+// spinUntil it calls check back to back, without yielding: the caller may
+// hold its OS thread locked, and a locked goroutine's runtime.Gosched hands
+// the thread over and back (tens of microseconds); the Go scheduler still
+// preempts a long spin. Then it sleeps for sleep between calls.
+func poll(ctx context.Context, spinUntil time.Time, sleep time.Duration, check func() (bool, error)) error {
 	var timer *time.Timer
-	delay := time.Duration(0)
-	start := time.Now()
 	for {
 		done, err := check()
 		if err != nil {
@@ -158,16 +165,14 @@ func poll(ctx context.Context, maxSleep time.Duration, check func() (bool, error
 		if err := ctx.Err(); err != nil {
 			return fmt.Errorf("waiting for peer: %w", err)
 		}
-		if time.Since(start) < spinFor {
-			runtime.Gosched()
+		if time.Now().Before(spinUntil) {
 			continue
 		}
-		delay = min(max(2*delay, 20*time.Microsecond), maxSleep)
 		if timer == nil {
-			timer = time.NewTimer(delay)
+			timer = time.NewTimer(sleep)
 			defer timer.Stop()
 		} else {
-			timer.Reset(delay)
+			timer.Reset(sleep)
 		}
 		select {
 		case <-timer.C:
@@ -260,7 +265,7 @@ func Connect(ctx context.Context, dev *gpu.Device, nranks int, id gpu.NCCLUnique
 	if err != nil {
 		return nil, fmt.Errorf("nccl connect rank %d of %d: %w", rank, nranks, err)
 	}
-	if err := poll(ctx, 10*time.Millisecond, comm.Ready); err != nil {
+	if err := poll(ctx, time.Time{}, 10*time.Millisecond, comm.Ready); err != nil {
 		if aerr := comm.Abort(); aerr != nil {
 			err = fmt.Errorf("%w (abort: %v)", err, aerr)
 		}

@@ -256,6 +256,101 @@ func TestAsyncErrorAborts(t *testing.T) {
 	}
 }
 
+// setWait replaces the pair's Sender and Receiver with ones that spin and
+// sleep as given.
+func (p *pair) setWait(t *testing.T, spin, sleep time.Duration) {
+	t.Helper()
+	p.send.Close()
+	p.recv.Close()
+	var err error
+	if p.send, err = NewSender(Config{Device: p.dev, Comm: p.c0, Peer: 1, Stream: p.stream, Spin: spin, Sleep: sleep}); err != nil {
+		t.Fatal(err)
+	}
+	if p.recv, err = NewReceiver(Config{Device: p.dev, Comm: p.c1, Peer: 0, Stream: p.stream, Spin: spin, Sleep: sleep}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestWaitPhases checks that a send's wait ends on completion, on an
+// asynchronous error and on its deadline, each arriving while it spins
+// and while it sleeps between checks. A phase is made to last a minute
+// and the call's context 10 s (or 30 ms for the deadline cases), so a wait
+// that missed the event in that phase would end in a deadline error, or
+// take a minute, instead.
+func TestWaitPhases(t *testing.T) {
+	const long = time.Minute
+	tests := []struct {
+		name        string
+		spin, sleep time.Duration
+		timeout     time.Duration
+		later       func() // after 30 ms, while the send waits
+		wantErr     string // "" for success
+	}{
+		{"completes while spinning", long, long, 10 * time.Second, func() { mock.SetBusy(false) }, ""},
+		{"completes while sleeping", -1, 5 * time.Millisecond, 10 * time.Second, func() { mock.SetBusy(false) }, ""},
+		{"async error while spinning", long, long, 10 * time.Second, func() { mock.SetAsyncError(6) }, "ncclRemoteError"},
+		{"async error while sleeping", -1, 5 * time.Millisecond, 10 * time.Second, func() { mock.SetAsyncError(6) }, "ncclRemoteError"},
+		{"deadline while spinning", long, long, 30 * time.Millisecond, nil, context.DeadlineExceeded.Error()},
+		{"deadline while sleeping", -1, long, 30 * time.Millisecond, nil, context.DeadlineExceeded.Error()},
+	}
+	for _, nonBlocking := range []bool{false, true} {
+		for _, tc := range tests {
+			t.Run(fmt.Sprintf("%s/nonblocking=%v", tc.name, nonBlocking), func(t *testing.T) {
+				p := newPair(t, 1024, nonBlocking)
+				p.setWait(t, tc.spin, tc.sleep)
+				defer mock.SetAsyncError(0)
+				mock.SetBusy(true)
+				ctx, cancel := context.WithTimeout(context.Background(), tc.timeout)
+				defer cancel()
+				done := make(chan struct{})
+				if tc.later != nil {
+					go func() {
+						defer close(done)
+						time.Sleep(30 * time.Millisecond)
+						tc.later()
+					}()
+				} else {
+					close(done)
+				}
+				h := collective.Header{Batch: 3, Rows: 4, Cols: 64, DType: collective.BF16}
+				data := make([]byte, h.Bytes())
+				for i := range data {
+					data[i] = byte(i*13 + 5)
+				}
+				if err := p.dev.Do(func() error { return gpu.CopyHtoD(p.src.Ptr(), data) }); err != nil {
+					t.Fatal(err)
+				}
+				start := time.Now()
+				err := p.send.Send(ctx, h, p.src)
+				elapsed := time.Since(start)
+				<-done
+				if elapsed > 20*time.Second {
+					t.Fatalf("Send took %v", elapsed)
+				}
+				if tc.wantErr == "" {
+					if err != nil || mock.Aborts() != 0 {
+						t.Fatalf("Send = %v (%d aborts), want success", err, mock.Aborts())
+					}
+					if err := p.recv.Recv(context.Background(), h, p.dst); err != nil {
+						t.Fatalf("Recv after the send: %v", err)
+					}
+					got := make([]byte, h.Bytes())
+					if err := p.dev.Do(func() error { return gpu.CopyDtoH(got, p.dst.Ptr()) }); err != nil {
+						t.Fatal(err)
+					}
+					if !bytes.Equal(got, data) {
+						t.Fatal("received data differs from the data sent")
+					}
+					return
+				}
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) || !strings.Contains(err.Error(), "nccl send batch 3") || mock.Aborts() != 1 {
+					t.Fatalf("Send = %v (%d aborts), want %q naming the batch and one abort", err, mock.Aborts(), tc.wantErr)
+				}
+			})
+		}
+	}
+}
+
 func TestUniqueIDRoundTrip(t *testing.T) {
 	var id gpu.NCCLUniqueID
 	for i := range id.Internal {

@@ -74,7 +74,8 @@ func Open(path string) (*Lib, error) {
 	return m, nil
 }
 
-// Reset clears the recorded calls and the injected conditions.
+// Reset clears the recorded calls, the injected conditions and the NCCL
+// messages sent but not yet received.
 func (m *Lib) Reset() { m.reset() }
 
 // SetBusy makes streams and events report CUDA_ERROR_NOT_READY and

@@ -23,6 +23,8 @@ static __thread void *current_ctx;
 static int busy;          /* streams and events report NOT_READY */
 static int async_error;   /* ncclCommGetAsyncError result */
 static int aborts;
+static char wire[1 << 20]; /* NCCL sends not yet received, in order */
+static size_t wire_len;
 static unsigned long long last_launch[11];
 static unsigned long long last_gemm[19];
 static float last_alpha, last_beta;
@@ -34,7 +36,7 @@ static int attr_set[3];
 
 /* ---- control and inspection, for the tests ---- */
 void mock_reset(void) {
-	busy = 0; async_error = 0; aborts = 0;
+	busy = 0; async_error = 0; aborts = 0; wire_len = 0;
 	memset(last_launch, 0, sizeof last_launch);
 	memset(last_gemm, 0, sizeof last_gemm);
 	memset(last_init, 0, sizeof last_init);
@@ -287,8 +289,6 @@ typedef struct { size_t size; unsigned magic, version; int blocking, pad; } nccl
 /* pending counts the ncclCommGetAsyncError polls a non-blocking comm still
  * reports ncclInProgress for (forever while busy). */
 typedef struct { int nranks, rank, nonblocking, pending; } comm;
-static char wire[1 << 20];
-static size_t wire_len;
 static unsigned long long last_config[4];
 static comm *group_comm;
 size_t mock_unique_id_size(void) { return sizeof(ncclUniqueId); }
