@@ -53,6 +53,10 @@ type ListenConfig struct {
 	// Advertise is the host other nodes reach this one at (default: the
 	// host of each listen address; required when listening on 0.0.0.0).
 	Advertise string `toml:"advertise"`
+	// Metrics serves Prometheus metrics over HTTP at /metrics (default
+	// empty: off). Only Prometheus dials it, so it may listen on every
+	// interface without listen.advertise.
+	Metrics string `toml:"metrics"`
 }
 
 // ClusterConfig is how the node finds its cluster and its leader.
@@ -330,6 +334,11 @@ func (c *Config) validate() error {
 			bad("%s %q listens on every interface: set listen.advertise, the host other nodes reach this one at", key, addr)
 		}
 	}
+	if c.Listen.Metrics != "" {
+		if _, _, err := net.SplitHostPort(c.Listen.Metrics); err != nil {
+			bad("listen.metrics %q: %v", c.Listen.Metrics, err)
+		}
+	}
 	for _, s := range c.Cluster.Seeds {
 		if _, _, err := net.SplitHostPort(s); err != nil {
 			bad("cluster.seeds: %q: %v", s, err)
@@ -376,6 +385,7 @@ func (c Config) LogValue() slog.Value {
 		slog.String("model", c.Model),
 		slog.String("grpc", c.Listen.GRPC),
 		slog.String("gossip", c.Listen.Gossip),
+		slog.String("metrics", c.Listen.Metrics),
 		slog.Any("seeds", c.Cluster.Seeds),
 		slog.String("leader", c.Cluster.Leader),
 		slog.Int("expect_stages", c.Cluster.ExpectStages),

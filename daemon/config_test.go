@@ -17,7 +17,7 @@ func TestExampleConfig(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg.Name != "node-a" || cfg.Listen.GRPC != "127.0.0.1:7400" || cfg.Cluster.ExpectStages != 2 ||
+	if cfg.Name != "node-a" || cfg.Listen.GRPC != "127.0.0.1:7400" || cfg.Listen.Metrics != "127.0.0.1:9400" || cfg.Cluster.ExpectStages != 2 ||
 		cfg.Stage.Memory != 8<<30 || time.Duration(cfg.Cluster.DrainTimeout) != 30*time.Second ||
 		cfg.Security.AdminTokenFile != "/etc/tandem/admin.token" || len(cfg.Plan) != 2 || cfg.Plan[1].Layers != [2]int{16, 32} ||
 		cfg.Cluster.LeaderEligible == nil || !*cfg.Cluster.LeaderEligible {
@@ -34,6 +34,9 @@ func TestExampleConfig(t *testing.T) {
 	def, err := Config{Name: "n", Model: "m", Stage: StageConfig{MaxBatchTokens: 128}}.withDefaults()
 	if err != nil {
 		t.Fatal(err)
+	}
+	if def.Listen.Metrics != "" {
+		t.Errorf("metrics endpoint %q by default, want off", def.Listen.Metrics)
 	}
 	if s := def.Stage; s.Backend != BackendAuto || s.GraphMode != "FULL_AND_PIECEWISE" || s.MaxCaptureSize != 128 || s.GraphMemory != DefaultGraphMemory || !*s.Handoff {
 		t.Errorf("defaults: %+v", s)
@@ -63,6 +66,7 @@ func TestConfigErrors(t *testing.T) {
 		{"no model", Config{Name: "n"}, "model"},
 		{"bad grpc address", Config{Name: "n", Model: "m", Listen: ListenConfig{GRPC: "7400"}}, "listen.grpc"},
 		{"wildcard without advertise", Config{Name: "n", Model: "m", Listen: ListenConfig{GRPC: "0.0.0.0:7400"}}, "listen.advertise"},
+		{"bad metrics address", Config{Name: "n", Model: "m", Listen: ListenConfig{Metrics: "9400"}}, "listen.metrics"},
 		{"bad seed", Config{Name: "n", Model: "m", Cluster: ClusterConfig{Seeds: []string{"host"}}}, "cluster.seeds"},
 		{"bad backend", Config{Name: "n", Model: "m", Stage: StageConfig{Backend: "tpu"}}, "stage.backend \"tpu\""},
 		{"bad device", Config{Name: "n", Model: "m", Stage: StageConfig{Device: -1}}, "stage.device -1"},

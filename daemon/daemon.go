@@ -50,9 +50,10 @@ const (
 	stopGrace = 5 * time.Second
 )
 
-// Addrs are the addresses a running daemon listens on.
+// Addrs are the addresses a running daemon listens on (Metrics is empty
+// while the metrics endpoint is off).
 type Addrs struct {
-	GRPC, Gossip string
+	GRPC, Gossip, Metrics string
 }
 
 // Daemon is one tandemd node: a cluster member with a stage slot, and the
@@ -184,16 +185,24 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 	reflection.Register(srv)
 
 	d.addrs.GRPC = lis.Addr().String()
-	if err := d.startMembership(ctx); err != nil {
+	metrics, err := d.listenMetrics()
+	if err != nil {
 		lis.Close()
 		return err
 	}
+	d.addrs.Metrics = metrics.addr()
+	if err := d.startMembership(ctx); err != nil {
+		lis.Close()
+		metrics.abandon()
+		return err
+	}
 	d.addrs.Gossip = d.memb.LocalAddr()
-	d.log.Info("daemon listening", "grpc", d.addrs.GRPC, "gossip", d.addrs.Gossip, "config", d.cfg)
+	d.log.Info("daemon listening", "grpc", d.addrs.GRPC, "gossip", d.addrs.Gossip, "metrics", d.addrs.Metrics, "config", d.cfg)
 	close(d.listening)
 
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(lis) }()
+	metrics.start()
 	// The watchdog is fed through the drain too: it is bounded.
 	stopWatchdog, err := sdnotify.StartWatchdog(context.Background(), d.healthy)
 	if err != nil {
@@ -235,6 +244,7 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 	if err := <-served; err != nil && !errors.Is(err, grpc.ErrServerStopped) {
 		errs = append(errs, fmt.Errorf("serve gRPC: %w", err))
 	}
+	errs = append(errs, metrics.stop(stopGrace))
 	errs = append(errs, d.memb.Shutdown())
 	d.log.Info("stopped")
 	return errors.Join(errs...)

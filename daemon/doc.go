@@ -46,9 +46,9 @@
 // descriptor (stage.Batch.Graph), every stage obeys it, and a stage that
 // cannot replay it fails the step, which fails the pipeline rather than
 // hanging it. Admin.Graphs reports the dispatch counts (tandemctl graphs);
-// Admin.Status each stage's graph memory and capture time. There is no
-// metrics endpoint yet. With stage.handoff (default true) and a first
-// stage that takes hand-offs (stage.HandoffReceiver), the last stage sends
+// Admin.Status each stage's graph memory and capture time; /metrics both
+// (see Metrics). With stage.handoff (default true) and a first stage that
+// takes hand-offs (stage.HandoffReceiver), the last stage sends
 // its sampled tokens straight to the first over a ring link (NCCL between
 // CUDA stages, else TCP; none for a single stage) and the scheduler keeps
 // one more step in flight than there are stages, feeding decodes whose
@@ -67,6 +67,20 @@
 // leaves gracefully the leader first lets the requests in flight finish.
 // A new pipeline is built once enough stage nodes are up again.
 //
+// # Metrics
+//
+// With listen.metrics set (default off), Run serves Prometheus metrics
+// over HTTP at /metrics from a private registry (metrics.go): the Go and
+// process collectors, and a collector that reads, at each scrape, what
+// Admin.Status and Admin.Graphs report. The leader exports its
+// scheduler's figures (tandem_requests_running, tandem_kv_blocks_used,
+// tandem_steps_total, tandem_step_seconds, ...), its CUDA-graph dispatch
+// counts (tandem_graph_steps_total{mode, padded_tokens, unpadded_tokens})
+// and each stage's graph memory (tandem_graph_memory_bytes{stage, node});
+// the counters are the current pipeline's and restart with a new one.
+// Every node exports its serving state (tandem_pipeline_serving,
+// tandem_leader). No secret is exported.
+//
 // # Usage
 //
 //	cfg, err := daemon.LoadConfig("/etc/tandem/tandemd.toml")
@@ -80,6 +94,7 @@
 // # Concurrency
 //
 // New starts nothing. Run owns the daemon: it starts the gRPC server, the
+// metrics HTTP server (scrapes read the shared state under Daemon.mu), the
 // membership, the supervisor loop (which alone decides leadership and
 // builds and stops pipelines), per running pipeline a sched.Loop (the only
 // user of its pipeline.Driver; Generate calls submit requests to it and

@@ -1,0 +1,218 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// metricsReadHeaderTimeout bounds how long a scraper may take to send its
+// request headers.
+const metricsReadHeaderTimeout = 10 * time.Second
+
+// Descriptions of the daemon's metrics. Every figure is read at scrape
+// time from the state Admin.Status and Admin.Graphs report, so the metrics
+// keep no counts of their own.
+var (
+	descInfo = prometheus.NewDesc("tandem_node_info",
+		"This node: its name, software version and model identity (always 1).",
+		[]string{"node", "version", "model_id"}, nil)
+	descLeader = prometheus.NewDesc("tandem_leader",
+		"1 while this node is the cluster's leader.", nil, nil)
+	descServing = prometheus.NewDesc("tandem_pipeline_serving",
+		"1 while a pipeline this node leads, or holds a stage of, is serving.", nil, nil)
+	descEpoch = prometheus.NewDesc("tandem_pipeline_epoch",
+		"The leader's epoch of the pipeline it runs (leader only).", nil, nil)
+	descRunning = prometheus.NewDesc("tandem_requests_running",
+		"Requests admitted, holding KV blocks (leader only).", nil, nil)
+	descWaiting = prometheus.NewDesc("tandem_requests_waiting",
+		"Requests not admitted yet, or preempted (leader only).", nil, nil)
+	descFinished = prometheus.NewDesc("tandem_requests_finished_total",
+		"Requests of the current pipeline that ended with a finish reason (leader only).", nil, nil)
+	descCancelled = prometheus.NewDesc("tandem_requests_cancelled_total",
+		"Requests of the current pipeline cancelled by their client (leader only).", nil, nil)
+	descInFlight = prometheus.NewDesc("tandem_steps_in_flight",
+		"Steps in the pipeline (leader only).", nil, nil)
+	descKVUsed = prometheus.NewDesc("tandem_kv_blocks_used",
+		"KV-cache blocks held by running requests (leader only).", nil, nil)
+	descKVTotal = prometheus.NewDesc("tandem_kv_blocks_total",
+		"KV-cache blocks of the pipeline (leader only).", nil, nil)
+	descPreempt = prometheus.NewDesc("tandem_preemptions_total",
+		"Requests of the current pipeline sent back to waiting for lack of KV blocks (leader only).", nil, nil)
+	descDiscarded = prometheus.NewDesc("tandem_discarded_tokens_total",
+		"Sampled tokens dropped because their request was preempted, cancelled or finished meanwhile (leader only).", nil, nil)
+	descSteps = prometheus.NewDesc("tandem_steps_total",
+		"Steps of the current pipeline completed (leader only).", nil, nil)
+	descStepTime = prometheus.NewDesc("tandem_step_seconds",
+		"Time from scheduling a step to its result: the last step's, and a moving mean (leader only).",
+		[]string{"stat"}, nil)
+	descGraphSteps = prometheus.NewDesc("tandem_graph_steps_total",
+		"Steps of the current pipeline dispatched by CUDA-graph runtime mode, padded and unpadded token count (leader only).",
+		[]string{"mode", "padded_tokens", "unpadded_tokens"}, nil)
+	descGraphMem = prometheus.NewDesc("tandem_graph_memory_bytes",
+		"Device memory of each stage's CUDA graphs (leader only).",
+		[]string{"stage", "node"}, nil)
+)
+
+// metricsCollector is a prometheus.Collector reading the daemon's live
+// state at every scrape: the leader's scheduler statistics and CUDA-graph
+// dispatch counts, and every node's serving state. Nothing secret is read.
+type metricsCollector struct{ d *Daemon }
+
+// Describe implements prometheus.Collector.
+func (c metricsCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descInfo, descLeader, descServing, descEpoch, descRunning, descWaiting,
+		descFinished, descCancelled, descInFlight, descKVUsed, descKVTotal, descPreempt, descDiscarded,
+		descSteps, descStepTime, descGraphSteps, descGraphMem} {
+		ch <- d
+	}
+}
+
+// Collect implements prometheus.Collector.
+func (c metricsCollector) Collect(ch chan<- prometheus.Metric) {
+	d := c.d
+	gauge := func(desc *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(desc, prometheus.GaugeValue, v, labels...)
+	}
+	counter := func(desc *prometheus.Desc, v uint64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(desc, prometheus.CounterValue, float64(v), labels...)
+	}
+	flag := func(b bool) float64 {
+		if b {
+			return 1
+		}
+		return 0
+	}
+	gauge(descInfo, 1, d.cfg.Name, Version, d.ckpt.Identity())
+
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	p := d.pipe
+	leading := p != nil && !d.draining && p.eng.stopErr() == nil
+	gauge(descLeader, flag(d.leader.Name == d.cfg.Name))
+	gauge(descServing, flag(leading || (d.stageReady && !d.draining)))
+	if p == nil {
+		return
+	}
+	st := p.eng.stats()
+	gauge(descEpoch, float64(p.epoch))
+	gauge(descRunning, float64(st.Running))
+	gauge(descWaiting, float64(st.Waiting))
+	counter(descFinished, st.Finished)
+	counter(descCancelled, st.Cancelled)
+	gauge(descInFlight, float64(st.InFlight))
+	gauge(descKVUsed, float64(st.KVBlocksUsed))
+	gauge(descKVTotal, float64(st.KVBlocks))
+	counter(descPreempt, st.Preemptions)
+	counter(descDiscarded, st.Discarded)
+	counter(descSteps, st.Steps)
+	gauge(descStepTime, st.LastStepTime.Seconds(), "last")
+	gauge(descStepTime, st.StepTime.Seconds(), "mean")
+	for _, r := range p.eng.graphs.Snapshot() {
+		counter(descGraphSteps, r.Count, r.Mode.String(), strconv.Itoa(r.Padded), strconv.Itoa(r.Unpadded))
+	}
+	for i := range p.stages {
+		s := stageStatus(i, &p.stages[i])
+		gauge(descGraphMem, float64(s.GetGraphBytes()), strconv.Itoa(i), s.GetNode())
+	}
+}
+
+// newMetricsRegistry is a private registry with the daemon's collector and
+// the standard Go runtime and process collectors.
+func newMetricsRegistry(d *Daemon) (*prometheus.Registry, error) {
+	reg := prometheus.NewRegistry()
+	for _, c := range []prometheus.Collector{
+		metricsCollector{d: d},
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+	} {
+		if err := reg.Register(c); err != nil {
+			return nil, fmt.Errorf("register metrics: %w", err)
+		}
+	}
+	return reg, nil
+}
+
+// metricsServer serves GET /metrics over HTTP on listen.metrics.
+type metricsServer struct {
+	lis    net.Listener
+	srv    *http.Server
+	served chan error
+}
+
+// listenMetrics binds listen.metrics; it returns nil when the endpoint is
+// off (the address is empty).
+func (d *Daemon) listenMetrics() (*metricsServer, error) {
+	addr := d.cfg.Listen.Metrics
+	if addr == "" {
+		return nil, nil
+	}
+	reg, err := newMetricsRegistry(d)
+	if err != nil {
+		return nil, err
+	}
+	lis, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("listen for metrics on %s (listen.metrics): %w", addr, err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{
+		ErrorLog: slog.NewLogLogger(d.log.Handler(), slog.LevelWarn),
+		Registry: reg, // promhttp_metric_handler_errors_total counts failed scrapes
+	}))
+	return &metricsServer{
+		lis:    lis,
+		srv:    &http.Server{Handler: mux, ReadHeaderTimeout: metricsReadHeaderTimeout, ErrorLog: slog.NewLogLogger(d.log.Handler(), slog.LevelWarn)},
+		served: make(chan error, 1),
+	}, nil
+}
+
+// addr is the bound address ("" when m is nil: the endpoint is off).
+func (m *metricsServer) addr() string {
+	if m == nil {
+		return ""
+	}
+	return m.lis.Addr().String()
+}
+
+// start serves in a goroutine that stop waits for.
+func (m *metricsServer) start() {
+	if m == nil {
+		return
+	}
+	go func() { m.served <- m.srv.Serve(m.lis) }()
+}
+
+// abandon closes the listener of a server never started.
+func (m *metricsServer) abandon() {
+	if m != nil {
+		m.lis.Close()
+	}
+}
+
+// stop shuts a started server down: scrapes in progress get grace to
+// finish, then every connection is closed. It returns the server's error,
+// if any.
+func (m *metricsServer) stop(grace time.Duration) error {
+	if m == nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), grace)
+	defer cancel()
+	if err := m.srv.Shutdown(ctx); err != nil {
+		m.srv.Close()
+	}
+	if err := <-m.served; !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("serve metrics: %w", err)
+	}
+	return nil
+}
