@@ -1,7 +1,7 @@
 // Command tandemctl is tandem's operator and user tool: it shows a
 // cluster's status and CUDA-graph dispatch, completes prompts through the
-// leader's gRPC API, writes random-init checkpoints and checks prompts
-// against a tokenizer. The leader's address comes from --addr or
+// leader's gRPC API, measures its throughput and latency, writes
+// random-init checkpoints and checks prompts against a tokenizer. The leader's address comes from --addr or
 // $TANDEM_ADDR, the admin token from --token or $TANDEM_TOKEN.
 package main
 
@@ -26,6 +26,6 @@ func newRootCmd() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newStatusCmd(), newGraphsCmd(), newGenerateCmd(), newModelCmd(), newTokenizeCmd())
+	root.AddCommand(newStatusCmd(), newGraphsCmd(), newGenerateCmd(), newBenchCmd(), newModelCmd(), newTokenizeCmd())
 	return root
 }

@@ -1,0 +1,234 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	tandemv1 "github.com/tandem-llm/tandem/proto/tandem/v1"
+)
+
+// benchOptions are the bench command's flags.
+type benchOptions struct {
+	concurrency  int
+	requests     int
+	promptTokens int
+	maxTokens    uint32
+	vocab        int
+	seed         uint64
+	asJSON       bool
+}
+
+// benchResult is what bench prints. Latencies are in milliseconds.
+type benchResult struct {
+	Concurrency     int     `json:"concurrency"`
+	Requests        int     `json:"requests"`
+	PromptTokens    int     `json:"prompt_tokens"`
+	GeneratedTokens int     `json:"generated_tokens"`
+	WallS           float64 `json:"wall_s"`
+	TokensPerS      float64 `json:"tokens_per_s"`
+	TTFTP50Ms       float64 `json:"ttft_p50_ms"`
+	TTFTP99Ms       float64 `json:"ttft_p99_ms"`
+	ITLP50Ms        float64 `json:"itl_p50_ms"`
+	ITLP99Ms        float64 `json:"itl_p99_ms"`
+}
+
+// requestTiming is what one streamed request measured.
+type requestTiming struct {
+	tokens int
+	ttft   time.Duration
+	// itl holds one gap per token after the first: a message of k tokens
+	// arriving d after the previous message (or the request's start)
+	// counts a gap of d/k for each of its tokens but the request's first.
+	itl []time.Duration
+}
+
+func newBenchCmd() *cobra.Command {
+	var (
+		c clientFlags
+		o benchOptions
+	)
+	cmd := &cobra.Command{
+		Use:   "bench",
+		Short: "Measure the cluster's throughput and latency with concurrent requests",
+		Long: `Send --requests Generate calls, --concurrency of them at a time, over one
+gRPC connection. Each prompt is --prompt-tokens random token ids below
+--vocab (seeded by --seed and the request's index); each request generates
+exactly --max-tokens tokens, greedy and past end-of-sequence tokens. Prints
+the requests, the tokens generated, the wall time, tokens/s, and the p50
+and p99 of the time to first token and of the inter-token latency (--json:
+one JSON object).`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if o.concurrency < 1 || o.requests < 1 || o.promptTokens < 1 || o.maxTokens < 1 || o.vocab < 1 {
+				return errors.New("--concurrency, --requests, --prompt-tokens, --max-tokens and --vocab must be at least 1")
+			}
+			conn, err := c.dial()
+			if err != nil {
+				return err
+			}
+			defer conn.Close()
+			ctx, cancel := c.context(cmd.Context())
+			defer cancel()
+			res, err := runBench(ctx, tandemv1.NewInferenceClient(conn), o)
+			if err != nil {
+				return err
+			}
+			out := cmd.OutOrStdout()
+			if o.asJSON {
+				b, err := json.Marshal(res)
+				if err != nil {
+					return err
+				}
+				_, err = fmt.Fprintln(out, string(b))
+				return err
+			}
+			fmt.Fprintf(out, "requests:          %d (%d at a time, %d prompt tokens each)\n", res.Requests, res.Concurrency, res.PromptTokens)
+			fmt.Fprintf(out, "generated tokens:  %d\n", res.GeneratedTokens)
+			fmt.Fprintf(out, "wall time:         %.3f s\n", res.WallS)
+			fmt.Fprintf(out, "throughput:        %.1f tokens/s\n", res.TokensPerS)
+			fmt.Fprintf(out, "time to 1st token: p50 %.2f ms, p99 %.2f ms\n", res.TTFTP50Ms, res.TTFTP99Ms)
+			fmt.Fprintf(out, "inter-token:       p50 %.2f ms, p99 %.2f ms\n", res.ITLP50Ms, res.ITLP99Ms)
+			return nil
+		},
+	}
+	c.register(cmd.Flags())
+	f := cmd.Flags()
+	f.IntVar(&o.concurrency, "concurrency", 8, "requests in flight at a time")
+	f.IntVar(&o.requests, "requests", 0, "requests in all (0: --concurrency)")
+	f.IntVar(&o.promptTokens, "prompt-tokens", 64, "prompt length in tokens")
+	f.Uint32Var(&o.maxTokens, "max-tokens", 128, "tokens to generate per request")
+	f.IntVar(&o.vocab, "vocab", 256, "prompt token ids are below this (the model's vocabulary size or less)")
+	f.Uint64Var(&o.seed, "seed", 1, "seed of the random prompts")
+	f.BoolVar(&o.asJSON, "json", false, "print the figures as one JSON object")
+	cmd.PreRun = func(*cobra.Command, []string) {
+		if o.requests == 0 {
+			o.requests = o.concurrency
+		}
+	}
+	return cmd
+}
+
+// runBench sends o.requests requests, o.concurrency at a time, and sums up
+// their timings. The first failed request cancels the others.
+func runBench(ctx context.Context, client tandemv1.InferenceClient, o benchOptions) (benchResult, error) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	next := make(chan int)
+	timings := make([]requestTiming, o.requests)
+	var wg sync.WaitGroup
+	start := time.Now()
+	for range min(o.concurrency, o.requests) {
+		wg.Go(func() {
+			for i := range next {
+				t, err := benchRequest(ctx, client, benchPrompt(o, i), o.maxTokens)
+				if err != nil {
+					cancel(fmt.Errorf("request %d: %w", i, err))
+					continue
+				}
+				timings[i] = t
+			}
+		})
+	}
+feed:
+	for i := range o.requests {
+		select {
+		case next <- i:
+		case <-ctx.Done():
+			break feed
+		}
+	}
+	close(next)
+	wg.Wait()
+	wall := time.Since(start)
+	if err := context.Cause(ctx); err != nil {
+		return benchResult{}, fmt.Errorf("bench: %w", err)
+	}
+	res := benchResult{Concurrency: o.concurrency, Requests: o.requests, PromptTokens: o.promptTokens, WallS: wall.Seconds()}
+	var ttft, itl []time.Duration
+	for _, t := range timings {
+		res.GeneratedTokens += t.tokens
+		ttft = append(ttft, t.ttft)
+		itl = append(itl, t.itl...)
+	}
+	res.TokensPerS = float64(res.GeneratedTokens) / wall.Seconds()
+	res.TTFTP50Ms, res.TTFTP99Ms = percentileMs(ttft, 50), percentileMs(ttft, 99)
+	res.ITLP50Ms, res.ITLP99Ms = percentileMs(itl, 50), percentileMs(itl, 99)
+	return res, nil
+}
+
+// benchPrompt is request i's prompt: o.promptTokens ids below o.vocab,
+// the same for the same seed and index.
+func benchPrompt(o benchOptions, i int) []int32 {
+	r := rand.New(rand.NewPCG(o.seed, uint64(i)))
+	ids := make([]int32, o.promptTokens)
+	for k := range ids {
+		ids[k] = int32(r.IntN(o.vocab))
+	}
+	return ids
+}
+
+// benchRequest streams one greedy request and times its messages. The
+// tokens counted are the final message's completion tokens, which must
+// equal the token ids streamed.
+func benchRequest(ctx context.Context, client tandemv1.InferenceClient, prompt []int32, maxTokens uint32) (requestTiming, error) {
+	var t requestTiming
+	start := time.Now()
+	stream, err := client.Generate(ctx, &tandemv1.GenerateRequest{PromptTokenIds: prompt, MaxTokens: maxTokens, IgnoreEos: true})
+	if err != nil {
+		return t, err
+	}
+	last := start
+	var usage *tandemv1.Usage
+	for {
+		msg, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return t, err
+		}
+		now := time.Now()
+		if n := len(msg.GetTokenIds()); n > 0 {
+			if t.tokens == 0 {
+				t.ttft = now.Sub(start)
+				n--
+			}
+			for range n {
+				t.itl = append(t.itl, now.Sub(last)/time.Duration(len(msg.GetTokenIds())))
+			}
+			t.tokens += len(msg.GetTokenIds())
+			last = now
+		}
+		if msg.GetUsage() != nil {
+			usage = msg.GetUsage()
+		}
+	}
+	if usage == nil {
+		return t, errors.New("the stream ended without its final message")
+	}
+	if int(usage.GetCompletionTokens()) != t.tokens {
+		return t, fmt.Errorf("usage reports %d completion tokens, the stream carried %d", usage.GetCompletionTokens(), t.tokens)
+	}
+	return t, nil
+}
+
+// percentileMs is the nearest-rank p-th percentile of ds in milliseconds
+// (0 when ds is empty).
+func percentileMs(ds []time.Duration, p int) float64 {
+	if len(ds) == 0 {
+		return 0
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	k := (p*len(s) + 99) / 100
+	return float64(s[max(k, 1)-1]) / float64(time.Millisecond)
+}
