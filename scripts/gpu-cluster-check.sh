@@ -21,9 +21,10 @@
 # (no stage) and two `tandemd serve --backend cuda` stage daemons, one per GPU
 # (CUDA_VISIBLE_DEVICES=0 and 1), which the leader wires with NCCL; (3) runs a
 # few greedy prompts one at a time through `tandemctl generate --json` and
-# saves `tandemctl status` and `tandemctl graphs`; (4) measures tokens/s of N
-# concurrent requests; (5) restarts the cluster with --handoff=false (p steps
-# in flight instead of p+1) and measures the same; (6) starts a leader and
+# saves `tandemctl status` and `tandemctl graphs`; (4) measures tokens/s and
+# latencies of N concurrent requests with `tandemctl bench`; (5) restarts the
+# cluster with --handoff=false (p steps in flight instead of p+1) and
+# measures the same; (6) starts a leader and
 # one stage daemon on GPU 0 and runs the same prompts: the tokens must match
 # the two-GPU cluster's and the log-probabilities agree within bf16
 # tolerance. Logs, outputs and summary.json go to $OUT; the summary is
@@ -160,35 +161,20 @@ prompts() {
 	echo "cluster $tag: 4 greedy prompts done" | tee -a "$LOG"
 }
 
-# throughput TAG: N concurrent requests of a 64-token prompt and
-# THROUGHPUT_TOKENS tokens each, for each N in CONCURRENT.
+# throughput TAG: for each N in CONCURRENT, `tandemctl bench` (one process,
+# one connection) of N concurrent requests of a 64-token prompt and
+# THROUGHPUT_TOKENS tokens each.
 throughput() {
-	local tag=$1 n i start end
+	local tag=$1 n
 	for n in $CONCURRENT; do
-		local dir=$WORK/runs/$tag-c$n
-		mkdir -p "$dir"
-		local ids=() gen=()
-		for ((i = 0; i < n; i++)); do
-			ids+=("$(prompt_ids $((1000 + i)) 64)")
-		done
-		start=$(date +%s.%N)
-		for ((i = 0; i < n; i++)); do
-			ctl generate --timeout 120s --ids "${ids[$i]}" --max-tokens "$THROUGHPUT_TOKENS" --ignore-eos --json >"$dir/$i.json" &
-			gen+=($!)
-		done
-		wait "${gen[@]}"
-		end=$(date +%s.%N)
-		python3 - "$dir" "$start" "$end" "$tag" "$n" <<'EOF' | tee -a "$LOG" >>"$WORK/runs/throughput.jsonl"
-import glob, json, sys
-d, start, end, tag, n = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), sys.argv[4], int(sys.argv[5])
-toks = 0
-for f in glob.glob(d + "/*.json"):
-    try:
-        toks += int(json.load(open(f))["usage"]["completionTokens"])
-    except Exception as e:
-        print("bad output", f, e, file=sys.stderr)
-wall = end - start
-print(json.dumps({"cluster": tag, "concurrent": n, "tokens": toks, "wall_s": round(wall, 3), "tokens_per_s": round(toks / wall, 1)}))
+		ctl bench --timeout 300s --concurrency "$n" --requests "$n" --prompt-tokens 64 --max-tokens "$THROUGHPUT_TOKENS" \
+			--vocab "$VOCAB" --seed 1000 --json >"$WORK/runs/$tag-c$n.json" || return 1
+		python3 - "$WORK/runs/$tag-c$n.json" "$tag" <<'EOF' | tee -a "$LOG" >>"$WORK/runs/throughput.jsonl"
+import json, sys
+b = json.load(open(sys.argv[1]))
+print(json.dumps({"cluster": sys.argv[2], "concurrent": b["concurrency"], "tokens": b["generated_tokens"], "wall_s": round(b["wall_s"], 3),
+                  "tokens_per_s": round(b["tokens_per_s"], 1), "ttft_p50_ms": round(b["ttft_p50_ms"], 2), "ttft_p99_ms": round(b["ttft_p99_ms"], 2),
+                  "itl_p50_ms": round(b["itl_p50_ms"], 2), "itl_p99_ms": round(b["itl_p99_ms"], 2)}))
 EOF
 	done
 	ctl status --json >"$WORK/runs/$tag.status.json"
