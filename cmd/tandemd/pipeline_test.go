@@ -220,6 +220,7 @@ func checkAgainst(t *testing.T, name string, got generated, want []stage.Sampled
 			worst = max(worst, math.Abs(float64(g.GetTop()[j].GetLogprob()-a.Logprob)))
 		}
 	}
+	t.Logf("%s: tokens identical, logprobs within %.2e of the single-process reference", name, worst)
 	if worst > 1e-5 {
 		t.Errorf("%s: logprobs differ from the reference by up to %.2e", name, worst)
 	}
