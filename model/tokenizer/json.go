@@ -107,6 +107,30 @@ func decodeInto(raw json.RawMessage, typ string, v any) error {
 	return nil
 }
 
+// parseSequence reads a Sequence component: the list under key, each item
+// read by parse.
+func parseSequence[T any](raw json.RawMessage, key string, parse func(json.RawMessage) (T, error)) ([]T, error) {
+	var c map[string]json.RawMessage
+	if err := decodeInto(raw, "Sequence", &c); err != nil {
+		return nil, err
+	}
+	var items []json.RawMessage
+	if list, ok := c[key]; ok {
+		if err := decodeInto(list, "Sequence "+key, &items); err != nil {
+			return nil, err
+		}
+	}
+	seq := make([]T, 0, len(items))
+	for i, r := range items {
+		v, err := parse(r)
+		if err != nil {
+			return nil, fmt.Errorf("Sequence item %d: %w", i, err)
+		}
+		seq = append(seq, v)
+	}
+	return seq, nil
+}
+
 func parseNormalizer(raw json.RawMessage) (normalizer, error) {
 	typ, err := componentType(raw)
 	if err != nil {
@@ -124,21 +148,8 @@ func parseNormalizer(raw json.RawMessage) (normalizer, error) {
 	case "Lowercase":
 		return lowercaseNorm{}, nil
 	case "Sequence":
-		var c struct {
-			Normalizers []json.RawMessage `json:"normalizers"`
-		}
-		if err := decodeInto(raw, typ, &c); err != nil {
-			return nil, err
-		}
-		seq := make(sequenceNorm, 0, len(c.Normalizers))
-		for i, r := range c.Normalizers {
-			n, err := parseNormalizer(r)
-			if err != nil {
-				return nil, fmt.Errorf("Sequence item %d: %w", i, err)
-			}
-			seq = append(seq, n)
-		}
-		return seq, nil
+		seq, err := parseSequence(raw, "normalizers", parseNormalizer)
+		return sequenceNorm(seq), err
 	case "Prepend":
 		var c struct {
 			Prepend string `json:"prepend"`
@@ -217,21 +228,8 @@ func parsePreTokenizer(raw json.RawMessage) (preTokenizer, error) {
 	}
 	switch typ {
 	case "Sequence":
-		var c struct {
-			PreTokenizers []json.RawMessage `json:"pretokenizers"`
-		}
-		if err := decodeInto(raw, typ, &c); err != nil {
-			return nil, err
-		}
-		seq := make(sequencePre, 0, len(c.PreTokenizers))
-		for i, r := range c.PreTokenizers {
-			p, err := parsePreTokenizer(r)
-			if err != nil {
-				return nil, fmt.Errorf("Sequence item %d: %w", i, err)
-			}
-			seq = append(seq, p)
-		}
-		return seq, nil
+		seq, err := parseSequence(raw, "pretokenizers", parsePreTokenizer)
+		return sequencePre(seq), err
 	case "Split":
 		var c struct {
 			Pattern  patternJSON `json:"pattern"`
@@ -290,21 +288,8 @@ func parseDecoder(raw json.RawMessage) (decoder, error) {
 	case "Fuse":
 		return fuseDec{}, nil
 	case "Sequence":
-		var c struct {
-			Decoders []json.RawMessage `json:"decoders"`
-		}
-		if err := decodeInto(raw, typ, &c); err != nil {
-			return nil, err
-		}
-		seq := make(sequenceDec, 0, len(c.Decoders))
-		for i, r := range c.Decoders {
-			d, err := parseDecoder(r)
-			if err != nil {
-				return nil, fmt.Errorf("Sequence item %d: %w", i, err)
-			}
-			seq = append(seq, d)
-		}
-		return seq, nil
+		seq, err := parseSequence(raw, "decoders", parseDecoder)
+		return sequenceDec(seq), err
 	case "Replace":
 		var c struct {
 			Pattern patternJSON `json:"pattern"`
