@@ -71,13 +71,11 @@ one JSON object).`,
 			if o.concurrency < 1 || o.requests < 1 || o.promptTokens < 1 || o.maxTokens < 1 || o.vocab < 1 {
 				return errors.New("--concurrency, --requests, --prompt-tokens, --max-tokens and --vocab must be at least 1")
 			}
-			conn, err := c.dial()
+			conn, ctx, done, err := c.open(cmd.Context())
 			if err != nil {
 				return err
 			}
-			defer conn.Close()
-			ctx, cancel := c.context(cmd.Context())
-			defer cancel()
+			defer done()
 			res, err := runBench(ctx, tandemv1.NewInferenceClient(conn), o)
 			if err != nil {
 				return err

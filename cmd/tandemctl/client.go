@@ -83,12 +83,18 @@ func (c *clientFlags) dial() (*grpc.ClientConn, error) {
 	return conn, nil
 }
 
-// context bounds a call by --timeout.
-func (c *clientFlags) context(parent context.Context) (context.Context, context.CancelFunc) {
-	if c.timeout > 0 {
-		return context.WithTimeout(parent, c.timeout)
+// open dials the daemon and bounds parent by --timeout; done closes both.
+func (c *clientFlags) open(parent context.Context) (conn *grpc.ClientConn, ctx context.Context, done func(), err error) {
+	if conn, err = c.dial(); err != nil {
+		return nil, nil, nil, err
 	}
-	return context.WithCancel(parent)
+	var cancel context.CancelFunc
+	if c.timeout > 0 {
+		ctx, cancel = context.WithTimeout(parent, c.timeout)
+	} else {
+		ctx, cancel = context.WithCancel(parent)
+	}
+	return conn, ctx, func() { cancel(); conn.Close() }, nil
 }
 
 // bearer sends the admin token as "authorization: Bearer TOKEN".
@@ -109,13 +115,11 @@ func (b bearer) RequireTransportSecurity() bool { return b.secure }
 // prints its answer: as JSON with asJSON, else with print.
 func adminShow[R proto.Message](cmd *cobra.Command, c *clientFlags, asJSON bool, what string,
 	call func(context.Context, tandemv1.AdminClient) (R, error), print func(io.Writer, R) error) error {
-	conn, err := c.dial()
+	conn, ctx, done, err := c.open(cmd.Context())
 	if err != nil {
 		return err
 	}
-	defer conn.Close()
-	ctx, cancel := c.context(cmd.Context())
-	defer cancel()
+	defer done()
 	r, err := call(ctx, tandemv1.NewAdminClient(conn))
 	if err != nil {
 		return fmt.Errorf("%s of %s: %w", what, c.addr, err)

@@ -46,13 +46,11 @@ usage.`,
 			if logprobs >= 0 {
 				req.Logprobs = proto.Uint32(uint32(logprobs))
 			}
-			conn, err := c.dial()
+			conn, ctx, done, err := c.open(cmd.Context())
 			if err != nil {
 				return err
 			}
-			defer conn.Close()
-			ctx, cancel := c.context(cmd.Context())
-			defer cancel()
+			defer done()
 			stream, err := tandemv1.NewInferenceClient(conn).Generate(ctx, &req)
 			if err != nil {
 				return fmt.Errorf("generate: %w", err)
