@@ -2,6 +2,8 @@ package stage
 
 import (
 	"context"
+	"fmt"
+	"math"
 
 	"github.com/tandem-llm/tandem/collective"
 	"github.com/tandem-llm/tandem/graphs"
@@ -152,6 +154,23 @@ type HandoffReceiver interface {
 
 // HandoffCols is the number of I32 columns of a hand-off row: slot, token.
 const HandoffCols = 2
+
+// Validate rejects sampling parameters no backend can honour; maxLogprobs
+// is the most top alternatives the backend reports.
+func (p *Sampling) Validate(maxLogprobs int) error {
+	t := float64(p.Temperature)
+	switch {
+	case !(t >= 0) || math.IsInf(t, 1):
+		return fmt.Errorf("temperature %v is not a finite number ≥ 0", p.Temperature)
+	case p.TopK < 0:
+		return fmt.Errorf("top-k %d is negative", p.TopK)
+	case !(p.TopP >= 0 && p.TopP <= 1):
+		return fmt.Errorf("top-p %v is outside [0,1]", p.TopP)
+	case p.Logprobs < 0 || p.Logprobs > maxLogprobs:
+		return fmt.Errorf("%d logprobs (top alternatives) asked for, outside [0,%d]", p.Logprobs, maxLogprobs)
+	}
+	return nil
+}
 
 // Output is what Forward produces.
 type Output struct {

@@ -136,7 +136,7 @@ func (s *Stage) validateSeq(q *stage.Seq) error {
 		}
 	}
 	if q.Sample {
-		if err := checkSampling(&q.Sampling, s.m.VocabSize); err != nil {
+		if err := q.Sampling.Validate(s.m.VocabSize); err != nil {
 			return fmt.Errorf("sampling: %w", err)
 		}
 	}

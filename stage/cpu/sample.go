@@ -2,7 +2,6 @@ package cpu
 
 import (
 	"cmp"
-	"fmt"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -27,25 +26,9 @@ func newSampler(vocab int) sampler {
 	return sampler{cands: make([]candidate, vocab), heap: make([]int32, 0, vocab)}
 }
 
-// checkSampling rejects sampling parameters the sampler cannot honour.
-func checkSampling(p *stage.Sampling, vocab int) error {
-	t := float64(p.Temperature)
-	switch {
-	case !(t >= 0) || math.IsInf(t, 1):
-		return fmt.Errorf("temperature %v is not a finite number ≥ 0", p.Temperature)
-	case p.TopK < 0:
-		return fmt.Errorf("top-k %d is negative", p.TopK)
-	case !(p.TopP >= 0 && p.TopP <= 1):
-		return fmt.Errorf("top-p %v is outside [0,1]", p.TopP)
-	case p.Logprobs < 0 || p.Logprobs > vocab:
-		return fmt.Errorf("%d top log-probabilities asked for, outside [0,%d]", p.Logprobs, vocab)
-	}
-	return nil
-}
-
 // sample draws a token from one row of logits (one value per token) with the
 // parameters p; index is the number of tokens the sequence sampled before.
-// The parameters must have passed checkSampling.
+// The parameters must have passed stage.Sampling.Validate.
 func (sp *sampler) sample(logits []float32, p *stage.Sampling, index int) stage.Sampled {
 	// log-softmax normaliser of the raw logits, in float64
 	m := math.Inf(-1)

@@ -195,7 +195,7 @@ func TestCheckSampling(t *testing.T) {
 		{"logprobs past vocab", stage.Sampling{Logprobs: 11}, false},
 	}
 	for _, tc := range cases {
-		if err := checkSampling(&tc.p, 10); (err == nil) != tc.ok {
+		if err := tc.p.Validate(10); (err == nil) != tc.ok {
 			t.Errorf("%s: error %v, want ok=%v", tc.name, err, tc.ok)
 		}
 	}

@@ -209,16 +209,10 @@ func (pl *planner) addOutputs(s *stage.Seq, p *plan) error {
 		return nil
 	}
 	sp := s.Sampling
-	switch {
-	case !(sp.Temperature >= 0) || math.IsInf(float64(sp.Temperature), 0):
-		return fmt.Errorf("temperature %v", sp.Temperature)
-	case sp.TopK < 0:
-		return fmt.Errorf("top-k %d", sp.TopK)
-	case !(sp.TopP >= 0 && sp.TopP <= 1):
-		return fmt.Errorf("top-p %v outside [0, 1]", sp.TopP)
-	case sp.Logprobs < 0 || sp.Logprobs > MaxLogprobs:
-		return fmt.Errorf("%d logprobs; at most %d", sp.Logprobs, MaxLogprobs)
-	case s.Index < 0:
+	if err := sp.Validate(MaxLogprobs); err != nil {
+		return err
+	}
+	if s.Index < 0 {
 		return fmt.Errorf("sample index %d", s.Index)
 	}
 	row := p.rows - 1 // the chunk's last row, already listed when Logits is set
