@@ -5,21 +5,34 @@ import (
 	"context"
 	"log"
 	"log/slog"
+	"net"
+	"strings"
+	"sync/atomic"
 )
 
 // newStdLogger returns a *log.Logger, as memberlist wants, whose lines go
-// to l at the level memberlist wrote in their prefix.
-func newStdLogger(l *slog.Logger) *log.Logger {
-	return log.New(slogWriter{l}, "", 0)
+// to l at the level memberlist wrote in their prefix. Once stopping is
+// set, lines about memberlist's own closed sockets go to Debug.
+func newStdLogger(l *slog.Logger, stopping *atomic.Bool) *log.Logger {
+	return log.New(slogWriter{l, stopping}, "", 0)
 }
 
 // slogWriter turns memberlist's log lines ("[WARN] memberlist: text") into
 // slog records.
-type slogWriter struct{ l *slog.Logger }
+type slogWriter struct {
+	l        *slog.Logger
+	stopping *atomic.Bool
+}
 
-// Write logs one line; log.Logger calls it once per message.
+// Write logs one line; log.Logger calls it once per message. memberlist's
+// probe and gossip goroutines can still send for a moment after Shutdown
+// has closed the sockets, and log each failure as an error; such a line
+// during a clean stop is expected, so it is logged at Debug.
 func (w slogWriter) Write(p []byte) (int, error) {
 	level, msg := parseLine(p)
+	if level > slog.LevelDebug && w.stopping.Load() && strings.Contains(msg, net.ErrClosed.Error()) {
+		level = slog.LevelDebug
+	}
 	w.l.Log(context.Background(), level, msg, "component", "memberlist")
 	return len(p), nil
 }

@@ -3,7 +3,9 @@ package membership
 import (
 	"bytes"
 	"log/slog"
+	"net"
 	"strings"
+	"sync/atomic"
 	"testing"
 )
 
@@ -33,14 +35,29 @@ func TestParseLine(t *testing.T) {
 
 func TestStdLoggerBridge(t *testing.T) {
 	var buf bytes.Buffer
-	l := newStdLogger(slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelInfo})))
+	var stopping atomic.Bool
+	l := newStdLogger(slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelInfo})), &stopping)
+	closed := "[ERR] memberlist: Failed to send UDP ping: write udp 127.0.0.1:1->127.0.0.1:2: " + net.ErrClosed.Error()
 	l.Printf("[DEBUG] memberlist: hidden")
 	l.Printf("[WARN] memberlist: Got ping for unexpected node %s", "x")
+	l.Print(closed)
+	stopping.Store(true)
+	l.Print(closed + " (stopping)")
+	l.Printf("[ERR] memberlist: Failed to send gossip: other")
 	out := buf.String()
 	if strings.Contains(out, "hidden") {
 		t.Errorf("debug line passed an Info handler: %s", out)
 	}
 	if !strings.Contains(out, `level=WARN msg="Got ping for unexpected node x" component=memberlist`) {
 		t.Errorf("warn line not bridged: %q", out)
+	}
+	if !strings.Contains(out, `level=ERROR msg="Failed to send UDP ping`) {
+		t.Errorf("a closed socket before Shutdown is still an error: %q", out)
+	}
+	if strings.Contains(out, "(stopping)") {
+		t.Errorf("a closed socket after Shutdown began passed an Info handler: %q", out)
+	}
+	if !strings.Contains(out, `level=ERROR msg="Failed to send gossip: other"`) {
+		t.Errorf("other errors while stopping must stay errors: %q", out)
 	}
 }

@@ -91,6 +91,7 @@ type Membership struct {
 	wg       sync.WaitGroup
 	joined   chan struct{}
 	addr     atomic.Pointer[string] // LocalAddr, set by Start
+	stopping atomic.Bool            // set by Shutdown; quiets closed-socket lines
 
 	// metaMu guards the encoded local metadata read by the meta delegate.
 	metaMu  sync.Mutex
@@ -210,7 +211,7 @@ func (m *Membership) mlConfig() *memberlist.Config {
 	c.SecretKey = m.cfg.SecretKey
 	c.Delegate = metaDelegate{m}
 	c.Events = eventDelegate{m}
-	c.Logger = newStdLogger(m.log)
+	c.Logger = newStdLogger(m.log, &m.stopping)
 	// Resolve seed host names with the Go resolver only, not memberlist's
 	// extra DNS-over-TCP query to the servers of resolv.conf.
 	c.DNSConfigPath = ""
@@ -408,6 +409,7 @@ func (m *Membership) Shutdown() error {
 		return nil
 	}
 	m.shutdown = true
+	m.stopping.Store(true)
 	if m.cancel != nil {
 		m.cancel()
 	}
