@@ -7,6 +7,7 @@ import (
 	"math"
 
 	"github.com/tandem-llm/tandem/collective"
+	"github.com/tandem-llm/tandem/graphs"
 	"github.com/tandem-llm/tandem/stage"
 )
 
@@ -79,6 +80,13 @@ func (s *Stage) validate(b *stage.Batch) error {
 	}
 	if n := b.NumTokens(); n > s.maxTokens {
 		return fmt.Errorf("%d tokens, more than the %d a batch may carry", n, s.maxTokens)
+	}
+	// The CPU stage captures no CUDA graphs: a step the leader dispatched
+	// to a graph is refused, never run eagerly behind a replaying neighbour.
+	if b.Graph != (graphs.Step{}) {
+		if err := b.Graph.Validate(fmt.Sprintf("cpu [%d,%d)", s.lo, s.hi), b.NumTokens(), len(b.Seqs), nil); err != nil {
+			return err
+		}
 	}
 	for i := range b.Seqs {
 		q := &b.Seqs[i]

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/tandem-llm/tandem/graphs"
 	"github.com/tandem-llm/tandem/model"
 	"github.com/tandem-llm/tandem/stage"
 )
@@ -292,6 +293,21 @@ func testValidation(t *testing.T, b Backend) {
 			t.Errorf("%s: error %q does not wrap context.Canceled", tc.name, err)
 		case tc.culpr != 0 && !strings.Contains(err.Error(), fmt.Sprint(tc.culpr)):
 			t.Errorf("%s: error %q does not name seq %d", tc.name, err, tc.culpr)
+		}
+	}
+	// Conformance stages capture no CUDA graphs, so a step dispatched to
+	// one is refused (never run eagerly), as is an eager step whose token
+	// count is not the batch's. Each batch would fit its key.
+	for i, tc := range []struct {
+		step graphs.Step
+		seqs []stage.Seq
+	}{
+		{graphs.Step{Mode: graphs.Full, Desc: graphs.BatchDescriptor{NumTokens: 2, NumReqs: 2, UniformDecode: true, QueryLen: 1}}, []stage.Seq{contA, {ID: c, Tokens: promptC[:1]}}},
+		{graphs.Step{Mode: graphs.Piecewise, Desc: graphs.BatchDescriptor{NumTokens: 8}}, []stage.Seq{contA, newC(func(*stage.Seq) {})}},
+		{graphs.Step{Mode: graphs.None, Desc: graphs.BatchDescriptor{NumTokens: 9}}, []stage.Seq{contA, newC(func(*stage.Seq) {})}},
+	} {
+		if _, err := p.forward(ctx, t, &stage.Batch{ID: uint64(50 + i), Seqs: tc.seqs, Graph: tc.step}); err == nil {
+			t.Errorf("step %s accepted by a stage that captured no graphs", tc.step)
 		}
 	}
 	// Nothing moved: A continues at 5, C starts at 0, and both match the
