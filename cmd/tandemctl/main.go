@@ -1,8 +1,3 @@
-// Command tandemctl is tandem's operator and user tool: it shows a
-// cluster's status and CUDA-graph dispatch, completes prompts through the
-// leader's gRPC API, measures its throughput and latency, writes
-// random-init checkpoints and checks prompts against a tokenizer. The leader's address comes from --addr or
-// $TANDEM_ADDR, the admin token from --token or $TANDEM_TOKEN.
 package main
 
 import (

@@ -84,9 +84,11 @@ func TestTokenizeReference(t *testing.T) {
 	}
 	var ref struct {
 		Tokenizers map[string][]struct {
-			Text         string  `json:"text"`
-			IDs          []int32 `json:"ids"`
-			IDsNoSpecial []int32 `json:"ids_no_special"`
+			Text               string  `json:"text"`
+			IDs                []int32 `json:"ids"`
+			IDsNoSpecial       []int32 `json:"ids_no_special"`
+			Decoded            string  `json:"decoded"`
+			DecodedSkipSpecial string  `json:"decoded_skip_special"`
 		} `json:"tokenizers"`
 	}
 	if err := json.Unmarshal(data, &ref); err != nil {
@@ -121,6 +123,39 @@ func TestTokenizeReference(t *testing.T) {
 			}
 		}
 	}
+	// --decode turns the reference ids back into the reference texts, with
+	// special tokens spelled out (and not HTML-escaped) or skipped.
+	var seqs [][]int32
+	for _, c := range cases {
+		seqs = append(seqs, c.IDs)
+	}
+	in, _ = json.Marshal(seqs)
+	for _, noSpecial := range []bool{false, true} {
+		args := []string{"tokenize", "--decode", "--tokenizer", filepath.Join(shared, "llama3.json")}
+		if noSpecial {
+			args = append(args, "--no-special")
+		}
+		out, err := run(t, string(in), args...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !noSpecial && (strings.Contains(out, `\u003c`) || !strings.Contains(out, "<|")) {
+			t.Errorf("decoded texts do not show special tokens such as <|eot_id|> as they are: %.200s", out)
+		}
+		var texts []string
+		if err := json.Unmarshal([]byte(out), &texts); err != nil {
+			t.Fatal(err)
+		}
+		for i, c := range cases {
+			want := c.Decoded
+			if noSpecial {
+				want = c.DecodedSkipSpecial
+			}
+			if texts[i] != want {
+				t.Errorf("decode case %d (no-special %v): %q, want %q", i, noSpecial, texts[i], want)
+			}
+		}
+	}
 }
 
 func TestTokenizeBadInput(t *testing.T) {
@@ -132,6 +167,8 @@ func TestTokenizeBadInput(t *testing.T) {
 	for _, tc := range []struct{ stdin, want string }{
 		{`{"not": "an array"}`, "want a JSON array of strings"},
 		{`[[1, 99999]]`, "outside the vocabulary"},
+		{`["a"] ["b"]`, "more input after the JSON array"},
+		{`[[1]] x`, "more input after the JSON array"},
 	} {
 		args := []string{"tokenize", "--tokenizer", tok}
 		if strings.HasPrefix(tc.stdin, "[[") {

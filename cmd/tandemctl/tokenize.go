@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 
@@ -72,6 +73,10 @@ func tokenize(tok *tokenizer.Tokenizer, in io.Reader, out io.Writer, decode, noS
 		}
 		res = ids
 	}
+	if _, err := dec.Token(); err != io.EOF {
+		return errors.New("read stdin: more input after the JSON array")
+	}
 	enc := json.NewEncoder(out)
+	enc.SetEscapeHTML(false) // special tokens such as <|eot_id|> as they are
 	return enc.Encode(res)
 }

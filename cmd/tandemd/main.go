@@ -1,9 +1,3 @@
-// Command tandemd is the tandem node daemon.
-//
-// tandemd serve runs one node of a cluster (see package daemon): a stage
-// of the pipeline, and the leader's gRPC API when it is chosen leader.
-// tandemd demo starts a local cluster of such processes on loopback,
-// streams a completion through the API and stops the cluster.
 package main
 
 import (

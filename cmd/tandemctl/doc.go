@@ -1,0 +1,14 @@
+// Command tandemctl is tandem's operator and user tool: it shows a
+// cluster's status and CUDA-graph dispatch, completes prompts through the
+// leader's gRPC API, measures its throughput and latency, writes
+// random-init checkpoints and checks prompts against a tokenizer. The
+// leader's address comes from --addr or $TANDEM_ADDR, the admin token from
+// --token or $TANDEM_TOKEN.
+//
+// # Concurrency
+//
+// Every subcommand makes one call (or one stream) at a time on the
+// calling goroutine, bounded by --timeout when it is set, except bench,
+// which runs --concurrency streaming calls on goroutines of its own over
+// one connection and waits for all of them before it prints.
+package main

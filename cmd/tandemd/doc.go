@@ -1,0 +1,23 @@
+// Command tandemd is the tandem node daemon.
+//
+// tandemd serve runs one node of a cluster (see package daemon): a stage
+// of the pipeline, and the leader's gRPC API when it is chosen leader.
+// Its configuration is a TOML file (--config) with flags overriding its
+// keys; it prints "listening grpc=ADDR gossip=ADDR" once its listeners are
+// bound, so a parent process can find them.
+//
+// tandemd demo starts a local cluster of such processes on loopback (a
+// leader and --stages stage daemons over a generated tiny checkpoint, or
+// --model DIR), streams a completion through the API and stops the
+// cluster; with --keep it prints "leader: HOST:PORT" and runs until
+// interrupted.
+//
+// # Concurrency
+//
+// main cancels the command's context on SIGINT or SIGTERM. serve runs
+// daemon.Run on one goroutine and returns what it returns: the daemon
+// drains and stops everything it started before Run returns. demo starts
+// each daemon as a child process with one goroutine reading its standard
+// output, stops every child with SIGTERM (SIGKILL past a deadline) and
+// waits for them all before it returns, so no process outlives it.
+package main
