@@ -12,6 +12,7 @@ import (
 	"encoding/base64"
 	"encoding/pem"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"math/big"
@@ -266,6 +267,32 @@ func TestSecureCluster(t *testing.T) {
 	if _, err := stream.Recv(); err != nil {
 		t.Fatal(err)
 	}
+	// Health, watched from before the shutdown: SERVING, then NOT_SERVING
+	// once the drain begins, before the server stops.
+	wctx, stopWatch := context.WithCancel(ctx)
+	defer stopWatch()
+	watch, err := healthpb.NewHealthClient(conn).Watch(wctx, &healthpb.HealthCheckRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r, err := watch.Recv(); err != nil || r.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+		t.Fatalf("health before the shutdown: %v, %v; want SERVING", r.GetStatus(), err)
+	}
+	notServing := make(chan error, 1)
+	go func() {
+		defer stopWatch() // ends the watch, which the server's graceful stop waits for
+		for {
+			r, err := watch.Recv()
+			if err != nil {
+				notServing <- fmt.Errorf("health watch ended before NOT_SERVING: %w", err)
+				return
+			}
+			if r.GetStatus() == healthpb.HealthCheckResponse_NOT_SERVING {
+				notServing <- nil
+				return
+			}
+		}
+	}()
 	stopped := make(chan error, 1)
 	go func() { stopped <- stopA() }()
 	n, last := 0, (*tandemv1.GenerateResponse)(nil)
@@ -282,6 +309,9 @@ func TestSecureCluster(t *testing.T) {
 	}
 	if last.GetFinishReason() != tandemv1.FinishReason_FINISH_REASON_LENGTH || last.GetUsage().GetCompletionTokens() != 300 {
 		t.Errorf("drained request ended with %v", last)
+	}
+	if err := <-notServing; err != nil {
+		t.Errorf("draining leader: %v", err)
 	}
 	if err := <-stopped; err != nil {
 		t.Errorf("leader Run: %v", err)
