@@ -7,6 +7,7 @@ import (
 	"math"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -103,7 +104,7 @@ func (d *Daemon) supervise(ctx context.Context) {
 					buildDone <- buildResult{p, err}
 				}()
 			} else {
-				d.setReason(fmt.Sprintf("waiting for stage nodes: %d of %d up", len(stages), d.cfg.Cluster.ExpectStages))
+				d.setReason(waitingReason(members, d.ckpt.Identity(), len(stages), d.cfg.Cluster.ExpectStages))
 			}
 		case !me && !building:
 			d.setReason(fmt.Sprintf("not the leader (the leader is %q)", leader.Name))
@@ -252,11 +253,34 @@ func chooseLeader(fixed string, members []membership.Member) membership.Member {
 func stageCandidates(members []membership.Member, modelID string) []membership.Member {
 	var out []membership.Member
 	for _, m := range members {
-		if m.State == membership.Alive && m.MetaErr == nil && m.Meta.DataAddr != "" && m.Meta.ModelID == modelID {
+		if liveStageNode(m) && m.Meta.ModelID == modelID {
 			out = append(out, m)
 		}
 	}
 	return out
+}
+
+// liveStageNode reports whether m is alive and offers a stage.
+func liveStageNode(m membership.Member) bool {
+	return m.State == membership.Alive && m.MetaErr == nil && m.Meta.DataAddr != ""
+}
+
+// waitingReason says why the leader has too few stage candidates, naming
+// the live stage nodes it left out because they serve another model (a
+// model directory that differs from the leader's), which an operator
+// would otherwise only find by comparing identities in the member table.
+func waitingReason(members []membership.Member, modelID string, have, want int) string {
+	reason := fmt.Sprintf("waiting for stage nodes: %d of %d up", have, want)
+	var other []string
+	for _, m := range members {
+		if liveStageNode(m) && m.Meta.ModelID != modelID {
+			other = append(other, fmt.Sprintf("%s has model %s", m.Name, short(m.Meta.ModelID)))
+		}
+	}
+	if len(other) > 0 {
+		reason += fmt.Sprintf(" (left out: %s; the leader has model %s)", strings.Join(other, ", "), short(modelID))
+	}
+	return reason
 }
 
 // plan places the model on the candidates: the configured plan, or layers

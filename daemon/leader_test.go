@@ -54,6 +54,24 @@ func TestStageCandidates(t *testing.T) {
 	}
 }
 
+// TestWaitingReason checks that the leader's reason for not serving names
+// the live stage nodes that serve another model, and only those.
+func TestWaitingReason(t *testing.T) {
+	ms := []membership.Member{
+		member("a", membership.Alive, true, "", "other"),                   // no stage
+		member("b", membership.Alive, true, "h:0", "m"),                    // a candidate
+		member("c", membership.Alive, true, "h:0", "0123456789abcdef0123"), // another model
+		member("d", membership.Dead, true, "h:0", "0123456789abcdef0123"),  // dead
+	}
+	want := "waiting for stage nodes: 1 of 2 up (left out: c has model 0123456789ab; the leader has model m)"
+	if got := waitingReason(ms, "m", 1, 2); got != want {
+		t.Errorf("reason %q, want %q", got, want)
+	}
+	if got := waitingReason(ms[:2], "m", 1, 2); got != "waiting for stage nodes: 1 of 2 up" {
+		t.Errorf("reason without a mismatch: %q", got)
+	}
+}
+
 // TestPlan checks the balanced and the explicit placement over members,
 // and an explicit plan naming a node that is not up.
 func TestPlan(t *testing.T) {
