@@ -16,6 +16,7 @@ import (
 	"github.com/pelletier/go-toml/v2"
 
 	"github.com/tandem-llm/tandem/graphs"
+	"github.com/tandem-llm/tandem/sched"
 )
 
 // Config is a daemon's configuration, read from a TOML file by LoadConfig
@@ -101,6 +102,11 @@ type StageConfig struct {
 	// MaxBatchTokens and MaxSeqs bound one step's batch (defaults 512, 64).
 	MaxBatchTokens int `toml:"max_batch_tokens"`
 	MaxSeqs        int `toml:"max_seqs"`
+	// BlockSize is the positions of one paged KV-cache block (default 16,
+	// at most 1024): the leader's block tables and every stage's cache use
+	// it. Smaller blocks waste less of a sequence's last block; larger
+	// ones make shorter tables.
+	BlockSize int `toml:"block_size"`
 	// GraphMode is the CUDA-graph mode the leader asks for (default
 	// FULL_AND_PIECEWISE; NONE, PIECEWISE, FULL, FULL_DECODE_ONLY): it is
 	// reduced to what the weakest stage supports, so a pipeline with a CPU
@@ -213,6 +219,8 @@ const (
 	DefaultGossipAddr     = "127.0.0.1:7401"
 	DefaultMaxBatchTokens = 512
 	DefaultMaxSeqs        = 64
+	DefaultBlockSize      = sched.DefaultBlockSize
+	maxBlockSize          = 1024
 	DefaultDrainTimeout   = 30 * time.Second
 	DefaultGraphMemory    = 512 << 20
 )
@@ -306,6 +314,9 @@ func (c Config) withDefaults() (Config, error) {
 	if c.Stage.MaxSeqs == 0 {
 		c.Stage.MaxSeqs = DefaultMaxSeqs
 	}
+	if c.Stage.BlockSize == 0 {
+		c.Stage.BlockSize = DefaultBlockSize
+	}
 	if c.Stage.MaxCaptureSize == 0 {
 		if len(c.Stage.CaptureSizes) > 0 {
 			c.Stage.MaxCaptureSize = slices.Max(c.Stage.CaptureSizes)
@@ -365,6 +376,9 @@ func (c *Config) validate() error {
 	}
 	if c.Stage.MaxBatchTokens < 1 || c.Stage.MaxSeqs < 1 {
 		bad("stage.max_batch_tokens %d and stage.max_seqs %d: want at least 1", c.Stage.MaxBatchTokens, c.Stage.MaxSeqs)
+	}
+	if c.Stage.BlockSize < 1 || c.Stage.BlockSize > maxBlockSize {
+		bad("stage.block_size %d: want 1 to %d positions", c.Stage.BlockSize, maxBlockSize)
 	}
 	if (c.Security.TLSCertFile == "") != (c.Security.TLSKeyFile == "") {
 		bad("security: tls_cert_file and tls_key_file go together")

@@ -27,7 +27,7 @@ func TestExampleConfig(t *testing.T) {
 	if err != nil {
 		t.Errorf("example config: %v", err)
 	}
-	if full.Stage.MaxSeqs != 64 || full.Stage.Backend != "cuda" || full.Stage.GraphMode != "PIECEWISE" || full.Stage.MaxCaptureSize != 256 ||
+	if full.Stage.MaxSeqs != 64 || full.Stage.BlockSize != 32 || full.Stage.Backend != "cuda" || full.Stage.GraphMode != "PIECEWISE" || full.Stage.MaxCaptureSize != 256 ||
 		full.Stage.GraphMemory != 1<<30 || full.Stage.Handoff == nil || *full.Stage.Handoff {
 		t.Errorf("with defaults: %+v", full.Stage)
 	}
@@ -37,6 +37,9 @@ func TestExampleConfig(t *testing.T) {
 	}
 	if def.Listen.Metrics != "" {
 		t.Errorf("metrics endpoint %q by default, want off", def.Listen.Metrics)
+	}
+	if def.Stage.BlockSize != 16 {
+		t.Errorf("KV block size %d by default, want 16", def.Stage.BlockSize)
 	}
 	if s := def.Stage; s.Backend != BackendAuto || s.GraphMode != "FULL_AND_PIECEWISE" || s.MaxCaptureSize != 128 || s.GraphMemory != DefaultGraphMemory || !*s.Handoff {
 		t.Errorf("defaults: %+v", s)
@@ -73,6 +76,8 @@ func TestConfigErrors(t *testing.T) {
 		{"bad graph mode", Config{Name: "n", Model: "m", Stage: StageConfig{GraphMode: "PARTIAL"}}, "stage.graph_mode"},
 		{"unsorted capture sizes", Config{Name: "n", Model: "m", Stage: StageConfig{CaptureSizes: []int{8, 4}}}, "stage.capture_sizes"},
 		{"capture past the batch", Config{Name: "n", Model: "m", Stage: StageConfig{MaxBatchTokens: 64, MaxCaptureSize: 128}}, "exceeds stage.max_batch_tokens"},
+		{"negative block size", Config{Name: "n", Model: "m", Stage: StageConfig{BlockSize: -4}}, "stage.block_size -4: want 1 to 1024"},
+		{"huge block size", Config{Name: "n", Model: "m", Stage: StageConfig{BlockSize: 4096}}, "stage.block_size 4096"},
 		{"cert without key", Config{Name: "n", Model: "m", Security: SecurityConfig{TLSCertFile: "c"}}, "go together"},
 		{"bad plan", Config{Name: "n", Model: "m", Plan: []PlanRange{{Node: "a", Layers: [2]int{3, 3}}}}, "plan[0]"},
 		{"negative expect", Config{Name: "n", Model: "m", Cluster: ClusterConfig{ExpectStages: -1}}, "expect_stages"},

@@ -373,7 +373,7 @@ func (d *Daemon) build(ctx context.Context, cands []membership.Member) (*pipelin
 		resp, err := nodes[i].Load(ctx, &tandemv1.LoadRequest{
 			Epoch: epoch, Leader: d.cfg.Name, ModelId: d.ckpt.Identity(), Index: uint32(i),
 			LayerLo: uint32(s.Lo), LayerHi: uint32(s.Hi),
-			MaxBatchTokens: uint32(d.cfg.Stage.MaxBatchTokens), MaxSeqs: uint32(d.cfg.Stage.MaxSeqs), BlockSize: sched.DefaultBlockSize,
+			MaxBatchTokens: uint32(d.cfg.Stage.MaxBatchTokens), MaxSeqs: uint32(d.cfg.Stage.MaxSeqs), BlockSize: uint32(d.cfg.Stage.BlockSize),
 			Handoff: *d.cfg.Stage.Handoff,
 		}, grpc.Trailer(&trailer))
 		if err != nil {
@@ -395,7 +395,7 @@ func (d *Daemon) build(ctx context.Context, cands []membership.Member) (*pipelin
 	maxSeqLen, blocks := mcfg.MaxPositions, math.MaxInt32
 	for i, l := range loads {
 		p.stages[i].load = l
-		p.stages[i].kvTokens = int(l.GetKvBlocks()) * sched.DefaultBlockSize
+		p.stages[i].kvTokens = int(l.GetKvBlocks()) * d.cfg.Stage.BlockSize
 		blocks = min(blocks, int(l.GetKvBlocks()))
 		maxSeqLen = min(maxSeqLen, int(l.GetMaxSeqLen()))
 	}
@@ -475,7 +475,7 @@ func (d *Daemon) build(ctx context.Context, cands []membership.Member) (*pipelin
 	p.eng, err = newEngine(drv, epoch, sched.Config{
 		MaxNumBatchedTokens:  d.cfg.Stage.MaxBatchTokens,
 		MaxNumSeqs:           d.cfg.Stage.MaxSeqs,
-		BlockSize:            sched.DefaultBlockSize,
+		BlockSize:            d.cfg.Stage.BlockSize,
 		NumBlocks:            blocks,
 		MaxConcurrentBatches: p.maxInFlight,
 		MaxModelLen:          maxSeqLen,

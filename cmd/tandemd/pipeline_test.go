@@ -426,14 +426,19 @@ func TestStageSplits(t *testing.T) {
 			checkEagerDispatch(t, ctx, c.Conn)
 		})
 	}
+	// Without hand-off, and with KV blocks of 5 positions (so sequences
+	// span blocks at odd places): the same tokens.
 	t.Run("daemons/2/handoff-off", func(t *testing.T) {
-		c, _ := startClusterWith(t, ctx, dir, 2, true, "--handoff=false")
+		c, _ := startClusterWith(t, ctx, dir, 2, true, "--handoff=false", "--block-size=5")
 		st, err := tandemv1.NewAdminClient(c.Conn).Status(ctx, &tandemv1.StatusRequest{})
 		if err != nil {
 			t.Fatal(err)
 		}
 		if st.GetHandoff() || st.GetMaxInFlight() != 2 {
 			t.Errorf("status with --handoff=false: hand-off %t, %d steps in flight; want off, 2", st.GetHandoff(), st.GetMaxInFlight())
+		}
+		if bs := st.GetScheduler().GetBlockSize(); bs != 5 {
+			t.Errorf("status with --block-size=5: blocks of %d positions", bs)
 		}
 		generateAll(t, ctx, c.Conn, cases, wantGen)
 	})
