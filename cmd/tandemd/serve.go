@@ -43,7 +43,12 @@ SIGINT drains (requests in flight finish), leaves the cluster and exits 0.`,
 			return runServe(cmd.Context(), cfg, cmd.OutOrStdout())
 		},
 	}
-	f := cmd.Flags()
+	o.register(cmd.Flags())
+	return cmd
+}
+
+// register defines the flags of tandemd serve on f, bound to o.
+func (o *serveFlags) register(f *pflag.FlagSet) {
 	c := &o.cfg
 	f.StringVar(&o.config, "config", "", "TOML configuration file (flags override its keys)")
 	f.StringVar(&c.Name, "name", "", "node name, unique in the cluster (default: the host name)")
@@ -76,7 +81,6 @@ SIGINT drains (requests in flight finish), leaves the cluster and exits 0.`,
 	f.StringVar(&c.Security.TLSKeyFile, "tls-key", "", "TLS key file")
 	f.StringVar(&c.Security.TLSCAFile, "tls-ca", "", "CA file verifying other nodes' certificates")
 	f.StringVar(&c.Security.AdminTokenFile, "admin-token-file", "", "file holding the admin token")
-	return cmd
 }
 
 // resolve reads the configuration file, if any, and applies the flags that
