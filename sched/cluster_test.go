@@ -2,8 +2,10 @@ package sched_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"path/filepath"
 	"runtime"
 	"slices"
@@ -51,9 +53,11 @@ func cpuPipeline(t *testing.T, ckpt *model.Checkpoint, numBlocks, blockSize int,
 // TestCPUCluster runs concurrent requests through the Loop over real CPU
 // pipelines of two and three stages, with prompts chunked, several steps
 // in flight (one more than the stages with on-device hand-off) and a KV
-// capacity small enough to force preemption, and checks every request's
-// tokens against the request run alone through pipeline.Generate on a
-// single stage.
+// capacity small enough to force preemption. Requests arrive at seeded
+// random times, one stops on a stop token and some are cancelled after a
+// few tokens. Every finished request's tokens equal the request run alone
+// through pipeline.Generate on a single stage, a cancelled one's are a
+// prefix of them, and afterwards no request and no KV block is held.
 func TestCPUCluster(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "m")
 	o := randinit.DefaultOptions()
@@ -69,7 +73,8 @@ func TestCPUCluster(t *testing.T) {
 	vocab := ckpt.Config().VocabSize
 
 	var reqs []sched.Request
-	for i := range 10 {
+	const n = 24
+	for i := range n {
 		r := sched.Request{Prompt: make([]int32, 1+(i*7)%23), MaxTokens: 3 + i%6}
 		for j := range r.Prompt {
 			r.Prompt[j] = int32((i*131 + j*17 + 3) % vocab)
@@ -123,17 +128,36 @@ func TestCPUCluster(t *testing.T) {
 			defer l.Close()
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
+			// Seeded arrivals within 20 ms; every fifth request (but the
+			// first) is cancelled once it has its cut-th token.
+			rng := rand.New(rand.NewPCG(uint64(len(tc.splits)), uint64(c.NumBlocks)))
 			got := make([][]int32, len(reqs))
+			cancelled := make([]bool, len(reqs))
 			var wg sync.WaitGroup
 			for i, r := range reqs {
-				s, err := l.Submit(ctx, r)
-				if err != nil {
-					t.Fatal(err)
+				delay := time.Duration(rng.IntN(20)) * time.Millisecond
+				cut := 0
+				if i%5 == 4 {
+					cut = 1 + rng.IntN(len(want[i])-1)
 				}
 				wg.Go(func() {
+					time.Sleep(delay)
+					rctx, rcancel := context.WithCancel(ctx)
+					defer rcancel()
+					s, err := l.Submit(rctx, r)
+					if err != nil {
+						t.Errorf("request %d: %v", i, err)
+						return
+					}
 					for {
 						o, err := s.Recv(ctx)
 						if err == io.EOF {
+							// Finished, also when the cancel came after its
+							// last token.
+							cancelled[i] = false
+							return
+						}
+						if cancelled[i] && errors.Is(err, context.Canceled) {
 							return
 						}
 						if err != nil {
@@ -141,17 +165,42 @@ func TestCPUCluster(t *testing.T) {
 							return
 						}
 						got[i] = append(got[i], o.Token.Token)
+						if cut > 0 && len(got[i]) == cut {
+							cancelled[i] = true
+							rcancel()
+						}
 					}
 				})
 			}
 			wg.Wait()
+			nCancelled := 0
 			for i := range reqs {
-				if !slices.Equal(got[i], want[i]) {
+				switch {
+				case cancelled[i]:
+					nCancelled++
+					if len(got[i]) > len(want[i]) || !slices.Equal(got[i], want[i][:len(got[i])]) {
+						t.Errorf("cancelled request %d: %v, want a prefix of %v (alone)", i, got[i], want[i])
+					}
+				case !slices.Equal(got[i], want[i]):
 					t.Errorf("request %d: %v, want %v (alone)", i, got[i], want[i])
 				}
 			}
-			st := l.Stats()
-			t.Logf("%d steps, %d preemptions, %d discarded", st.Steps, st.Preemptions, st.Discarded)
+			// The loop frees everything: no request held, no KV block used.
+			var st sched.Stats
+			for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+				st = l.Stats()
+				if st.Running == 0 && st.Waiting == 0 && st.KVBlocksUsed == 0 && st.InFlight == 0 || time.Now().After(deadline) {
+					break
+				}
+			}
+			if st.Running != 0 || st.Waiting != 0 || st.KVBlocksUsed != 0 || st.InFlight != 0 ||
+				st.Finished != uint64(n-nCancelled) || st.Cancelled+st.Finished != n {
+				t.Errorf("after the run: %+v; want nothing running, waiting or held, %d finished and %d cancelled", st, n-nCancelled, nCancelled)
+			}
+			if nCancelled == 0 {
+				t.Errorf("no request was cancelled")
+			}
+			t.Logf("%d requests (%d cancelled), %d steps, %d preemptions, %d discarded", n, nCancelled, st.Steps, st.Preemptions, st.Discarded)
 			if c.NumBlocks <= 10 && st.Preemptions == 0 {
 				t.Errorf("no preemption with a KV capacity of %d blocks", c.NumBlocks)
 			}
