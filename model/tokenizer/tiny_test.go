@@ -315,6 +315,29 @@ func TestMetaspaceTiny(t *testing.T) {
 	}
 }
 
+// Metaspace with split true cuts the text at every replaced space, so
+// merges stop there; with split false the text stays one word and a merge
+// across a space ("i ▁", ranked first here) applies.
+func TestMetaspaceSplit(t *testing.T) {
+	for _, split := range []bool{true, false} {
+		tk := mustParse(t, sentencePieceJSON(t, func(f, model map[string]any) {
+			model["vocab"].(map[string]int)["i▁"] = 265
+			model["merges"] = []string{"i ▁", "▁ h", "▁h i"}
+			f["normalizer"] = nil
+			f["pre_tokenizer"] = map[string]any{"type": "Metaspace", "replacement": "▁", "prepend_scheme": "always", "split": split}
+			f["decoder"] = map[string]any{"type": "Metaspace", "replacement": "▁", "prepend_scheme": "always", "split": split}
+		}))
+		want := []int32{263, 263} // ▁hi ▁hi
+		if !split {
+			want = []int32{262, 265, 260, 261} // ▁h i▁ h i
+		}
+		checkEncode(t, tk, []encodeCase{{"hi hi", false, want}})
+		if got := tk.Decode(want, false); got != "hi hi" {
+			t.Errorf("split %v: Decode = %q, want %q", split, got, "hi hi")
+		}
+	}
+}
+
 func TestAddedTokenFlags(t *testing.T) {
 	tk := mustParse(t, byteLevelJSON(t, func(f, model map[string]any) {
 		f["added_tokens"] = append(f["added_tokens"].([]any),
