@@ -35,6 +35,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
 
+	"github.com/tandem-llm/tandem/daemon/sdnotify/sdnotifytest"
 	tandemv1 "github.com/tandem-llm/tandem/proto/tandem/v1"
 )
 
@@ -107,46 +108,6 @@ func testSecrets(t *testing.T) (SecurityConfig, string, string) {
 	}
 	gossipKey := "0123456789abcdef0123456789abcdef"
 	return sec, write("gossip.key", []byte(base64.StdEncoding.EncodeToString([]byte(gossipKey)))), gossipKey
-}
-
-// fakeNotifySocket stands in for systemd: a unixgram socket that
-// NOTIFY_SOCKET names, so the daemons of this process notify it.
-func fakeNotifySocket(t *testing.T) *net.UnixConn {
-	t.Helper()
-	path := filepath.Join(t.TempDir(), "notify.sock")
-	conn, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: path, Net: "unixgram"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	t.Setenv("NOTIFY_SOCKET", path)
-	return conn
-}
-
-// notifications reads the notification lines that arrive within wait, or
-// until one equals until.
-func notifications(t *testing.T, conn *net.UnixConn, wait time.Duration, until string) []string {
-	t.Helper()
-	var got []string
-	buf := make([]byte, 4096)
-	deadline := time.Now().Add(wait)
-	for {
-		if err := conn.SetReadDeadline(deadline); err != nil {
-			t.Fatal(err)
-		}
-		n, err := conn.Read(buf)
-		if err != nil {
-			if ne, ok := err.(net.Error); ok && ne.Timeout() {
-				return got
-			}
-			t.Fatal(err)
-		}
-		lines := strings.Split(strings.TrimSpace(string(buf[:n])), "\n")
-		got = append(got, lines...)
-		if until != "" && slices.Contains(lines, until) {
-			return got
-		}
-	}
 }
 
 // runDaemon starts a daemon in this process and returns it once it
@@ -229,7 +190,7 @@ func TestSecureCluster(t *testing.T) {
 		Stage:    StageConfig{Memory: 1 << 30, MaxBatchTokens: 64, MaxSeqs: 4},
 		Security: sec,
 	}
-	notify := fakeNotifySocket(t)
+	notify := sdnotifytest.Listen(t)
 	ca := base
 	ca.Name = "a"
 	a, stopA := runDaemon(t, ca, logs)
@@ -237,7 +198,7 @@ func TestSecureCluster(t *testing.T) {
 	conn := dialTLS(t, a.Addrs().GRPC, sec, admin)
 	waitHealth(t, conn, healthpb.HealthCheckResponse_NOT_SERVING, time.Second)
 	// Listening without a pipeline is not ready for systemd.
-	if got := notifications(t, notify, 300*time.Millisecond, ""); slices.Contains(got, "READY=1") {
+	if got := notify.Until(t, 300*time.Millisecond, ""); slices.Contains(got, "READY=1") {
 		t.Errorf("READY=1 sent before any pipeline served: %q", got)
 	}
 
@@ -247,7 +208,7 @@ func TestSecureCluster(t *testing.T) {
 	b, stopB := runDaemon(t, cb, logs)
 	formed := waitHealth(t, conn, healthpb.HealthCheckResponse_SERVING, 20*time.Second)
 	t.Logf("2-node cluster serving %v after the second node started", formed.Round(time.Millisecond))
-	if got := notifications(t, notify, 5*time.Second, "READY=1"); !slices.Contains(got, "READY=1") {
+	if got := notify.Until(t, 5*time.Second, "READY=1"); !slices.Contains(got, "READY=1") {
 		t.Errorf("no READY=1 once the pipeline served: %q", got)
 	}
 
@@ -365,7 +326,7 @@ func TestSecureCluster(t *testing.T) {
 	if err := <-stopped; err != nil {
 		t.Errorf("leader Run: %v", err)
 	}
-	if got := notifications(t, notify, 5*time.Second, "STOPPING=1"); !slices.Contains(got, "STOPPING=1") {
+	if got := notify.Until(t, 5*time.Second, "STOPPING=1"); !slices.Contains(got, "STOPPING=1") {
 		t.Errorf("no STOPPING=1 from the draining leader: %q", got)
 	}
 	if err := stopB(); err != nil {

@@ -2,7 +2,6 @@ package sdnotify
 
 import (
 	"context"
-	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -12,40 +11,12 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
+
+	"github.com/tandem-llm/tandem/daemon/sdnotify/sdnotifytest"
 )
 
-// fakeSystemd listens on a unixgram socket and points NOTIFY_SOCKET at it.
-func fakeSystemd(t *testing.T) *net.UnixConn {
-	t.Helper()
-	path := filepath.Join(t.TempDir(), "notify.sock")
-	conn, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: path, Net: "unixgram"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	t.Setenv("NOTIFY_SOCKET", path)
-	return conn
-}
-
-// next reads one notification, or "" when none arrives within wait.
-func next(t *testing.T, conn *net.UnixConn, wait time.Duration) string {
-	t.Helper()
-	buf := make([]byte, 4096)
-	if err := conn.SetReadDeadline(time.Now().Add(wait)); err != nil {
-		t.Fatal(err)
-	}
-	n, err := conn.Read(buf)
-	if ne, ok := err.(net.Error); ok && ne.Timeout() {
-		return ""
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	return string(buf[:n])
-}
-
 func TestNotifications(t *testing.T) {
-	conn := fakeSystemd(t)
+	sock := sdnotifytest.Listen(t)
 	tests := []struct {
 		send func() error
 		want string
@@ -58,7 +29,7 @@ func TestNotifications(t *testing.T) {
 		if err := tt.send(); err != nil {
 			t.Fatal(err)
 		}
-		if got := next(t, conn, time.Second); got != tt.want {
+		if got := sock.Next(t, time.Second); got != tt.want {
 			t.Errorf("got %q, want %q", got, tt.want)
 		}
 	}
@@ -88,7 +59,7 @@ func TestNotifyError(t *testing.T) {
 }
 
 func TestWatchdog(t *testing.T) {
-	conn := fakeSystemd(t)
+	sock := sdnotifytest.Listen(t)
 	t.Setenv("WATCHDOG_USEC", "100000") // pings every 50 ms
 	t.Setenv("WATCHDOG_PID", strconv.Itoa(os.Getpid()))
 	var healthy atomic.Bool
@@ -99,31 +70,31 @@ func TestWatchdog(t *testing.T) {
 	}
 	defer stop()
 	for range 3 {
-		if got := next(t, conn, time.Second); got != "WATCHDOG=1" {
+		if got := sock.Next(t, time.Second); got != "WATCHDOG=1" {
 			t.Fatalf("while healthy: got %q, want WATCHDOG=1", got)
 		}
 	}
 	healthy.Store(false)
 	// At most one ping may have been in flight when health turned.
-	next(t, conn, 100*time.Millisecond)
-	if got := next(t, conn, 300*time.Millisecond); got != "" {
+	sock.Next(t, 100*time.Millisecond)
+	if got := sock.Next(t, 300*time.Millisecond); got != "" {
 		t.Fatalf("while unhealthy: got %q, want no ping", got)
 	}
 	healthy.Store(true)
-	if got := next(t, conn, time.Second); got != "WATCHDOG=1" {
+	if got := sock.Next(t, time.Second); got != "WATCHDOG=1" {
 		t.Fatalf("healthy again: got %q, want WATCHDOG=1", got)
 	}
 	stop()
 	stop() // idempotent
-	next(t, conn, 20*time.Millisecond)
-	if got := next(t, conn, 300*time.Millisecond); got != "" {
+	sock.Next(t, 20*time.Millisecond)
+	if got := sock.Next(t, 300*time.Millisecond); got != "" {
 		t.Fatalf("after stop: got %q, want no ping", got)
 	}
 	goleak.VerifyNone(t)
 }
 
 func TestWatchdogContext(t *testing.T) {
-	conn := fakeSystemd(t)
+	sock := sdnotifytest.Listen(t)
 	t.Setenv("WATCHDOG_USEC", "100000")
 	t.Setenv("WATCHDOG_PID", "")
 	ctx, cancel := context.WithCancel(context.Background())
@@ -131,7 +102,7 @@ func TestWatchdogContext(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := next(t, conn, time.Second); got != "WATCHDOG=1" {
+	if got := sock.Next(t, time.Second); got != "WATCHDOG=1" {
 		t.Fatalf("got %q, want WATCHDOG=1", got)
 	}
 	cancel()
@@ -151,7 +122,7 @@ func TestWatchdogNotOurs(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			conn := fakeSystemd(t)
+			sock := sdnotifytest.Listen(t)
 			t.Setenv("WATCHDOG_USEC", tt.usec)
 			t.Setenv("WATCHDOG_PID", tt.pid)
 			stop, err := StartWatchdog(context.Background(), func() bool { return true })
@@ -165,7 +136,7 @@ func TestWatchdogNotOurs(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer stop()
-			if got := next(t, conn, 200*time.Millisecond); got != "" {
+			if got := sock.Next(t, 200*time.Millisecond); got != "" {
 				t.Errorf("got %q, want no ping", got)
 			}
 			goleak.VerifyNone(t)
