@@ -30,7 +30,10 @@
 # and 2,000 random requests with zero device memory growth. Logs and
 # summary.json go to $OUT; the summary table is printed last. The GPU tests
 # include the conformance suite of stage/stagetest on the paged KV cache with
-# on-device hand-off, and hand-off inside replayed CUDA graphs.
+# on-device hand-off, and hand-off inside replayed CUDA graphs. (1b) writes
+# two tiny checkpoints with tandemctl model init, loads them with
+# transformers (every tensor must be found, the tokenizer must give tandem's
+# ids) and adds them to the comparison of (3).
 #
 # Run it with the device tool as:
 #   bash scripts/gpu-check.sh   (here), then on the device with carry [".carry"]:
@@ -42,6 +45,7 @@ if [ "${1:-}" != device ]; then
 	set -e
 	mkdir -p .carry/cuda
 	CGO_ENABLED=0 go test -c -o .carry/cuda/cuda.test ./stage/cuda
+	CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o .carry/cuda/tandemctl ./cmd/tandemctl
 	exit 0
 fi
 
@@ -83,6 +87,23 @@ else
 	python3 scripts/hf_ref.py --shape llama1b --std 0.05 --name llama1b-std0.05 --informational --out "$WORK" 2>&1 | tee -a "$LOG" || status=1
 fi
 python3 scripts/hf_ref.py --shape qwen2 --std 0.02 --out "$WORK" 2>&1 | tee -a "$LOG" || status=1
+
+step "(1b) checkpoints of tandemctl model init, read by transformers"
+# A tiny llama (llama3 rope scaling) and a tiny qwen2 (q/k/v bias) written by
+# tandem: transformers must load every tensor and tokenize as tandem does;
+# its float32 reference on them is then held to the same bounds in (3).
+printf '%s' '["Hello, world!", "  two  spaces and\ttabs\n", "naïve café, 123 + 4567", "日本語のテキスト 🙂", "<|begin_of_text|>x<|end_of_text|>"]' >"$WORK/init-texts.json"
+for arch in llama qwen2; do
+	src=$WORK/src/init-$arch
+	extra=()
+	[ "$arch" = llama ] && extra=(--rope-scaling)
+	{
+		.carry/cuda/tandemctl model init --out "$src" --arch "$arch" --seed 5 "${extra[@]}" &&
+			.carry/cuda/tandemctl tokenize --tokenizer "$src/tokenizer.json" <"$WORK/init-texts.json" >"$WORK/init-$arch.ids.json" &&
+			python3 scripts/hf_ref.py --from "$src" --name "init-$arch" --out "$WORK" \
+				--texts "$WORK/init-texts.json" --tandem-ids "$WORK/init-$arch.ids.json"
+	} 2>&1 | tee -a "$LOG" || status=1
+done
 
 if [ -n "$quick" ]; then
 	step "(3, 4, 7) stage/cuda GPU tests, short"

@@ -14,11 +14,20 @@ on this model); and optionally times transformers' eager bf16 decode step
 
 Outputs in --out: <name>/ (the checkpoint), <name>.tokens.json,
 <name>.logits.f32 ([positions x vocab] float32), <name>.hf.json (figures).
+
+With --from DIR it makes no checkpoint: it loads DIR (one written by
+`tandemctl model init`) with from_pretrained, fails if transformers finds a
+tensor missing, unexpected or of another shape, and computes the same
+reference on it; with --texts and --tandem-ids it also loads DIR's tokenizer
+with AutoTokenizer and checks that it encodes each text to the ids tandem
+gave. This is how the check proves that tandem's checkpoints are in the
+Hugging Face layout.
 """
 import argparse
 import inspect
 import json
 import os
+import shutil
 import statistics
 import time
 
@@ -112,6 +121,42 @@ def build(name, std, seed):
     return cast(model, torch.bfloat16, inv_freq).eval(), inv_freq
 
 
+def load(path):
+    """Loads a checkpoint directory as transformers reads it. Returns the
+    bf16 model (weights as stored) and the float32 rotary inverse
+    frequencies, as build does; exits when transformers reports a tensor
+    missing, unexpected or of another shape."""
+    model, info = transformers.AutoModelForCausalLM.from_pretrained(
+        path, dtype=torch.float32, output_loading_info=True)
+    problems = {k: sorted(str(x) for x in v) for k, v in info.items() if v}
+    if problems:
+        raise SystemExit(f"transformers loading {path}: {problems}")
+    model = model.to("cuda")
+    inv_freq = [m.inv_freq.detach().float().clone() for m in rotary_modules(model)]
+    return cast(model, torch.bfloat16, inv_freq).eval(), inv_freq
+
+
+def check_tokenizer(path, texts_file, ids_file):
+    """Encodes each text of texts_file (a JSON array) with transformers'
+    AutoTokenizer on path and compares with tandem's ids (ids_file, a JSON
+    array of id arrays, as `tandemctl tokenize` prints). Returns the number
+    of texts and of those that agree; prints each disagreement."""
+    from transformers import AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(path)
+    with open(texts_file) as f:
+        texts = json.load(f)
+    with open(ids_file) as f:
+        want = json.load(f)
+    agree = 0
+    for text, ids in zip(texts, want, strict=True):
+        got = tok(text)["input_ids"]
+        if got == ids:
+            agree += 1
+        else:
+            print(f"tokenizer of {path}: {text!r}: transformers {got}, tandem {ids}")
+    return len(texts), agree
+
+
 def inv_freq_rounding(inv_freq):
     """Largest relative change bf16 rounding makes to the inverse frequencies
     (what a plain .to(bfloat16) would have done to them)."""
@@ -169,7 +214,10 @@ def time_generate(model, batch, prompt_len, vocab):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--shape", choices=sorted(SHAPES), required=True)
+    ap.add_argument("--shape", choices=sorted(SHAPES), help="the shape to build")
+    ap.add_argument("--from", dest="src", help="a checkpoint directory to load instead of building one")
+    ap.add_argument("--texts", help="with --from: JSON array of texts to tokenize")
+    ap.add_argument("--tandem-ids", help="with --from: JSON array of tandem's ids for --texts")
     ap.add_argument("--name", help="output name (default: the shape)")
     ap.add_argument("--out", required=True)
     ap.add_argument("--std", type=float, default=0.02, help="init std (initializer_range)")
@@ -185,15 +233,28 @@ def main():
     torch.backends.cudnn.allow_tf32 = False
     torch.set_float32_matmul_precision("highest")
 
-    name = args.name or args.shape
+    if (args.shape is None) == (args.src is None):
+        ap.error("give one of --shape and --from")
+    name = args.name or args.shape or os.path.basename(os.path.normpath(args.src))
     t0 = time.time()
-    model, inv_freq = build(args.shape, args.std, args.seed)
-    model.save_pretrained(os.path.join(args.out, name))
+    if args.src:
+        model, inv_freq = load(args.src)
+        shutil.copytree(args.src, os.path.join(args.out, name), dirs_exist_ok=True)
+        std = model.config.initializer_range
+    else:
+        model, inv_freq = build(args.shape, args.std, args.seed)
+        model.save_pretrained(os.path.join(args.out, name))
+        std = args.std
     t1 = time.time()
-    info = {"name": name, "shape": args.shape, "std": args.std, "seed": args.seed,
+    info = {"name": name, "shape": args.shape or "from " + args.src, "std": std, "seed": args.seed,
             "transformers": transformers.__version__, "torch": torch.__version__,
             "params": sum(p.numel() for p in model.parameters()),
             "build_save_s": round(t1 - t0, 1), "informational": args.informational}
+    tokenizer_ok = True
+    if args.src and args.texts:
+        n, agree = check_tokenizer(args.src, args.texts, args.tandem_ids)
+        info["tokenizer_texts"], info["tokenizer_agree"] = n, agree
+        tokenizer_ok = n == agree
 
     vocab = model.config.vocab_size
     gen = torch.Generator().manual_seed(args.seed + 2)
@@ -223,6 +284,8 @@ def main():
     with open(os.path.join(args.out, name + ".hf.json"), "w") as f:
         json.dump(info, f, indent=1)
     print(json.dumps({k: v for k, v in info.items() if k != "hf_bf16_rel_l2"}))
+    if not tokenizer_ok:
+        raise SystemExit(f"{name}: transformers' tokenizer disagrees with tandem's")
 
 
 if __name__ == "__main__":

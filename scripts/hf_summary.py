@@ -44,6 +44,9 @@ def main():
     for name, h in sorted(hf.items()):
         print(f"   reference {name}: init std {h['std']}, {h['params']} params, logit std {h['logit_std']:.3g}, "
               f"median top1-top2 gap {h['gap_median']:.3g}, gap>0.1 at {h['gap_gt_0.1']}/{h['positions']}")
+        if "tokenizer_texts" in h:
+            print(f"   {name}: written by tandemctl model init, loaded by transformers; its tokenizer gave tandem's ids "
+                  f"for {h['tokenizer_agree']} of {h['tokenizer_texts']} texts")
     cg = res.get("cpu_vs_gpu", {})
     if cg:
         print("-- CPU backend (fp32) vs CUDA backend (bf16), randinit checkpoints")
