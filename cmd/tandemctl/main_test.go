@@ -99,20 +99,27 @@ func TestTokenizeReference(t *testing.T) {
 	for _, c := range cases {
 		texts = append(texts, c.Text)
 	}
-	in, _ := json.Marshal(texts)
-	for _, noSpecial := range []bool{false, true} {
-		args := []string{"tokenize", "--tokenizer", filepath.Join(shared, "llama3.json")}
+	// tokenize runs tandemctl tokenize on in (as JSON) with the llama3 file
+	// and flags, decodes its output into out and returns it raw.
+	tokenize := func(in any, noSpecial bool, out any, flags ...string) string {
+		t.Helper()
+		stdin, _ := json.Marshal(in)
+		args := append([]string{"tokenize", "--tokenizer", filepath.Join(shared, "llama3.json")}, flags...)
 		if noSpecial {
 			args = append(args, "--no-special")
 		}
-		out, err := run(t, string(in), args...)
+		raw, err := run(t, string(stdin), args...)
 		if err != nil {
 			t.Fatal(err)
 		}
-		var ids [][]int32
-		if err := json.Unmarshal([]byte(out), &ids); err != nil {
+		if err := json.Unmarshal([]byte(raw), out); err != nil {
 			t.Fatal(err)
 		}
+		return raw
+	}
+	for _, noSpecial := range []bool{false, true} {
+		var ids [][]int32
+		tokenize(texts, noSpecial, &ids)
 		for i, c := range cases {
 			want := c.IDs
 			if noSpecial {
@@ -129,30 +136,19 @@ func TestTokenizeReference(t *testing.T) {
 	for _, c := range cases {
 		seqs = append(seqs, c.IDs)
 	}
-	in, _ = json.Marshal(seqs)
 	for _, noSpecial := range []bool{false, true} {
-		args := []string{"tokenize", "--decode", "--tokenizer", filepath.Join(shared, "llama3.json")}
-		if noSpecial {
-			args = append(args, "--no-special")
-		}
-		out, err := run(t, string(in), args...)
-		if err != nil {
-			t.Fatal(err)
-		}
+		var decoded []string
+		out := tokenize(seqs, noSpecial, &decoded, "--decode")
 		if !noSpecial && (strings.Contains(out, `\u003c`) || !strings.Contains(out, "<|")) {
 			t.Errorf("decoded texts do not show special tokens such as <|eot_id|> as they are: %.200s", out)
-		}
-		var texts []string
-		if err := json.Unmarshal([]byte(out), &texts); err != nil {
-			t.Fatal(err)
 		}
 		for i, c := range cases {
 			want := c.Decoded
 			if noSpecial {
 				want = c.DecodedSkipSpecial
 			}
-			if texts[i] != want {
-				t.Errorf("decode case %d (no-special %v): %q, want %q", i, noSpecial, texts[i], want)
+			if decoded[i] != want {
+				t.Errorf("decode case %d (no-special %v): %q, want %q", i, noSpecial, decoded[i], want)
 			}
 		}
 	}
