@@ -342,6 +342,43 @@ func (m *Membership) Events() <-chan Event { return m.events }
 // fell behind.
 func (m *Membership) Dropped() uint64 { return m.dropped.Load() }
 
+// syncPeers hands this node's state, the leaving flag included, to every
+// live peer by a push/pull exchange over TCP (memberlist's Join), waiting
+// until each is done or deadline. Gossip alone does not order the flag
+// before the departure: UpdateNode returns once the update went to one
+// gossip target, which may be a recently dead node, and the departure,
+// transmitted fewer times, then travels ahead of the update, so a peer
+// would take a graceful leave for a failure and abort the requests in
+// flight instead of draining them. The exchanges run on goroutines that
+// Shutdown waits for; a peer that does not answer costs at most the TCP
+// timeout.
+func (m *Membership) syncPeers(deadline time.Time) {
+	var addrs []string
+	for _, n := range m.ml.Members() {
+		if n.Name != m.cfg.NodeName {
+			addrs = append(addrs, n.Address())
+		}
+	}
+	done := make(chan struct{}, len(addrs))
+	for _, addr := range addrs {
+		m.wg.Go(func() {
+			if _, err := m.ml.Join([]string{addr}); err != nil {
+				m.log.Debug("leave: state exchange with a peer", "addr", addr, "err", err)
+			}
+			done <- struct{}{}
+		})
+	}
+	wait := time.NewTimer(time.Until(deadline))
+	defer wait.Stop()
+	for range addrs {
+		select {
+		case <-done:
+		case <-wait.C:
+			return
+		}
+	}
+}
+
 // UpdateMeta replaces this node's metadata. Once started, it gossips the
 // change and waits (up to five seconds) until the broadcast has gone out;
 // an error after the wait means the change is applied locally and still
@@ -392,6 +429,7 @@ func (m *Membership) Leave(timeout time.Duration) error {
 	if err := m.ml.UpdateNode(time.Until(deadline)); err != nil {
 		return fmt.Errorf("leave: announce: %w", err)
 	}
+	m.syncPeers(deadline)
 	if err := m.ml.Leave(time.Until(deadline)); err != nil {
 		return fmt.Errorf("leave: %w", err)
 	}
