@@ -11,8 +11,9 @@
 //
 // Metadata travels in memberlist's node metadata (at most 512 bytes) in a
 // versioned binary encoding (meta.go); peers' metadata is untrusted and
-// checked when decoded. A graceful Leave first gossips a leaving flag, so
-// peers report Leave rather than Fail.
+// checked when decoded. A graceful Leave first gossips a leaving flag and
+// hands it to every live peer in a push/pull exchange, so peers report
+// Leave rather than Fail.
 //
 // # Usage
 //
@@ -34,7 +35,9 @@
 // events go to a buffered channel that drops its oldest entry when the
 // consumer falls behind (Dropped counts them). No memberlist method is
 // called with that lock held. Start may leave one goroutine retrying the
-// join; Shutdown stops it, shuts memberlist down and closes Events.
+// join, and Leave goroutines still exchanging state with unresponsive
+// peers (each ends within memberlist's TCP timeout); Shutdown stops or
+// waits for them, shuts memberlist down and closes Events.
 // memberlist's per-connection handlers may outlive Shutdown by the length
 // of an in-flight exchange.
 package membership
