@@ -5,6 +5,7 @@ import (
 
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/tandem-llm/tandem/daemon/apierr"
 	"github.com/tandem-llm/tandem/daemon/membership"
 	tandemv1 "github.com/tandem-llm/tandem/proto/tandem/v1"
 	"github.com/tandem-llm/tandem/sched"
@@ -94,7 +95,7 @@ func (a *adminServer) Graphs(context.Context, *tandemv1.GraphsRequest) (*tandemv
 	p := d.pipe
 	d.mu.Unlock()
 	if p == nil {
-		return nil, grpcError(preconditionf("node %s runs no pipeline: ask the leader", d.cfg.Name))
+		return nil, apierr.GRPC(apierr.Preconditionf("node %s runs no pipeline: ask the leader", d.cfg.Name))
 	}
 	g := p.graphs
 	resp := &tandemv1.GraphsResponse{Mode: g.dispatch.Mode().String(), ConfiguredMode: g.configured.String(), Downgrades: g.downgrades}

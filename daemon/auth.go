@@ -13,6 +13,8 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
+
+	"github.com/tandem-llm/tandem/daemon/apierr"
 )
 
 // guarded are the services whose calls must carry the admin token.
@@ -39,7 +41,7 @@ func (a tokenAuth) check(ctx context.Context, method string) error {
 			return nil
 		}
 	}
-	return grpcError(newKind(kindUnauthenticated, "%s needs the admin token (authorization: Bearer TOKEN)", method))
+	return apierr.GRPC(apierr.Unauthenticatedf("%s needs the admin token (authorization: Bearer TOKEN)", method))
 }
 
 func (a tokenAuth) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {

@@ -18,6 +18,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/reflection"
 
+	"github.com/tandem-llm/tandem/daemon/apierr"
 	"github.com/tandem-llm/tandem/daemon/membership"
 	"github.com/tandem-llm/tandem/daemon/sdnotify"
 	"github.com/tandem-llm/tandem/model"
@@ -383,11 +384,11 @@ func (d *Daemon) currentEngine() (*engine, error) {
 	defer d.mu.Unlock()
 	switch {
 	case d.draining:
-		return nil, unavailablef("node %s is draining", d.cfg.Name)
+		return nil, apierr.Unavailablef("node %s is draining", d.cfg.Name)
 	case d.leader.Name != d.cfg.Name:
 		return nil, errNotLeader(d.leader.Name, d.leader.Meta.GRPCAddr)
 	case d.pipe == nil:
-		return nil, unavailablef("no pipeline is ready: %s", d.reason)
+		return nil, apierr.Unavailablef("no pipeline is ready: %s", d.reason)
 	}
 	return d.pipe.eng, nil
 }

@@ -57,7 +57,7 @@
 // Clients call the leader's tandem.v1.Inference (Generate) and
 // tandem.v1.Admin (Status) services, with gRPC health (NOT_SERVING until a
 // pipeline is ready and while draining) and server reflection. Domain
-// errors become gRPC codes in one place (errors.go): INVALID_ARGUMENT for
+// errors become gRPC codes in one place (package apierr): INVALID_ARGUMENT for
 // bad requests, UNAVAILABLE when no pipeline can serve. When an admin
 // token is configured, Admin and Node calls must carry it; TLS is served
 // when a certificate is configured.

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/tandem-llm/tandem/daemon/apierr"
 	"github.com/tandem-llm/tandem/graphs"
 	"github.com/tandem-llm/tandem/pipeline"
 	"github.com/tandem-llm/tandem/sched"
@@ -102,9 +103,9 @@ func newEngine(drv *pipeline.Driver, epoch uint64, cfg sched.Config, d *graphs.D
 func (e *engine) submit(ctx context.Context, r sched.Request) (*sched.Stream, error) {
 	select {
 	case <-e.drainCh:
-		return nil, unavailablef("the pipeline is draining")
+		return nil, apierr.Unavailablef("the pipeline is draining")
 	case <-e.abortCh:
-		return nil, unavailablef("the pipeline is stopping")
+		return nil, apierr.Unavailablef("the pipeline is stopping")
 	case <-e.done:
 		return nil, e.endedErr()
 	default:
@@ -120,11 +121,11 @@ func (e *engine) submit(ctx context.Context, r sched.Request) (*sched.Stream, er
 	}
 	// Validation caught every other refusal: what is left is a request
 	// larger than the pipeline's KV capacity.
-	return nil, exhaustedf("%v", err)
+	return nil, apierr.Exhaustedf("%v", err)
 }
 
 func (e *engine) endedErr() error {
-	return unavailablef("the pipeline stopped: %v", e.stopErr())
+	return apierr.Unavailablef("the pipeline stopped: %v", e.stopErr())
 }
 
 // stopErr is why run returned (nil while it runs).

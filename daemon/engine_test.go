@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/tandem-llm/tandem/daemon/apierr"
 	"github.com/tandem-llm/tandem/graphs"
 	"github.com/tandem-llm/tandem/model"
 	"github.com/tandem-llm/tandem/pipeline"
@@ -311,7 +312,7 @@ func TestEngineEpoch(t *testing.T) {
 			if runErr == nil || !strings.Contains(runErr.Error(), "epoch 9 refused") || !strings.Contains(runErr.Error(), "epoch 10") {
 				t.Errorf("engine stopped with %v, want the refusal naming epochs 9 and 10", runErr)
 			}
-			if _, err := e.submit(ctx, sched.Request{Prompt: []int32{1}, MaxTokens: 1}); status.Code(grpcError(err)) != codes.Unavailable {
+			if _, err := e.submit(ctx, sched.Request{Prompt: []int32{1}, MaxTokens: 1}); status.Code(apierr.GRPC(err)) != codes.Unavailable {
 				t.Errorf("submit to a failed engine: %v, want UNAVAILABLE", err)
 			}
 		}
@@ -362,25 +363,20 @@ func TestEngineDrainAndAbort(t *testing.T) {
 		} else {
 			e.drain()
 		}
-		if _, err := e.submit(ctx, sched.Request{Prompt: []int32{1}, MaxTokens: 1}); !isKind(err, kindUnavailable) {
+		if _, err := e.submit(ctx, sched.Request{Prompt: []int32{1}, MaxTokens: 1}); apierr.KindOf(err) != apierr.Unavailable {
 			t.Errorf("abort %t: request after the stop: %v, want UNAVAILABLE", abort, err)
 		}
 		runErr := <-done
 		o := <-gen
 		genErr := o.err
 		if abort {
-			if !isKind(genErr, kindUnavailable) || !errors.Is(runErr, errAborted) {
+			if apierr.KindOf(genErr) != apierr.Unavailable || !errors.Is(runErr, errAborted) {
 				t.Errorf("aborted: request ended with %v; run %v; want UNAVAILABLE and errAborted", genErr, runErr)
 			}
 		} else if genErr != nil || o.finish != tandemv1.FinishReason_FINISH_REASON_LENGTH || o.tokens != 200 || !errors.Is(runErr, errDrained) {
 			t.Errorf("drained: request ended %v after %d tokens, %v; run %v; want it finished", o.finish, o.tokens, genErr, runErr)
 		}
 	}
-}
-
-func isKind(err error, k kind) bool {
-	var ke *kindError
-	return errors.As(err, &ke) && ke.kind == k
 }
 
 // replaysAll stands in for a CUDA stage that captured every key: it runs
@@ -438,7 +434,7 @@ func TestUnreplayableStepFails(t *testing.T) {
 	defer cancel()
 	start := time.Now()
 	_, _, err = collectGenerate(ctx, s, &tandemv1.GenerateRequest{Prompt: "Hello", MaxTokens: 4})
-	err = grpcError(err) // as the Generate RPC answers it
+	err = apierr.GRPC(err) // as the Generate RPC answers it
 	if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "stage cpu [2,4) cannot replay key PIECEWISE tokens=4") {
 		t.Fatalf("generate: %v (code %v), want UNAVAILABLE naming the key the stage cannot replay", err, status.Code(err))
 	}

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"unicode/utf8"
 
+	"github.com/tandem-llm/tandem/daemon/apierr"
 	"github.com/tandem-llm/tandem/model"
 	"github.com/tandem-llm/tandem/model/tokenizer"
 	tandemv1 "github.com/tandem-llm/tandem/proto/tandem/v1"
@@ -53,44 +54,44 @@ func (s *inferenceServer) validate(in *tandemv1.GenerateRequest) (*generation, e
 	vocab := s.model.VocabSize
 	switch {
 	case in.GetPrompt() != "" && len(in.GetPromptTokenIds()) > 0:
-		return nil, invalidf("prompt and prompt_token_ids are both set; set one")
+		return nil, apierr.Invalidf("prompt and prompt_token_ids are both set; set one")
 	case len(in.GetPromptTokenIds()) > 0:
 		for i, id := range in.GetPromptTokenIds() {
 			if id < 0 || int(id) >= vocab {
-				return nil, invalidf("prompt_token_ids[%d] = %d is outside the vocabulary [0, %d)", i, id, vocab)
+				return nil, apierr.Invalidf("prompt_token_ids[%d] = %d is outside the vocabulary [0, %d)", i, id, vocab)
 			}
 		}
 		g.req.Prompt = slices.Clone(in.GetPromptTokenIds())
 	case in.GetPrompt() != "":
 		g.req.Prompt = s.tok.Encode(in.GetPrompt(), true)
 		if len(g.req.Prompt) == 0 {
-			return nil, invalidf("prompt %q encodes to no tokens", in.GetPrompt())
+			return nil, apierr.Invalidf("prompt %q encodes to no tokens", in.GetPrompt())
 		}
 	default:
-		return nil, invalidf("empty prompt: set prompt or prompt_token_ids")
+		return nil, apierr.Invalidf("empty prompt: set prompt or prompt_token_ids")
 	}
 	g.req.MaxTokens = int(in.GetMaxTokens())
 	if g.req.MaxTokens == 0 {
 		g.req.MaxTokens = defaultMaxTokens
 	}
 	if n, ctxLen := len(g.req.Prompt), s.model.MaxPositions; n+g.req.MaxTokens > ctxLen {
-		return nil, invalidf("prompt of %d tokens plus max_tokens %d exceeds the context length %d", n, g.req.MaxTokens, ctxLen)
+		return nil, apierr.Invalidf("prompt of %d tokens plus max_tokens %d exceeds the context length %d", n, g.req.MaxTokens, ctxLen)
 	}
 	if len(in.GetStop()) > maxStopStrings {
-		return nil, invalidf("%d stop strings, at most %d", len(in.GetStop()), maxStopStrings)
+		return nil, apierr.Invalidf("%d stop strings, at most %d", len(in.GetStop()), maxStopStrings)
 	}
 	for i, st := range in.GetStop() {
 		if st == "" || len(st) > maxStopBytes || !utf8.ValidString(st) {
-			return nil, invalidf("stop[%d]: want 1 to %d bytes of UTF-8, got %d bytes", i, maxStopBytes, len(st))
+			return nil, apierr.Invalidf("stop[%d]: want 1 to %d bytes of UTF-8, got %d bytes", i, maxStopBytes, len(st))
 		}
 	}
 	g.stop = in.GetStop()
 	if len(in.GetStopTokenIds()) > maxStopTokens {
-		return nil, invalidf("%d stop token ids, at most %d", len(in.GetStopTokenIds()), maxStopTokens)
+		return nil, apierr.Invalidf("%d stop token ids, at most %d", len(in.GetStopTokenIds()), maxStopTokens)
 	}
 	for i, id := range in.GetStopTokenIds() {
 		if id < 0 || int(id) >= vocab {
-			return nil, invalidf("stop_token_ids[%d] = %d is outside the vocabulary [0, %d)", i, id, vocab)
+			return nil, apierr.Invalidf("stop_token_ids[%d] = %d is outside the vocabulary [0, %d)", i, id, vocab)
 		}
 	}
 	g.req.StopTokens = slices.Clone(in.GetStopTokenIds())
@@ -102,15 +103,15 @@ func (s *inferenceServer) validate(in *tandemv1.GenerateRequest) (*generation, e
 	t, p := float64(in.GetTemperature()), float64(in.GetTopP())
 	switch {
 	case math.IsNaN(t) || math.IsInf(t, 0) || t < 0:
-		return nil, invalidf("temperature %v: want a finite number ≥ 0", in.GetTemperature())
+		return nil, apierr.Invalidf("temperature %v: want a finite number ≥ 0", in.GetTemperature())
 	case math.IsNaN(p) || p < 0 || p > 1:
-		return nil, invalidf("top_p %v: want a number in [0, 1]", in.GetTopP())
+		return nil, apierr.Invalidf("top_p %v: want a number in [0, 1]", in.GetTopP())
 	case in.GetTopK() < 0:
-		return nil, invalidf("top_k %d: want ≥ 0", in.GetTopK())
+		return nil, apierr.Invalidf("top_k %d: want ≥ 0", in.GetTopK())
 	case in.GetTopK() > int32(vocab):
-		return nil, invalidf("top_k %d: larger than the vocabulary of %d", in.GetTopK(), vocab)
+		return nil, apierr.Invalidf("top_k %d: larger than the vocabulary of %d", in.GetTopK(), vocab)
 	case in.Logprobs != nil && in.GetLogprobs() > maxLogprobs:
-		return nil, invalidf("logprobs %d: at most %d", in.GetLogprobs(), maxLogprobs)
+		return nil, apierr.Invalidf("logprobs %d: at most %d", in.GetLogprobs(), maxLogprobs)
 	}
 	g.logprobs = in.Logprobs != nil
 	g.req.Sampling = stage.Sampling{
@@ -125,7 +126,7 @@ func (s *inferenceServer) validate(in *tandemv1.GenerateRequest) (*generation, e
 
 // Generate implements tandem.v1.Inference.
 func (s *inferenceServer) Generate(in *tandemv1.GenerateRequest, stream tandemv1.Inference_GenerateServer) error {
-	return grpcError(s.generate(stream.Context(), in, stream.Send))
+	return apierr.GRPC(s.generate(stream.Context(), in, stream.Send))
 }
 
 func (s *inferenceServer) generate(ctx context.Context, in *tandemv1.GenerateRequest, send func(*tandemv1.GenerateResponse) error) error {
@@ -164,7 +165,7 @@ func (s *inferenceServer) generate(ctx context.Context, in *tandemv1.GenerateReq
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
-			return unavailablef("the pipeline failed under the request: %v", err)
+			return apierr.Unavailablef("the pipeline failed under the request: %v", err)
 		}
 		msg := &tandemv1.GenerateResponse{}
 		finish := ""
@@ -304,7 +305,7 @@ func heldBack(s string, stop []string) int {
 // leader.
 func errNotLeader(leader, addr string) error {
 	if leader == "" {
-		return unavailablef("no leader has been chosen yet")
+		return apierr.Unavailablef("no leader has been chosen yet")
 	}
-	return unavailablef("this node is not the leader; the leader is %s at %s", leader, addr)
+	return apierr.Unavailablef("this node is not the leader; the leader is %s at %s", leader, addr)
 }

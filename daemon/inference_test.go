@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/tandem-llm/tandem/daemon/apierr"
 	"github.com/tandem-llm/tandem/model"
 	"github.com/tandem-llm/tandem/model/randinit"
 	"github.com/tandem-llm/tandem/model/tokenizer"
@@ -156,7 +157,7 @@ func TestValidate(t *testing.T) {
 		{"logprobs", &tandemv1.GenerateRequest{Prompt: "x", Logprobs: proto.Uint32(21)}, "logprobs 21"},
 	} {
 		_, err := s.validate(tc.req)
-		st := status.Convert(grpcError(err))
+		st := status.Convert(apierr.GRPC(err))
 		if st.Code() != codes.InvalidArgument || !strings.Contains(st.Message(), tc.want) {
 			t.Errorf("%s: %v, want INVALID_ARGUMENT mentioning %q", tc.name, err, tc.want)
 		}
@@ -202,7 +203,7 @@ func FuzzGenerateRequest(f *testing.F) {
 		}
 		g, err := s.validate(req)
 		if err != nil {
-			if c := status.Code(grpcError(err)); c != codes.InvalidArgument {
+			if c := status.Code(apierr.GRPC(err)); c != codes.InvalidArgument {
 				t.Fatalf("refusal %v has code %v", err, c)
 			}
 			return

@@ -16,6 +16,7 @@ import (
 
 	"github.com/tandem-llm/tandem/collective"
 	"github.com/tandem-llm/tandem/collective/nccl"
+	"github.com/tandem-llm/tandem/daemon/apierr"
 	"github.com/tandem-llm/tandem/model"
 	"github.com/tandem-llm/tandem/pipeline"
 	tandemv1 "github.com/tandem-llm/tandem/proto/tandem/v1"
@@ -88,13 +89,13 @@ func (s *stageSlot) checkEpoch(ctx context.Context, epoch uint64) error {
 		return nil
 	}
 	grpc.SetTrailer(ctx, metadata.Pairs(epochTrailer, fmt.Sprint(s.epoch)))
-	return preconditionf("stale leader epoch %d: node %s has accepted epoch %d", epoch, s.name, s.epoch)
+	return apierr.Preconditionf("stale leader epoch %d: node %s has accepted epoch %d", epoch, s.name, s.epoch)
 }
 
 // Load implements tandem.v1.Node.
 func (s *stageSlot) Load(ctx context.Context, in *tandemv1.LoadRequest) (*tandemv1.LoadResponse, error) {
 	resp, err := s.load(ctx, in)
-	return resp, grpcError(err)
+	return resp, apierr.GRPC(err)
 }
 
 func (s *stageSlot) load(ctx context.Context, in *tandemv1.LoadRequest) (*tandemv1.LoadResponse, error) {
@@ -104,26 +105,26 @@ func (s *stageSlot) load(ctx context.Context, in *tandemv1.LoadRequest) (*tandem
 		return nil, err
 	}
 	if in.GetModelId() != s.ckpt.Identity() {
-		return nil, preconditionf("node %s has model %s (%s), the leader %s serves %s", s.name, short(s.ckpt.Identity()), s.ckpt.Dir(), in.GetLeader(), short(in.GetModelId()))
+		return nil, apierr.Preconditionf("node %s has model %s (%s), the leader %s serves %s", s.name, short(s.ckpt.Identity()), s.ckpt.Dir(), in.GetLeader(), short(in.GetModelId()))
 	}
 	cfg := s.ckpt.Config()
 	sp := stageSpec{lo: int(in.GetLayerLo()), hi: int(in.GetLayerHi()), maxTokens: int(in.GetMaxBatchTokens()), maxSeqs: int(in.GetMaxSeqs()), blockSize: int(in.GetBlockSize())}
 	if sp.lo >= sp.hi || sp.hi > cfg.NumLayers {
-		return nil, invalidf("layers [%d, %d): the model has layers [0, %d)", sp.lo, sp.hi, cfg.NumLayers)
+		return nil, apierr.Invalidf("layers [%d, %d): the model has layers [0, %d)", sp.lo, sp.hi, cfg.NumLayers)
 	}
 	if sp.maxTokens == 0 || sp.maxSeqs == 0 || sp.blockSize == 0 {
-		return nil, invalidf("max_batch_tokens %d, max_seqs %d and block_size %d: want at least 1", sp.maxTokens, sp.maxSeqs, sp.blockSize)
+		return nil, apierr.Invalidf("max_batch_tokens %d, max_seqs %d and block_size %d: want at least 1", sp.maxTokens, sp.maxSeqs, sp.blockSize)
 	}
 	kv, err := backendCost(cfg, s.dev.backend, sp.maxTokens, sp.maxSeqs).StageKVTokens(s.usable, sp.lo, sp.hi)
 	if err != nil {
-		return nil, preconditionf("node %s: %v", s.name, err)
+		return nil, apierr.Preconditionf("node %s: %v", s.name, err)
 	}
 	// The memory's worth of blocks, but no more than every sequence of a
 	// full batch at the model's context length needs.
 	estimate := kv / sp.blockSize
 	sp.blocks = sp.maxSeqs * ((cfg.MaxPositions + sp.blockSize - 1) / sp.blockSize)
 	if min(estimate, sp.blocks) < 1 {
-		return nil, preconditionf("node %s: layers [%d, %d) leave room for %d tokens of KV cache, less than a block of %d", s.name, sp.lo, sp.hi, kv, sp.blockSize)
+		return nil, apierr.Preconditionf("node %s: layers [%d, %d) leave room for %d tokens of KV cache, less than a block of %d", s.name, sp.lo, sp.hi, kv, sp.blockSize)
 	}
 	s.release()
 	s.epoch = in.GetEpoch()
@@ -198,7 +199,7 @@ func (s *stageSlot) current(ctx context.Context, epoch uint64) (*assignment, err
 	}
 	a := s.cur
 	if a == nil || a.epoch != epoch || a.ended() {
-		return nil, preconditionf("node %s has no stage of epoch %d", s.name, epoch)
+		return nil, apierr.Preconditionf("node %s has no stage of epoch %d", s.name, epoch)
 	}
 	return a, nil
 }
@@ -207,7 +208,7 @@ func (s *stageSlot) current(ctx context.Context, epoch uint64) (*assignment, err
 // the leader's dispatcher keys, before it is connected.
 func (s *stageSlot) Capture(ctx context.Context, in *tandemv1.CaptureRequest) (*tandemv1.CaptureResponse, error) {
 	resp, err := s.capture(ctx, in)
-	return resp, grpcError(err)
+	return resp, apierr.GRPC(err)
 }
 
 func (s *stageSlot) capture(ctx context.Context, in *tandemv1.CaptureRequest) (*tandemv1.CaptureResponse, error) {
@@ -218,15 +219,15 @@ func (s *stageSlot) capture(ctx context.Context, in *tandemv1.CaptureRequest) (*
 		return nil, err
 	}
 	if a.connected() {
-		return nil, preconditionf("node %s: capture after Connect: the stage of epoch %d is already wired", s.name, a.epoch)
+		return nil, apierr.Preconditionf("node %s: capture after Connect: the stage of epoch %d is already wired", s.name, a.epoch)
 	}
 	keys, err := decodeGraphKeys(in.GetKeys())
 	if err != nil {
-		return nil, invalidf("%v", err)
+		return nil, apierr.Invalidf("%v", err)
 	}
 	c, ok := a.st.(capturer)
 	if !ok {
-		return nil, preconditionf("node %s: the %s stage captures no CUDA graphs (it supports %s)", s.name, a.info.Backend, a.info.Graphs)
+		return nil, apierr.Preconditionf("node %s: the %s stage captures no CUDA graphs (it supports %s)", s.name, a.info.Backend, a.info.Graphs)
 	}
 	if err := c.Capture(keys); err != nil {
 		return nil, fmt.Errorf("node %s: capture %d CUDA graph keys: %w", s.name, len(keys), err)
@@ -239,7 +240,7 @@ func (s *stageSlot) capture(ctx context.Context, in *tandemv1.CaptureRequest) (*
 // Connect implements tandem.v1.Node.
 func (s *stageSlot) Connect(ctx context.Context, in *tandemv1.ConnectRequest) (*tandemv1.ConnectResponse, error) {
 	resp, err := s.connectLinks(ctx, in)
-	return resp, grpcError(err)
+	return resp, apierr.GRPC(err)
 }
 
 func (s *stageSlot) connectLinks(ctx context.Context, in *tandemv1.ConnectRequest) (*tandemv1.ConnectResponse, error) {
@@ -250,30 +251,30 @@ func (s *stageSlot) connectLinks(ctx context.Context, in *tandemv1.ConnectReques
 		return nil, err
 	}
 	if a.connected() {
-		return nil, preconditionf("node %s: the stage of epoch %d is already connected", s.name, a.epoch)
+		return nil, apierr.Preconditionf("node %s: the stage of epoch %d is already connected", s.name, a.epoch)
 	}
 	info := a.info
 	none := tandemv1.Transport_TRANSPORT_NONE
 	switch {
 	case info.Last != (in.GetNext() == none):
-		return nil, invalidf("next link %s: stage %d is %s", in.GetNext(), a.index, position(info.Last, "the last", "not the last"))
+		return nil, apierr.Invalidf("next link %s: stage %d is %s", in.GetNext(), a.index, position(info.Last, "the last", "not the last"))
 	case info.First != (in.GetPrev() == none):
-		return nil, invalidf("previous link %s: stage %d is %s", in.GetPrev(), a.index, position(info.First, "the first", "not the first"))
+		return nil, apierr.Invalidf("previous link %s: stage %d is %s", in.GetPrev(), a.index, position(info.First, "the first", "not the first"))
 	case in.GetHandoffOut() != none && (!info.Last || info.First):
-		return nil, invalidf("hand-off link out of stage %d, which is not the last of several", a.index)
+		return nil, apierr.Invalidf("hand-off link out of stage %d, which is not the last of several", a.index)
 	case in.GetHandoffIn() != none && (!info.First || info.Last):
-		return nil, invalidf("hand-off link into stage %d, which is not the first of several", a.index)
+		return nil, apierr.Invalidf("hand-off link into stage %d, which is not the first of several", a.index)
 	case in.GetHandoffIn() == tandemv1.Transport_TRANSPORT_TCP && (a.dataLn == nil || info.Last):
-		return nil, invalidf("TCP hand-off link into stage %d, which was not loaded for hand-off", a.index)
+		return nil, apierr.Invalidf("TCP hand-off link into stage %d, which was not loaded for hand-off", a.index)
 	case (in.GetNext() == tandemv1.Transport_TRANSPORT_TCP) != (in.GetNextDataAddr() != ""):
-		return nil, invalidf("next link %s with data address %q: a TCP link needs the address, no other does", in.GetNext(), in.GetNextDataAddr())
+		return nil, apierr.Invalidf("next link %s with data address %q: a TCP link needs the address, no other does", in.GetNext(), in.GetNextDataAddr())
 	case (in.GetHandoffOut() == tandemv1.Transport_TRANSPORT_TCP) != (in.GetHandoffAddr() != ""):
-		return nil, invalidf("hand-off link %s with address %q: a TCP link needs the address, no other does", in.GetHandoffOut(), in.GetHandoffAddr())
+		return nil, apierr.Invalidf("hand-off link %s with address %q: a TCP link needs the address, no other does", in.GetHandoffOut(), in.GetHandoffAddr())
 	}
 	for _, t := range []tandemv1.Transport{in.GetNext(), in.GetPrev(), in.GetHandoffOut(), in.GetHandoffIn()} {
 		if t == tandemv1.Transport_TRANSPORT_NCCL {
 			if _, ok := a.st.(gpuStage); !ok {
-				return nil, invalidf("NCCL link for the %s stage %d: NCCL links join CUDA stages", info.Backend, a.index)
+				return nil, apierr.Invalidf("NCCL link for the %s stage %d: NCCL links join CUDA stages", info.Backend, a.index)
 			}
 		}
 	}
@@ -290,7 +291,7 @@ func (s *stageSlot) connectLinks(ctx context.Context, in *tandemv1.ConnectReques
 	if a.nextT == tandemv1.Transport_TRANSPORT_TCP {
 		next, err := (collective.DialConfig{Link: dataLink(info.Hi)}).Dial(dctx, in.GetNextDataAddr())
 		if err != nil {
-			return fail(unavailablef("node %s: connect stage %d to the next stage at %s: %v", s.name, a.index, in.GetNextDataAddr(), err))
+			return fail(apierr.Unavailablef("node %s: connect stage %d to the next stage at %s: %v", s.name, a.index, in.GetNextDataAddr(), err))
 		}
 		a.own(next)
 		a.next = stageTCPSender(next, a.st, activationBytes(info))
@@ -298,7 +299,7 @@ func (s *stageSlot) connectLinks(ctx context.Context, in *tandemv1.ConnectReques
 	if a.hoOutT == tandemv1.Transport_TRANSPORT_TCP {
 		out, err := (collective.DialConfig{Link: handoffLink}).Dial(dctx, in.GetHandoffAddr())
 		if err != nil {
-			return fail(unavailablef("node %s: connect the hand-off link of stage %d to the first stage at %s: %v", s.name, a.index, in.GetHandoffAddr(), err))
+			return fail(apierr.Unavailablef("node %s: connect the hand-off link of stage %d to the first stage at %s: %v", s.name, a.index, in.GetHandoffAddr(), err))
 		}
 		a.own(out)
 		a.handoffOut = stageTCPSender(out, a.st, handoffBytes(info))
@@ -327,7 +328,7 @@ func (s *stageSlot) connectLinks(ctx context.Context, in *tandemv1.ConnectReques
 // Join implements tandem.v1.Node: the stage joins the NCCL links it
 // receives on, with the ids their senders made, and returns once joined.
 func (s *stageSlot) Join(ctx context.Context, in *tandemv1.JoinRequest) (*tandemv1.JoinResponse, error) {
-	return &tandemv1.JoinResponse{}, grpcError(s.join(ctx, in))
+	return &tandemv1.JoinResponse{}, apierr.GRPC(s.join(ctx, in))
 }
 
 func (s *stageSlot) join(ctx context.Context, in *tandemv1.JoinRequest) error {
@@ -338,11 +339,11 @@ func (s *stageSlot) join(ctx context.Context, in *tandemv1.JoinRequest) error {
 		return err
 	}
 	if !a.connected() {
-		return preconditionf("node %s: Join before Connect for the stage of epoch %d", s.name, a.epoch)
+		return apierr.Preconditionf("node %s: Join before Connect for the stage of epoch %d", s.name, a.epoch)
 	}
 	select {
 	case <-a.joined:
-		return preconditionf("node %s: the stage of epoch %d has already joined its links", s.name, a.epoch)
+		return apierr.Preconditionf("node %s: the stage of epoch %d has already joined its links", s.name, a.epoch)
 	default:
 	}
 	viaNCCL := tandemv1.Transport_TRANSPORT_NCCL
@@ -355,7 +356,7 @@ func (s *stageSlot) join(ctx context.Context, in *tandemv1.JoinRequest) error {
 	var joins []*ncclJoin
 	for _, l := range links {
 		if (l.t == viaNCCL) != (len(l.id) > 0) {
-			return invalidf("%s link %s with an NCCL id of %d bytes: an NCCL link needs its id, no other link takes one", l.name, l.t, len(l.id))
+			return apierr.Invalidf("%s link %s with an NCCL id of %d bytes: an NCCL link needs its id, no other link takes one", l.name, l.t, len(l.id))
 		}
 		if l.t != viaNCCL {
 			joins = append(joins, nil)
@@ -363,7 +364,7 @@ func (s *stageSlot) join(ctx context.Context, in *tandemv1.JoinRequest) error {
 		}
 		id, err := nccl.DecodeUniqueID(l.id)
 		if err != nil {
-			return invalidf("%s link: %v", l.name, err)
+			return apierr.Invalidf("%s link: %v", l.name, err)
 		}
 		joins = append(joins, startNCCLJoin(ctx, a.st.(gpuStage).Device(), id, 1))
 	}
@@ -390,7 +391,7 @@ func (s *stageSlot) join(ctx context.Context, in *tandemv1.JoinRequest) error {
 	if err := errors.Join(errs...); err != nil {
 		// The assignment ends: its goroutine closes what was joined.
 		a.cancel()
-		return unavailablef("node %s, stage %d: %v", s.name, a.index, err)
+		return apierr.Unavailablef("node %s, stage %d: %v", s.name, a.index, err)
 	}
 	close(a.joined)
 	return nil
@@ -401,7 +402,7 @@ func (s *stageSlot) Release(ctx context.Context, in *tandemv1.ReleaseRequest) (*
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err := s.checkEpoch(ctx, in.GetEpoch()); err != nil {
-		return nil, grpcError(err)
+		return nil, apierr.GRPC(err)
 	}
 	if s.cur != nil && s.cur.epoch == in.GetEpoch() {
 		s.release()
