@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/reflection"
 
 	"github.com/tandem-llm/tandem/daemon/apierr"
+	"github.com/tandem-llm/tandem/daemon/frontend"
 	"github.com/tandem-llm/tandem/daemon/membership"
 	"github.com/tandem-llm/tandem/daemon/sdnotify"
 	"github.com/tandem-llm/tandem/model"
@@ -180,7 +181,7 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 		}
 		tandemv1.RegisterNodeServer(srv, d.slot)
 	}
-	tandemv1.RegisterInferenceServer(srv, &inferenceServer{model: d.ckpt.Config(), tok: d.tok, engines: d})
+	tandemv1.RegisterInferenceServer(srv, frontend.New(d.ckpt.Config(), d.tok, d))
 	tandemv1.RegisterAdminServer(srv, &adminServer{d: d})
 	healthpb.RegisterHealthServer(srv, d.health)
 	reflection.Register(srv)
@@ -378,15 +379,15 @@ func (d *Daemon) waitStageIdle(timeout time.Duration) {
 	}
 }
 
-// currentEngine implements engineSource.
-func (d *Daemon) currentEngine() (*engine, error) {
+// Engine implements frontend.Engines.
+func (d *Daemon) Engine() (frontend.Engine, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	switch {
 	case d.draining:
 		return nil, apierr.Unavailablef("node %s is draining", d.cfg.Name)
 	case d.leader.Name != d.cfg.Name:
-		return nil, errNotLeader(d.leader.Name, d.leader.Meta.GRPCAddr)
+		return nil, frontend.NotLeader(d.leader.Name, d.leader.Meta.GRPCAddr)
 	case d.pipe == nil:
 		return nil, apierr.Unavailablef("no pipeline is ready: %s", d.reason)
 	}

@@ -98,9 +98,9 @@ func newEngine(drv *pipeline.Driver, epoch uint64, cfg sched.Config, d *graphs.D
 	}, nil
 }
 
-// submit hands a request to the scheduler and returns its token stream.
+// Submit hands a request to the scheduler and returns its token stream.
 // Cancelling ctx cancels the request and frees its KV blocks.
-func (e *engine) submit(ctx context.Context, r sched.Request) (*sched.Stream, error) {
+func (e *engine) Submit(ctx context.Context, r sched.Request) (*sched.Stream, error) {
 	select {
 	case <-e.drainCh:
 		return nil, apierr.Unavailablef("the pipeline is draining")

@@ -1,4 +1,4 @@
-package daemon
+package frontend
 
 import (
 	"math"
@@ -132,7 +132,7 @@ func TestStopStringHelpers(t *testing.T) {
 func TestValidate(t *testing.T) {
 	ckpt, tok := openTestModel(t, testModel(t))
 	cfg := ckpt.Config()
-	s := &inferenceServer{model: cfg, tok: tok}
+	s := New(cfg, tok, nil)
 	for _, tc := range []struct {
 		name string
 		req  *tandemv1.GenerateRequest
@@ -192,7 +192,7 @@ func TestValidate(t *testing.T) {
 // released is valid UTF-8 and a prefix of the tokenizer's decode.
 func FuzzGenerateRequest(f *testing.F) {
 	ckpt, tok := openTestModel(f, testModel(f))
-	s := &inferenceServer{model: ckpt.Config(), tok: tok}
+	s := New(ckpt.Config(), tok, nil)
 	f.Add("Hello, world", []byte{1, 2, 3}, "wor", float32(0.5), uint32(4))
 	f.Add("", []byte{}, "", float32(-1), uint32(0))
 	f.Add("héllo ✓ 日本", []byte{255, 0, 7}, "日", float32(1), uint32(3000))

@@ -1,4 +1,4 @@
-package daemon
+package frontend
 
 import (
 	"context"
@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"math"
 	"slices"
-	"strings"
 	"unicode/utf8"
 
 	"github.com/tandem-llm/tandem/daemon/apierr"
@@ -26,18 +25,34 @@ const (
 	maxLogprobs      = 20
 )
 
-// engineSource gives a Generate call the pipeline's engine (an error when
-// there is none to serve it).
-type engineSource interface {
-	currentEngine() (*engine, error)
+// Engine runs requests: the leader's scheduler over its pipeline.
+type Engine interface {
+	// Submit queues a request and returns the stream of its tokens;
+	// cancelling ctx cancels the request. Its refusals are domain errors
+	// (package apierr).
+	Submit(ctx context.Context, r sched.Request) (*sched.Stream, error)
 }
 
-// inferenceServer implements tandem.v1.Inference on the leader.
-type inferenceServer struct {
+// Engines gives a request the engine that runs it, or a domain error
+// saying why none can (this node is not the leader, no pipeline is ready,
+// the node is draining).
+type Engines interface {
+	Engine() (Engine, error)
+}
+
+// Server implements tandem.v1.Inference on the leader.
+type Server struct {
 	tandemv1.UnimplementedInferenceServer
 	model   *model.Config
 	tok     *tokenizer.Tokenizer
-	engines engineSource
+	engines Engines
+}
+
+// New returns the frontend of a model: requests are validated against cfg,
+// their text encoded and decoded with tok, and run on the engine engines
+// gives.
+func New(cfg *model.Config, tok *tokenizer.Tokenizer, engines Engines) *Server {
+	return &Server{model: cfg, tok: tok, engines: engines}
 }
 
 // generation is a validated Generate request.
@@ -49,7 +64,7 @@ type generation struct {
 
 // validate checks a request against the model and builds what the engine
 // runs; every refusal is INVALID_ARGUMENT naming the field.
-func (s *inferenceServer) validate(in *tandemv1.GenerateRequest) (*generation, error) {
+func (s *Server) validate(in *tandemv1.GenerateRequest) (*generation, error) {
 	g := &generation{}
 	vocab := s.model.VocabSize
 	switch {
@@ -125,16 +140,21 @@ func (s *inferenceServer) validate(in *tandemv1.GenerateRequest) (*generation, e
 }
 
 // Generate implements tandem.v1.Inference.
-func (s *inferenceServer) Generate(in *tandemv1.GenerateRequest, stream tandemv1.Inference_GenerateServer) error {
-	return apierr.GRPC(s.generate(stream.Context(), in, stream.Send))
+func (s *Server) Generate(in *tandemv1.GenerateRequest, stream tandemv1.Inference_GenerateServer) error {
+	return apierr.GRPC(s.GenerateTo(stream.Context(), in, stream.Send))
 }
 
-func (s *inferenceServer) generate(ctx context.Context, in *tandemv1.GenerateRequest, send func(*tandemv1.GenerateResponse) error) error {
+// GenerateTo validates a request, runs it, and sends its completion to
+// send as it is generated: each message carries every token ready, with
+// its text (stop strings applied), and the last one the finish reason
+// and usage. Its errors are domain errors (package apierr); an error of
+// send ends the request and is returned.
+func (s *Server) GenerateTo(ctx context.Context, in *tandemv1.GenerateRequest, send func(*tandemv1.GenerateResponse) error) error {
 	g, err := s.validate(in)
 	if err != nil {
 		return err
 	}
-	e, err := s.engines.currentEngine()
+	e, err := s.engines.Engine()
 	if err != nil {
 		return err
 	}
@@ -153,7 +173,7 @@ func (s *inferenceServer) generate(ctx context.Context, in *tandemv1.GenerateReq
 	// Leaving cancels ctx, which cancels the request in the scheduler.
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	stream, err := e.submit(ctx, g.req)
+	stream, err := e.Submit(ctx, g.req)
 	if err != nil {
 		return err
 	}
@@ -235,75 +255,9 @@ func logprobsOf(t stage.Sampled) *tandemv1.TokenLogprobs {
 	return lp
 }
 
-// textStream turns a request's tokens into text deltas and applies its stop
-// strings: text that may begin a stop string is held back until it is known
-// not to, and the text ends before the first stop string found.
-type textStream struct {
-	dec     *tokenizer.Stream
-	stop    []string
-	pending string // decoded, not yet released
-	stopped bool
-}
-
-func newTextStream(tok *tokenizer.Tokenizer, stop []string) *textStream {
-	return &textStream{dec: tok.NewStream(true), stop: stop}
-}
-
-// add decodes one more token and returns the text that can be released.
-func (t *textStream) add(id int32) string { return t.release(t.dec.Add(id), false) }
-
-// flush returns the rest of the text at the end of the completion.
-func (t *textStream) flush() string { return t.release(t.dec.Flush(), true) }
-
-func (t *textStream) release(s string, final bool) string {
-	if t.stopped {
-		return ""
-	}
-	t.pending += s
-	if i := firstStop(t.pending, t.stop); i >= 0 {
-		out := t.pending[:i]
-		t.pending, t.stopped = "", true
-		return out
-	}
-	keep := 0
-	if !final {
-		keep = heldBack(t.pending, t.stop)
-	}
-	out := t.pending[:len(t.pending)-keep]
-	t.pending = t.pending[len(t.pending)-keep:]
-	return out
-}
-
-// firstStop is the index in s of the earliest occurrence of any stop
-// string, or -1.
-func firstStop(s string, stop []string) int {
-	first := -1
-	for _, st := range stop {
-		if i := strings.Index(s, st); i >= 0 && (first < 0 || i < first) {
-			first = i
-		}
-	}
-	return first
-}
-
-// heldBack is the length of the longest suffix of s that is a proper prefix
-// of a stop string: text that a later token may turn into a stop string.
-func heldBack(s string, stop []string) int {
-	keep := 0
-	for _, st := range stop {
-		for n := min(len(st)-1, len(s)); n > keep; n-- {
-			if strings.HasSuffix(s, st[:n]) {
-				keep = n
-				break
-			}
-		}
-	}
-	return keep
-}
-
-// errNotLeader builds the UNAVAILABLE error of a node that is not the
-// leader.
-func errNotLeader(leader, addr string) error {
+// NotLeader is the UNAVAILABLE error of a node that is not the leader,
+// naming the leader and its address ("no leader" when there is none yet).
+func NotLeader(leader, addr string) error {
 	if leader == "" {
 		return apierr.Unavailablef("no leader has been chosen yet")
 	}
