@@ -15,6 +15,7 @@ import (
 
 	"github.com/pelletier/go-toml/v2"
 
+	"github.com/tandem-llm/tandem/daemon/stagehost"
 	"github.com/tandem-llm/tandem/graphs"
 	"github.com/tandem-llm/tandem/sched"
 )
@@ -227,9 +228,9 @@ const (
 
 // Stage backends of the configuration.
 const (
-	BackendCPU  = "cpu"
-	BackendCUDA = "cuda"
-	BackendAuto = "auto"
+	BackendCPU  = stagehost.BackendCPU
+	BackendCUDA = stagehost.BackendCUDA
+	BackendAuto = stagehost.BackendAuto
 )
 
 // LoadConfig reads a TOML configuration file. Keys it does not know are

@@ -153,16 +153,3 @@ func TestSecretsStayOut(t *testing.T) {
 		}
 	}
 }
-
-func TestParseMeminfo(t *testing.T) {
-	good := "MemTotal:       16318480 kB\nMemFree:         1000 kB\nMemAvailable:    8159240 kB\nBuffers: 1 kB\n"
-	total, avail, err := parseMeminfo([]byte(good))
-	if err != nil || total != 16318480<<10 || avail != 8159240<<10 {
-		t.Errorf("parseMeminfo: %d %d %v", total, avail, err)
-	}
-	for _, bad := range []string{"MemTotal: 5 kB\n", "MemTotal: x kB\nMemAvailable: 1 kB\n", "MemTotal: 5 MB\nMemAvailable: 1 kB\n"} {
-		if _, _, err := parseMeminfo([]byte(bad)); err == nil {
-			t.Errorf("parseMeminfo(%q) succeeded", bad)
-		}
-	}
-}

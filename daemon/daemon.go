@@ -21,7 +21,10 @@ import (
 	"github.com/tandem-llm/tandem/daemon/apierr"
 	"github.com/tandem-llm/tandem/daemon/frontend"
 	"github.com/tandem-llm/tandem/daemon/membership"
+	"github.com/tandem-llm/tandem/daemon/nodewire"
+	"github.com/tandem-llm/tandem/daemon/placement"
 	"github.com/tandem-llm/tandem/daemon/sdnotify"
+	"github.com/tandem-llm/tandem/daemon/stagehost"
 	"github.com/tandem-llm/tandem/model"
 	"github.com/tandem-llm/tandem/model/tokenizer"
 	tandemv1 "github.com/tandem-llm/tandem/proto/tandem/v1"
@@ -72,8 +75,9 @@ type Daemon struct {
 	ckpt     *model.Checkpoint
 	tok      *tokenizer.Tokenizer
 	memb     *membership.Membership
-	slot     *stageSlot
-	dev      *stageDevice // what the stage runs on (nil without a stage)
+	slot     *stagehost.Slot
+	dev      *stagehost.Device // what the stage runs on (nil without a stage)
+	usable   uint64            // memory the stage may use (0 without a stage)
 	health   *health.Server
 	dialOpts []grpc.DialOption
 	meta     membership.Meta
@@ -146,39 +150,46 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 		grpc.ChainStreamInterceptor(rec.stream, auth.stream))
 	d.health = health.NewServer()
 	d.setHealth(false)
-	d.slot = &stageSlot{
-		name:      d.cfg.Name,
-		ckpt:      d.ckpt,
-		listen:    d.cfg.Listen,
-		log:       d.log,
-		onServing: d.onStageServing,
+	slotCfg := stagehost.Config{
+		Name:        d.cfg.Name,
+		Checkpoint:  d.ckpt,
+		ControlAddr: d.cfg.Listen.Control,
+		DataAddr:    d.cfg.Listen.Data,
+		Advertise:   d.cfg.Listen.Advertise,
+		Cost: func(backend string, maxBatchTokens, maxSeqs int) placement.Cost {
+			return backendCost(d.ckpt.Config(), backend, maxBatchTokens, maxSeqs)
+		},
+		OnServing: d.onStageServing,
+		Log:       d.log,
 	}
-	// The slot's assignments outlive requests, not the daemon.
-	slotCtx, stopSlots := context.WithCancel(context.WithoutCancel(ctx))
-	defer stopSlots()
-	d.slot.ctx = slotCtx
 	if *d.cfg.Stage.Enabled {
-		if d.dev, err = openDevice(d.cfg.Stage, d.log); err != nil {
+		if d.dev, err = stagehost.OpenDevice(d.cfg.Stage.Backend, d.cfg.Stage.Device, d.log); err != nil {
 			lis.Close()
 			return err
 		}
-		defer d.dev.close()
-		if d.slot.usable, err = d.dev.usable(d.cfg.Stage.Memory); err != nil {
+		defer d.dev.Close()
+		if slotCfg.Usable, err = d.dev.Usable(uint64(d.cfg.Stage.Memory)); err != nil {
 			lis.Close()
 			return err
 		}
-		d.slot.dev = d.dev
-		if d.dev.backend == BackendCUDA {
+		slotCfg.Device = d.dev
+		if d.dev.Backend == BackendCUDA {
 			// The graphs' memory is held back before the KV cache is sized.
 			g := uint64(d.cfg.Stage.GraphMemory)
-			if d.slot.usable <= g {
+			if slotCfg.Usable <= g {
 				lis.Close()
-				return fmt.Errorf("stage memory %v leaves nothing beside the %v held back for CUDA graphs (stage.graph_memory)", ByteSize(d.slot.usable), ByteSize(g))
+				return fmt.Errorf("stage memory %v leaves nothing beside the %v held back for CUDA graphs (stage.graph_memory)", ByteSize(slotCfg.Usable), ByteSize(g))
 			}
-			d.slot.usable -= g
-			d.slot.graphMemory = int64(g)
-			d.slot.cacheDir = kernelCacheDir(d.cfg.Stage.CacheDir)
+			slotCfg.Usable -= g
+			slotCfg.GraphMemory = int64(g)
+			slotCfg.CacheDir = stagehost.KernelCacheDir(d.cfg.Stage.CacheDir)
 		}
+	}
+	d.usable = slotCfg.Usable
+	// The slot's assignments outlive requests, not the daemon.
+	d.slot = stagehost.New(slotCfg)
+	defer d.slot.Stop()
+	if *d.cfg.Stage.Enabled {
 		tandemv1.RegisterNodeServer(srv, d.slot)
 	}
 	tandemv1.RegisterInferenceServer(srv, frontend.New(d.ckpt.Config(), d.tok, d))
@@ -233,8 +244,7 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 		d.log.Warn("leave the cluster", "err", err)
 	}
 	d.waitStageIdle(time.Duration(d.cfg.Cluster.DrainTimeout))
-	stopSlots()
-	d.slot.stop()
+	d.slot.Stop()
 	stopped := make(chan struct{})
 	go func() { srv.GracefulStop(); close(stopped) }()
 	select {
@@ -273,21 +283,21 @@ func (d *Daemon) startMembership(ctx context.Context) error {
 	}
 	dev := d.dev
 	if dev == nil {
-		dev = cpuDevice()
+		dev = stagehost.CPUDevice()
 	}
 	d.meta = membership.Meta{
 		Name:           d.cfg.Name,
-		Backend:        dev.backend,
-		Device:         dev.name,
-		MemTotal:       max(dev.total, d.slot.usable),
-		MemFree:        d.slot.usable,
-		GRPCAddr:       advertised(d.addrs.GRPC, d.cfg.Listen.Advertise),
+		Backend:        dev.Backend,
+		Device:         dev.Name,
+		MemTotal:       max(dev.Total, d.usable),
+		MemFree:        d.usable,
+		GRPCAddr:       nodewire.Advertised(d.addrs.GRPC, d.cfg.Listen.Advertise),
 		Version:        Version,
 		ModelID:        d.ckpt.Identity(),
 		LeaderEligible: *d.cfg.Cluster.LeaderEligible,
 	}
 	if *d.cfg.Stage.Enabled {
-		d.meta.DataAddr = advertised(d.cfg.Listen.Data, d.cfg.Listen.Advertise)
+		d.meta.DataAddr = nodewire.Advertised(d.cfg.Listen.Data, d.cfg.Listen.Advertise)
 	}
 	d.memb, err = membership.New(membership.Config{
 		NodeName:      d.cfg.Name,
@@ -374,7 +384,7 @@ func (d *Daemon) notifyReady(status string) {
 // leader drains it after seeing this node leave), at most timeout.
 func (d *Daemon) waitStageIdle(timeout time.Duration) {
 	deadline := time.Now().Add(timeout)
-	for d.slot.busy() && time.Now().Before(deadline) {
+	for d.slot.Busy() && time.Now().Before(deadline) {
 		time.Sleep(50 * time.Millisecond)
 	}
 }

@@ -35,6 +35,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
 
+	"github.com/tandem-llm/tandem/daemon/nodewire"
 	"github.com/tandem-llm/tandem/daemon/sdnotify/sdnotifytest"
 	tandemv1 "github.com/tandem-llm/tandem/proto/tandem/v1"
 )
@@ -253,7 +254,7 @@ func TestSecureCluster(t *testing.T) {
 		if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "stale leader epoch") {
 			t.Errorf("Load with an older epoch: %v, want FAILED_PRECONDITION", err)
 		}
-		if got := trailer.Get(epochTrailer); len(got) != 1 || got[0] != strconv.FormatUint(st.GetEpoch(), 10) {
+		if got := trailer.Get(nodewire.EpochTrailer); len(got) != 1 || got[0] != strconv.FormatUint(st.GetEpoch(), 10) {
 			t.Errorf("trailer %v, want the node's epoch %d", got, st.GetEpoch())
 		}
 	})

@@ -18,6 +18,7 @@ import (
 
 	"github.com/tandem-llm/tandem/collective"
 	"github.com/tandem-llm/tandem/daemon/membership"
+	"github.com/tandem-llm/tandem/daemon/nodewire"
 	"github.com/tandem-llm/tandem/daemon/placement"
 	"github.com/tandem-llm/tandem/graphs"
 	"github.com/tandem-llm/tandem/pipeline"
@@ -274,11 +275,11 @@ func waitingReason(members []membership.Member, modelID string, have, want int) 
 	var other []string
 	for _, m := range members {
 		if liveStageNode(m) && m.Meta.ModelID != modelID {
-			other = append(other, fmt.Sprintf("%s has model %s", m.Name, short(m.Meta.ModelID)))
+			other = append(other, fmt.Sprintf("%s has model %s", m.Name, nodewire.Short(m.Meta.ModelID)))
 		}
 	}
 	if len(other) > 0 {
-		reason += fmt.Sprintf(" (left out: %s; the leader has model %s)", strings.Join(other, ", "), short(modelID))
+		reason += fmt.Sprintf(" (left out: %s; the leader has model %s)", strings.Join(other, ", "), nodewire.Short(modelID))
 	}
 	return reason
 }
@@ -381,7 +382,7 @@ func (d *Daemon) build(ctx context.Context, cands []membership.Member) (*pipelin
 			return fmt.Errorf("stage %d on %s: load layers [%d, %d): %w", i, s.Node, s.Lo, s.Hi, err)
 		}
 		if resp.GetModelId() != d.ckpt.Identity() {
-			return fmt.Errorf("stage %d on %s: loaded model %s, want %s", i, s.Node, short(resp.GetModelId()), short(d.ckpt.Identity()))
+			return fmt.Errorf("stage %d on %s: loaded model %s, want %s", i, s.Node, nodewire.Short(resp.GetModelId()), nodewire.Short(d.ckpt.Identity()))
 		}
 		loads[i] = resp
 		return nil
@@ -403,7 +404,7 @@ func (d *Daemon) build(ctx context.Context, cands []membership.Member) (*pipelin
 		return nil, err
 	}
 	if keys := p.graphs.dispatch.Keys(); len(keys) > 0 {
-		req := &tandemv1.CaptureRequest{Epoch: epoch, Keys: encodeGraphKeys(keys)}
+		req := &tandemv1.CaptureRequest{Epoch: epoch, Keys: nodewire.EncodeGraphKeys(keys)}
 		err = forEach(len(nodes), func(i int) error {
 			r, err := nodes[i].Capture(ctx, req)
 			if err != nil {
@@ -566,7 +567,7 @@ func (d *Daemon) noteRefusedEpoch(err error, trailer metadata.MD) {
 	if status.Code(err) != codes.FailedPrecondition {
 		return
 	}
-	for _, v := range trailer.Get(epochTrailer) {
+	for _, v := range trailer.Get(nodewire.EpochTrailer) {
 		if e, perr := strconv.ParseUint(v, 10, 64); perr == nil {
 			d.mu.Lock()
 			d.seenEpoch = max(d.seenEpoch, e)
@@ -595,4 +596,24 @@ func stageSummary(stages []stageState) string {
 		s += fmt.Sprintf("%s[%d,%d)", st.Node, st.Lo, st.Hi)
 	}
 	return s
+}
+
+// linkTransport is the transport of a link between two stages of the
+// given backends.
+func linkTransport(from, to string) tandemv1.Transport {
+	if from == BackendCUDA && to == BackendCUDA {
+		return tandemv1.Transport_TRANSPORT_NCCL
+	}
+	return tandemv1.Transport_TRANSPORT_TCP
+}
+
+// transportName names a transport in status and logs ("" for none).
+func transportName(t tandemv1.Transport) string {
+	switch t {
+	case tandemv1.Transport_TRANSPORT_TCP:
+		return "tcp"
+	case tandemv1.Transport_TRANSPORT_NCCL:
+		return "nccl"
+	}
+	return ""
 }

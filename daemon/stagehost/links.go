@@ -1,4 +1,4 @@
-package daemon
+package stagehost
 
 import (
 	"context"
@@ -8,7 +8,6 @@ import (
 	"github.com/tandem-llm/tandem/collective"
 	"github.com/tandem-llm/tandem/collective/nccl"
 	"github.com/tandem-llm/tandem/gpu"
-	tandemv1 "github.com/tandem-llm/tandem/proto/tandem/v1"
 )
 
 // A stage's links to its neighbours. Activations go from each stage to the
@@ -17,26 +16,6 @@ import (
 // communicator of its own (two ranks: the sender is rank 0 and makes the
 // id, the receiver rank 1); otherwise it is TCP (collective), and a CUDA
 // end copies its device buffer through host memory.
-
-// linkTransport is the transport of a link between two stages of the
-// given backends.
-func linkTransport(from, to string) tandemv1.Transport {
-	if from == BackendCUDA && to == BackendCUDA {
-		return tandemv1.Transport_TRANSPORT_NCCL
-	}
-	return tandemv1.Transport_TRANSPORT_TCP
-}
-
-// transportName names a transport in status and logs ("" for none).
-func transportName(t tandemv1.Transport) string {
-	switch t {
-	case tandemv1.Transport_TRANSPORT_TCP:
-		return "tcp"
-	case tandemv1.Transport_TRANSPORT_NCCL:
-		return "nccl"
-	}
-	return ""
-}
 
 // handoffLink names the TCP hand-off link into the first stage.
 const handoffLink = "handoff->layer0"

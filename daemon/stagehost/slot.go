@@ -1,4 +1,4 @@
-package daemon
+package stagehost
 
 import (
 	"context"
@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"sync"
 	"time"
 
@@ -17,6 +16,8 @@ import (
 	"github.com/tandem-llm/tandem/collective"
 	"github.com/tandem-llm/tandem/collective/nccl"
 	"github.com/tandem-llm/tandem/daemon/apierr"
+	"github.com/tandem-llm/tandem/daemon/nodewire"
+	"github.com/tandem-llm/tandem/daemon/placement"
 	"github.com/tandem-llm/tandem/model"
 	"github.com/tandem-llm/tandem/pipeline"
 	tandemv1 "github.com/tandem-llm/tandem/proto/tandem/v1"
@@ -27,34 +28,61 @@ import (
 // the leader's control connection after Load.
 const wireTimeout = time.Minute
 
-// epochTrailer is the trailer in which a node refusing a stale epoch says
-// the newest epoch it has accepted.
-const epochTrailer = "tandem-epoch"
+// Config is what a Slot serves with.
+type Config struct {
+	// Name is the node's name, in messages and logs.
+	Name       string
+	Checkpoint *model.Checkpoint
+	// Device is what stages run on; Usable the memory a stage may use
+	// (weights, workspace, KV cache: besides GraphMemory).
+	Device *Device
+	Usable uint64
+	// CacheDir and GraphMemory configure CUDA stages: the compiled kernel
+	// cache and the device memory held back for CUDA graphs.
+	CacheDir    string
+	GraphMemory int64
+	// ControlAddr and DataAddr are the listen addresses of a stage's
+	// control link from the leader and of the TCP link coming in;
+	// Advertise, when set, is the host other nodes reach them at.
+	ControlAddr, DataAddr, Advertise string
+	// Cost is what a stage of a backend holds for the batch bounds, as
+	// placement counts it: Load sizes the KV cache with it.
+	Cost func(backend string, maxBatchTokens, maxSeqs int) placement.Cost
+	// OnServing is called when a stage starts and stops serving (nil:
+	// not called).
+	OnServing func(serving bool)
+	Log       *slog.Logger
+}
 
-// stageSlot is this node's place in a pipeline: it implements the Node
+// Slot is this node's place in a pipeline: it implements the Node
 // service, loading the layer range the leader assigns and serving it as a
 // pipeline worker until the leader closes the control link, a newer epoch
-// replaces it, or the daemon stops.
-type stageSlot struct {
+// replaces it, or the slot stops.
+type Slot struct {
 	tandemv1.UnimplementedNodeServer
-	name   string
-	ckpt   *model.Checkpoint
-	usable uint64       // memory the stage may use (besides graphMemory)
-	dev    *stageDevice // what stages run on
-	// cacheDir and graphMemory configure CUDA stages (kernel cache, memory
-	// held back for graphs).
-	cacheDir    string
-	graphMemory int64
-	listen      ListenConfig
-	log         *slog.Logger
-	onServing   func(serving bool) // called when a stage starts and stops serving
+	cfg Config
+	log *slog.Logger
 
-	ctx context.Context // the daemon's lifetime
-	wg  sync.WaitGroup  // assignment goroutines
+	ctx  context.Context // the slot's lifetime
+	stop context.CancelFunc
+	wg   sync.WaitGroup // assignment goroutines
 
 	mu    sync.Mutex // serializes the Node calls
 	epoch uint64     // newest accepted
 	cur   *assignment
+}
+
+// New returns a slot that holds no stage yet; it starts nothing. Stop ends
+// it.
+func New(cfg Config) *Slot {
+	if cfg.Log == nil {
+		cfg.Log = slog.Default()
+	}
+	if cfg.OnServing == nil {
+		cfg.OnServing = func(bool) {}
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	return &Slot{cfg: cfg, log: cfg.Log, ctx: ctx, stop: stop}
 }
 
 // assignment is one loaded stage of one epoch.
@@ -84,30 +112,30 @@ type assignment struct {
 }
 
 // checkEpoch refuses an epoch older than the newest accepted.
-func (s *stageSlot) checkEpoch(ctx context.Context, epoch uint64) error {
+func (s *Slot) checkEpoch(ctx context.Context, epoch uint64) error {
 	if epoch >= s.epoch {
 		return nil
 	}
-	grpc.SetTrailer(ctx, metadata.Pairs(epochTrailer, fmt.Sprint(s.epoch)))
-	return apierr.Preconditionf("stale leader epoch %d: node %s has accepted epoch %d", epoch, s.name, s.epoch)
+	grpc.SetTrailer(ctx, metadata.Pairs(nodewire.EpochTrailer, fmt.Sprint(s.epoch)))
+	return apierr.Preconditionf("stale leader epoch %d: node %s has accepted epoch %d", epoch, s.cfg.Name, s.epoch)
 }
 
 // Load implements tandem.v1.Node.
-func (s *stageSlot) Load(ctx context.Context, in *tandemv1.LoadRequest) (*tandemv1.LoadResponse, error) {
+func (s *Slot) Load(ctx context.Context, in *tandemv1.LoadRequest) (*tandemv1.LoadResponse, error) {
 	resp, err := s.load(ctx, in)
 	return resp, apierr.GRPC(err)
 }
 
-func (s *stageSlot) load(ctx context.Context, in *tandemv1.LoadRequest) (*tandemv1.LoadResponse, error) {
+func (s *Slot) load(ctx context.Context, in *tandemv1.LoadRequest) (*tandemv1.LoadResponse, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err := s.checkEpoch(ctx, in.GetEpoch()); err != nil {
 		return nil, err
 	}
-	if in.GetModelId() != s.ckpt.Identity() {
-		return nil, apierr.Preconditionf("node %s has model %s (%s), the leader %s serves %s", s.name, short(s.ckpt.Identity()), s.ckpt.Dir(), in.GetLeader(), short(in.GetModelId()))
+	if in.GetModelId() != s.cfg.Checkpoint.Identity() {
+		return nil, apierr.Preconditionf("node %s has model %s (%s), the leader %s serves %s", s.cfg.Name, nodewire.Short(s.cfg.Checkpoint.Identity()), s.cfg.Checkpoint.Dir(), in.GetLeader(), nodewire.Short(in.GetModelId()))
 	}
-	cfg := s.ckpt.Config()
+	cfg := s.cfg.Checkpoint.Config()
 	sp := stageSpec{lo: int(in.GetLayerLo()), hi: int(in.GetLayerHi()), maxTokens: int(in.GetMaxBatchTokens()), maxSeqs: int(in.GetMaxSeqs()), blockSize: int(in.GetBlockSize())}
 	if sp.lo >= sp.hi || sp.hi > cfg.NumLayers {
 		return nil, apierr.Invalidf("layers [%d, %d): the model has layers [0, %d)", sp.lo, sp.hi, cfg.NumLayers)
@@ -115,28 +143,28 @@ func (s *stageSlot) load(ctx context.Context, in *tandemv1.LoadRequest) (*tandem
 	if sp.maxTokens == 0 || sp.maxSeqs == 0 || sp.blockSize == 0 {
 		return nil, apierr.Invalidf("max_batch_tokens %d, max_seqs %d and block_size %d: want at least 1", sp.maxTokens, sp.maxSeqs, sp.blockSize)
 	}
-	kv, err := backendCost(cfg, s.dev.backend, sp.maxTokens, sp.maxSeqs).StageKVTokens(s.usable, sp.lo, sp.hi)
+	kv, err := s.cfg.Cost(s.cfg.Device.Backend, sp.maxTokens, sp.maxSeqs).StageKVTokens(s.cfg.Usable, sp.lo, sp.hi)
 	if err != nil {
-		return nil, apierr.Preconditionf("node %s: %v", s.name, err)
+		return nil, apierr.Preconditionf("node %s: %v", s.cfg.Name, err)
 	}
 	// The memory's worth of blocks, but no more than every sequence of a
 	// full batch at the model's context length needs.
 	estimate := kv / sp.blockSize
 	sp.blocks = sp.maxSeqs * ((cfg.MaxPositions + sp.blockSize - 1) / sp.blockSize)
 	if min(estimate, sp.blocks) < 1 {
-		return nil, apierr.Preconditionf("node %s: layers [%d, %d) leave room for %d tokens of KV cache, less than a block of %d", s.name, sp.lo, sp.hi, kv, sp.blockSize)
+		return nil, apierr.Preconditionf("node %s: layers [%d, %d) leave room for %d tokens of KV cache, less than a block of %d", s.cfg.Name, sp.lo, sp.hi, kv, sp.blockSize)
 	}
 	s.release()
 	s.epoch = in.GetEpoch()
-	if err := s.ckpt.CheckLayers(sp.lo, sp.hi, sp.lo == 0, sp.hi == cfg.NumLayers); err != nil {
-		return nil, fmt.Errorf("node %s: %w", s.name, err)
+	if err := s.cfg.Checkpoint.CheckLayers(sp.lo, sp.hi, sp.lo == 0, sp.hi == cfg.NumLayers); err != nil {
+		return nil, fmt.Errorf("node %s: %w", s.cfg.Name, err)
 	}
-	if s.dev.backend != BackendCUDA {
+	if s.cfg.Device.Backend != BackendCUDA {
 		sp.blocks = min(sp.blocks, estimate)
 	}
 	st, err := s.newStage(cfg, sp, estimate)
 	if err != nil {
-		return nil, fmt.Errorf("node %s: load layers [%d, %d) on %s: %w", s.name, sp.lo, sp.hi, s.dev.backend, err)
+		return nil, fmt.Errorf("node %s: load layers [%d, %d) on %s: %w", s.cfg.Name, sp.lo, sp.hi, s.cfg.Device.Backend, err)
 	}
 	info := st.Info()
 	if info.KVBlocks > 0 {
@@ -148,14 +176,14 @@ func (s *stageSlot) load(ctx context.Context, in *tandemv1.LoadRequest) (*tandem
 		a.closeAll()
 		return nil, err
 	}
-	if a.ctlLn, err = pipeline.ListenControl(s.listen.Control); err != nil {
-		return fail(fmt.Errorf("node %s: %w", s.name, err))
+	if a.ctlLn, err = pipeline.ListenControl(s.cfg.ControlAddr); err != nil {
+		return fail(fmt.Errorf("node %s: %w", s.cfg.Name, err))
 	}
 	_, receiver := st.(stage.HandoffReceiver)
 	resp := &tandemv1.LoadResponse{
-		ControlAddr: advertised(a.ctlLn.Addr(), s.listen.Advertise), Backend: info.Backend, ModelId: s.ckpt.Identity(),
+		ControlAddr: nodewire.Advertised(a.ctlLn.Addr(), s.cfg.Advertise), Backend: info.Backend, ModelId: s.cfg.Checkpoint.Identity(),
 		KvBlocks: uint64(sp.blocks), MaxSeqLen: uint32(sp.maxSeqLen(cfg)), GraphSupport: info.Graphs.String(), ActDtype: uint32(info.ActDType),
-		HandoffReceiver: info.First && receiver, Device: s.dev.name,
+		HandoffReceiver: info.First && receiver, Device: s.cfg.Device.Name,
 	}
 	if m, ok := st.(memoryReporter); ok {
 		mem := m.Memory()
@@ -171,10 +199,10 @@ func (s *stageSlot) load(ctx context.Context, in *tandemv1.LoadRequest) (*tandem
 		link = handoffLink
 	}
 	if link != "" {
-		if a.dataLn, err = (collective.ListenConfig{Link: link, Logger: s.log}).Listen(s.listen.Data); err != nil {
-			return fail(fmt.Errorf("node %s: %w", s.name, err))
+		if a.dataLn, err = (collective.ListenConfig{Link: link, Logger: s.log}).Listen(s.cfg.DataAddr); err != nil {
+			return fail(fmt.Errorf("node %s: %w", s.cfg.Name, err))
 		}
-		addr := advertised(a.dataLn.Addr().String(), s.listen.Advertise)
+		addr := nodewire.Advertised(a.dataLn.Addr().String(), s.cfg.Advertise)
 		if info.First {
 			resp.HandoffAddr = addr
 		} else {
@@ -188,30 +216,30 @@ func (s *stageSlot) load(ctx context.Context, in *tandemv1.LoadRequest) (*tandem
 		s.serve(a)
 	}()
 	s.log.Info("stage loaded", "epoch", a.epoch, "index", a.index, "layers", fmt.Sprintf("[%d,%d)", sp.lo, sp.hi), "backend", info.Backend,
-		"leader", in.GetLeader(), "kv_blocks", resp.KvBlocks, "block_size", sp.blockSize, "graphs", info.Graphs, "weights", ByteSize(resp.WeightBytes), "workspace", ByteSize(resp.WorkspaceBytes))
+		"leader", in.GetLeader(), "kv_blocks", resp.KvBlocks, "block_size", sp.blockSize, "graphs", info.Graphs, "weight_bytes", resp.WeightBytes, "workspace_bytes", resp.WorkspaceBytes)
 	return resp, nil
 }
 
 // current is the assignment of epoch, checked to be running. s.mu is held.
-func (s *stageSlot) current(ctx context.Context, epoch uint64) (*assignment, error) {
+func (s *Slot) current(ctx context.Context, epoch uint64) (*assignment, error) {
 	if err := s.checkEpoch(ctx, epoch); err != nil {
 		return nil, err
 	}
 	a := s.cur
 	if a == nil || a.epoch != epoch || a.ended() {
-		return nil, apierr.Preconditionf("node %s has no stage of epoch %d", s.name, epoch)
+		return nil, apierr.Preconditionf("node %s has no stage of epoch %d", s.cfg.Name, epoch)
 	}
 	return a, nil
 }
 
 // Capture implements tandem.v1.Node: the stage captures the CUDA graphs of
 // the leader's dispatcher keys, before it is connected.
-func (s *stageSlot) Capture(ctx context.Context, in *tandemv1.CaptureRequest) (*tandemv1.CaptureResponse, error) {
+func (s *Slot) Capture(ctx context.Context, in *tandemv1.CaptureRequest) (*tandemv1.CaptureResponse, error) {
 	resp, err := s.capture(ctx, in)
 	return resp, apierr.GRPC(err)
 }
 
-func (s *stageSlot) capture(ctx context.Context, in *tandemv1.CaptureRequest) (*tandemv1.CaptureResponse, error) {
+func (s *Slot) capture(ctx context.Context, in *tandemv1.CaptureRequest) (*tandemv1.CaptureResponse, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	a, err := s.current(ctx, in.GetEpoch())
@@ -219,31 +247,31 @@ func (s *stageSlot) capture(ctx context.Context, in *tandemv1.CaptureRequest) (*
 		return nil, err
 	}
 	if a.connected() {
-		return nil, apierr.Preconditionf("node %s: capture after Connect: the stage of epoch %d is already wired", s.name, a.epoch)
+		return nil, apierr.Preconditionf("node %s: capture after Connect: the stage of epoch %d is already wired", s.cfg.Name, a.epoch)
 	}
-	keys, err := decodeGraphKeys(in.GetKeys())
+	keys, err := nodewire.DecodeGraphKeys(in.GetKeys())
 	if err != nil {
 		return nil, apierr.Invalidf("%v", err)
 	}
 	c, ok := a.st.(capturer)
 	if !ok {
-		return nil, apierr.Preconditionf("node %s: the %s stage captures no CUDA graphs (it supports %s)", s.name, a.info.Backend, a.info.Graphs)
+		return nil, apierr.Preconditionf("node %s: the %s stage captures no CUDA graphs (it supports %s)", s.cfg.Name, a.info.Backend, a.info.Graphs)
 	}
 	if err := c.Capture(keys); err != nil {
-		return nil, fmt.Errorf("node %s: capture %d CUDA graph keys: %w", s.name, len(keys), err)
+		return nil, fmt.Errorf("node %s: capture %d CUDA graph keys: %w", s.cfg.Name, len(keys), err)
 	}
 	r := c.Graphs()
-	s.log.Info("CUDA graphs captured", "epoch", a.epoch, "keys", r.Keys, "graphs", r.Graphs, "nodes", r.Nodes, "memory", ByteSize(max(r.Bytes, 0)), "time", r.CaptureTime)
+	s.log.Info("CUDA graphs captured", "epoch", a.epoch, "keys", r.Keys, "graphs", r.Graphs, "nodes", r.Nodes, "memory_bytes", max(r.Bytes, 0), "time", r.CaptureTime)
 	return &tandemv1.CaptureResponse{Graphs: uint32(r.Graphs), Nodes: uint64(r.Nodes), GraphBytes: uint64(max(r.Bytes, 0)), CaptureTime: durationpb.New(r.CaptureTime)}, nil
 }
 
 // Connect implements tandem.v1.Node.
-func (s *stageSlot) Connect(ctx context.Context, in *tandemv1.ConnectRequest) (*tandemv1.ConnectResponse, error) {
+func (s *Slot) Connect(ctx context.Context, in *tandemv1.ConnectRequest) (*tandemv1.ConnectResponse, error) {
 	resp, err := s.connectLinks(ctx, in)
 	return resp, apierr.GRPC(err)
 }
 
-func (s *stageSlot) connectLinks(ctx context.Context, in *tandemv1.ConnectRequest) (*tandemv1.ConnectResponse, error) {
+func (s *Slot) connectLinks(ctx context.Context, in *tandemv1.ConnectRequest) (*tandemv1.ConnectResponse, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	a, err := s.current(ctx, in.GetEpoch())
@@ -251,7 +279,7 @@ func (s *stageSlot) connectLinks(ctx context.Context, in *tandemv1.ConnectReques
 		return nil, err
 	}
 	if a.connected() {
-		return nil, apierr.Preconditionf("node %s: the stage of epoch %d is already connected", s.name, a.epoch)
+		return nil, apierr.Preconditionf("node %s: the stage of epoch %d is already connected", s.cfg.Name, a.epoch)
 	}
 	info := a.info
 	none := tandemv1.Transport_TRANSPORT_NONE
@@ -291,7 +319,7 @@ func (s *stageSlot) connectLinks(ctx context.Context, in *tandemv1.ConnectReques
 	if a.nextT == tandemv1.Transport_TRANSPORT_TCP {
 		next, err := (collective.DialConfig{Link: dataLink(info.Hi)}).Dial(dctx, in.GetNextDataAddr())
 		if err != nil {
-			return fail(apierr.Unavailablef("node %s: connect stage %d to the next stage at %s: %v", s.name, a.index, in.GetNextDataAddr(), err))
+			return fail(apierr.Unavailablef("node %s: connect stage %d to the next stage at %s: %v", s.cfg.Name, a.index, in.GetNextDataAddr(), err))
 		}
 		a.own(next)
 		a.next = stageTCPSender(next, a.st, activationBytes(info))
@@ -299,7 +327,7 @@ func (s *stageSlot) connectLinks(ctx context.Context, in *tandemv1.ConnectReques
 	if a.hoOutT == tandemv1.Transport_TRANSPORT_TCP {
 		out, err := (collective.DialConfig{Link: handoffLink}).Dial(dctx, in.GetHandoffAddr())
 		if err != nil {
-			return fail(apierr.Unavailablef("node %s: connect the hand-off link of stage %d to the first stage at %s: %v", s.name, a.index, in.GetHandoffAddr(), err))
+			return fail(apierr.Unavailablef("node %s: connect the hand-off link of stage %d to the first stage at %s: %v", s.cfg.Name, a.index, in.GetHandoffAddr(), err))
 		}
 		a.own(out)
 		a.handoffOut = stageTCPSender(out, a.st, handoffBytes(info))
@@ -316,7 +344,7 @@ func (s *stageSlot) connectLinks(ctx context.Context, in *tandemv1.ConnectReques
 		}
 		id, err := nccl.NewUniqueID()
 		if err != nil {
-			return fail(fmt.Errorf("node %s: %w", s.name, err))
+			return fail(fmt.Errorf("node %s: %w", s.cfg.Name, err))
 		}
 		*l.join = startNCCLJoin(a.ctx, a.st.(gpuStage).Device(), id, 0)
 		*l.id = nccl.EncodeUniqueID(id)
@@ -327,11 +355,11 @@ func (s *stageSlot) connectLinks(ctx context.Context, in *tandemv1.ConnectReques
 
 // Join implements tandem.v1.Node: the stage joins the NCCL links it
 // receives on, with the ids their senders made, and returns once joined.
-func (s *stageSlot) Join(ctx context.Context, in *tandemv1.JoinRequest) (*tandemv1.JoinResponse, error) {
+func (s *Slot) Join(ctx context.Context, in *tandemv1.JoinRequest) (*tandemv1.JoinResponse, error) {
 	return &tandemv1.JoinResponse{}, apierr.GRPC(s.join(ctx, in))
 }
 
-func (s *stageSlot) join(ctx context.Context, in *tandemv1.JoinRequest) error {
+func (s *Slot) join(ctx context.Context, in *tandemv1.JoinRequest) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	a, err := s.current(ctx, in.GetEpoch())
@@ -339,11 +367,11 @@ func (s *stageSlot) join(ctx context.Context, in *tandemv1.JoinRequest) error {
 		return err
 	}
 	if !a.connected() {
-		return apierr.Preconditionf("node %s: Join before Connect for the stage of epoch %d", s.name, a.epoch)
+		return apierr.Preconditionf("node %s: Join before Connect for the stage of epoch %d", s.cfg.Name, a.epoch)
 	}
 	select {
 	case <-a.joined:
-		return apierr.Preconditionf("node %s: the stage of epoch %d has already joined its links", s.name, a.epoch)
+		return apierr.Preconditionf("node %s: the stage of epoch %d has already joined its links", s.cfg.Name, a.epoch)
 	default:
 	}
 	viaNCCL := tandemv1.Transport_TRANSPORT_NCCL
@@ -391,14 +419,14 @@ func (s *stageSlot) join(ctx context.Context, in *tandemv1.JoinRequest) error {
 	if err := errors.Join(errs...); err != nil {
 		// The assignment ends: its goroutine closes what was joined.
 		a.cancel()
-		return apierr.Unavailablef("node %s, stage %d: %v", s.name, a.index, err)
+		return apierr.Unavailablef("node %s, stage %d: %v", s.cfg.Name, a.index, err)
 	}
 	close(a.joined)
 	return nil
 }
 
 // Release implements tandem.v1.Node.
-func (s *stageSlot) Release(ctx context.Context, in *tandemv1.ReleaseRequest) (*tandemv1.ReleaseResponse, error) {
+func (s *Slot) Release(ctx context.Context, in *tandemv1.ReleaseRequest) (*tandemv1.ReleaseResponse, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err := s.checkEpoch(ctx, in.GetEpoch()); err != nil {
@@ -411,7 +439,7 @@ func (s *stageSlot) Release(ctx context.Context, in *tandemv1.ReleaseRequest) (*
 }
 
 // release stops the current assignment and waits for it. s.mu is held.
-func (s *stageSlot) release() {
+func (s *Slot) release() {
 	if a := s.cur; a != nil {
 		a.cancel()
 		<-a.done
@@ -419,16 +447,17 @@ func (s *stageSlot) release() {
 	}
 }
 
-// stop ends every assignment (daemon shutdown) and waits for them.
-func (s *stageSlot) stop() {
+// Stop ends every assignment (daemon shutdown) and waits for them.
+func (s *Slot) Stop() {
+	s.stop()
 	s.mu.Lock()
 	s.release()
 	s.mu.Unlock()
 	s.wg.Wait()
 }
 
-// busy reports whether a stage is assigned.
-func (s *stageSlot) busy() bool {
+// Busy reports whether a stage is assigned.
+func (s *Slot) Busy() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.cur != nil && !s.cur.ended()
@@ -436,7 +465,7 @@ func (s *stageSlot) busy() bool {
 
 // serve wires the assignment to its peers, runs it as a pipeline worker
 // and cleans up after it.
-func (s *stageSlot) serve(a *assignment) {
+func (s *Slot) serve(a *assignment) {
 	defer close(a.done)
 	defer a.closeAll()
 	err := s.work(a)
@@ -456,7 +485,7 @@ type accepted struct {
 	err error
 }
 
-func (s *stageSlot) work(a *assignment) error {
+func (s *Slot) work(a *assignment) error {
 	wctx, cancel := context.WithTimeout(a.ctx, wireTimeout)
 	defer cancel()
 	// Accept the TCP link coming in, if there may be one, without waiting
@@ -491,14 +520,14 @@ func (s *stageSlot) work(a *assignment) error {
 	a.own(ctl)
 	w := &pipeline.Worker{Index: a.index, Stage: a.st, Epoch: a.epoch, Ctl: ctl,
 		Prev: a.prev, Next: a.next, HandoffIn: a.handoffIn, HandoffOut: a.handoffOut}
-	s.onServing(true)
-	defer s.onServing(false)
+	s.cfg.OnServing(true)
+	defer s.cfg.OnServing(false)
 	return w.Serve(a.ctx)
 }
 
 // wire waits until every link of the assignment is up: Connect has run,
 // the TCP link coming in is accepted, the NCCL links are joined.
-func (s *stageSlot) wire(ctx context.Context, a *assignment, acc <-chan accepted) error {
+func (s *Slot) wire(ctx context.Context, a *assignment, acc <-chan accepted) error {
 	select {
 	case <-a.connect:
 	case <-ctx.Done():
@@ -608,24 +637,3 @@ func (a *assignment) closeAll() {
 // dataLink names the activation link into the stage that starts at layer
 // lo, so a stage only accepts activations from the one that ends there.
 func dataLink(lo int) string { return fmt.Sprintf("activations->layer%d", lo) }
-
-// advertised rewrites the host of a bound address to the advertised host,
-// when one is configured.
-func advertised(addr, host string) string {
-	if host == "" {
-		return addr
-	}
-	_, port, err := net.SplitHostPort(addr)
-	if err != nil {
-		return addr
-	}
-	return net.JoinHostPort(host, port)
-}
-
-// short abbreviates a model identity for messages.
-func short(id string) string {
-	if len(id) > 12 {
-		return id[:12]
-	}
-	return id
-}
