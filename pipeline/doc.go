@@ -58,7 +58,7 @@
 // by one goroutine while another calls Wait (the scheduler keeps steps in
 // flight that way); Step is Submit then Wait, for a single caller. The
 // Driver owns one goroutine per link, which Close stops after the links
-// end. A submitted Step's slices must not change until its result is back. StartLocal's worker goroutines end when the Driver closes their
+// end; Close closes the links concurrently. A submitted Step's slices must not change until its result is back. StartLocal's worker goroutines end when the Driver closes their
 // links; each closes its worker's data and hand-off links when Serve
 // returns, so a first stage waiting for a hand-off fails once the last
 // stage's worker has stopped. Results cross goroutines as copies: a stage
@@ -67,5 +67,11 @@
 // A step that fails on any stage leaves the data links out of step: the
 // stage reports the failure and its worker returns, and the leader must
 // rebuild the pipeline. Stages hold only caches, so nothing is lost that
-// the leader cannot replay.
+// the leader cannot replay. The Driver blames the stage that caused a
+// failure (StageError): one whose control link ended without a report
+// (its process died) before one that reported a failure of its own, and
+// that before one that failed on a data link its neighbour closed.
+// DriverOptions.StepTimeout fails a step whose result does not come (a
+// stopped process, a hung device) instead of hanging; Broken tells a
+// failure at once even while no step is in flight.
 package pipeline

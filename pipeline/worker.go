@@ -11,6 +11,11 @@ import (
 	"github.com/tandem-llm/tandem/stage"
 )
 
+// linkFailed begins, in a stage's failure, the failure of one of its data
+// links (activations or hand-off): the consequence of a neighbour's
+// failure, more often than not, which the Driver blames first.
+const linkFailed = "data link failed: "
+
 // Worker serves one stage of a pipeline: for each step it receives the
 // batch description from the leader, receives the stage's input
 // activations from the previous stage (unless it is the first), runs the
@@ -111,7 +116,7 @@ func (w *Worker) step(ctx context.Context, info stage.Info, st *Step) (*Result, 
 	if w.Prev != nil {
 		h := collective.Header{Batch: st.Batch.ID, Rows: st.Batch.NumTokens(), Cols: info.Hidden, DType: info.ActDType}
 		if err := w.Prev.Recv(ctx, h, w.Stage.Input()); err != nil {
-			return nil, fmt.Errorf("receive activations: %w", err)
+			return nil, fmt.Errorf("%sreceive activations: %w", linkFailed, err)
 		}
 	}
 	out, err := w.Stage.Forward(ctx, &st.Batch)
@@ -125,7 +130,7 @@ func (w *Worker) step(ctx context.Context, info stage.Info, st *Step) (*Result, 
 	}
 	if w.Next != nil {
 		if err := w.Next.Send(ctx, out.Header, out.Activations); err != nil {
-			return nil, fmt.Errorf("send activations: %w", err)
+			return nil, fmt.Errorf("%ssend activations: %w", linkFailed, err)
 		}
 		return nil, nil
 	}
@@ -149,7 +154,7 @@ func (w *Worker) awaitHandoff(ctx context.Context, st *Step) error {
 		h := w.expect[0]
 		w.expect = w.expect[1:]
 		if err := w.HandoffIn.Recv(ctx, h, recv.HandoffInput()); err != nil {
-			return fmt.Errorf("receive the hand-off of batch %d: %w", h.Batch, err)
+			return fmt.Errorf("%sreceive the hand-off of batch %d: %w", linkFailed, h.Batch, err)
 		}
 		if err := recv.ApplyHandoff(ctx, h.Rows); err != nil {
 			return fmt.Errorf("apply the hand-off of batch %d: %w", h.Batch, err)
@@ -198,7 +203,7 @@ func (w *Worker) handoff(ctx context.Context, info stage.Info, b *stage.Batch, o
 			return err
 		}
 		if err := w.HandoffOut.Send(ctx, out.HandoffHeader, out.Handoff); err != nil {
-			return fmt.Errorf("send the hand-off: %w", err)
+			return fmt.Errorf("%ssend the hand-off: %w", linkFailed, err)
 		}
 	}
 	return nil
