@@ -11,9 +11,14 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/tandem-llm/tandem/model/randinit"
+	"github.com/tandem-llm/tandem/model"
+	"github.com/tandem-llm/tandem/model/fortune"
 	tandemv1 "github.com/tandem-llm/tandem/proto/tandem/v1"
 )
+
+// demoPrompt is the demo's default prompt: the built-in model completes it
+// greedily into a whole fortune cookie.
+const demoPrompt = "A wise man"
 
 type demoOptions struct {
 	model       string
@@ -36,9 +41,10 @@ func newDemoCmd() *cobra.Command {
 		Short: "Run a local cluster on the CPU and stream a completion through its gRPC API",
 		Long: `Run a local cluster of tandemd serve processes on loopback, on the CPU: a
 leader and --stages stage daemons. Stream a completion of --prompt through
-the leader's gRPC API, then stop the cluster. Without --model it generates a
-tiny random-init checkpoint first, so the text is gibberish: the point is the
-machinery. With --keep the cluster stays up (its leader's address is printed
+the leader's gRPC API, then stop the cluster. Without --model it serves tandem's own small model (model/fortune: a 5.5M-parameter
+Llama trained on Debian's fortune cookies, built into this binary and
+written to a temporary directory), which writes fortune-shaped English; any
+Hugging Face checkpoint directory serves with --model DIR. With --keep the cluster stays up (its leader's address is printed
 as "leader: HOST:PORT") until Ctrl-C.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -53,9 +59,9 @@ as "leader: HOST:PORT") until Ctrl-C.`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&o.model, "model", "", "Hugging Face model directory (default: a generated tiny model)")
+	f.StringVar(&o.model, "model", "", "Hugging Face model directory (default: the built-in fortune model)")
 	f.IntVar(&o.stages, "stages", 2, "number of stage daemons")
-	f.StringVar(&o.prompt, "prompt", "The quick brown fox", "text to complete")
+	f.StringVar(&o.prompt, "prompt", demoPrompt, "text to complete")
 	f.IntVar(&o.maxTokens, "max-tokens", 32, "tokens to generate")
 	f.Float32Var(&o.temperature, "temperature", 0, "sampling temperature (0: greedy)")
 	f.Uint64Var(&o.seed, "seed", 1, "sampling seed")
@@ -72,11 +78,16 @@ func runDemo(ctx context.Context, o demoOptions, stdout, stderr io.Writer) (err 
 		}
 		defer os.RemoveAll(tmp)
 		dir = filepath.Join(tmp, "model")
-		opts := randinit.DefaultOptions()
-		if err := randinit.Write(dir, opts); err != nil {
-			return fmt.Errorf("generate demo model: %w", err)
+		if err := fortune.Write(dir); err != nil {
+			return err
 		}
-		fmt.Fprintf(stdout, "model:   generated tiny %s checkpoint (%d layers, hidden %d) in %s\n", opts.Arch, opts.Layers, opts.Hidden, dir)
+		ck, err := model.Open(dir)
+		if err != nil {
+			return fmt.Errorf("the built-in model: %w", err)
+		}
+		cfg := ck.Config()
+		ck.Close()
+		fmt.Fprintf(stdout, "model:   built-in %s model (%s, %d layers, hidden %d, %.1f MB) in %s\n", fortune.Name, cfg.Arch, cfg.NumLayers, cfg.HiddenSize, float64(fortune.Size())/1e6, dir)
 	}
 	exe := o.exe
 	if exe == "" {
@@ -112,7 +123,10 @@ func runDemo(ctx context.Context, o demoOptions, stdout, stderr io.Writer) (err 
 	}
 	fmt.Fprintf(stdout, "\n%s", o.prompt)
 	start = time.Now()
-	var usage *tandemv1.Usage
+	var (
+		usage  *tandemv1.Usage
+		finish tandemv1.FinishReason
+	)
 	for {
 		msg, err := stream.Recv()
 		if errors.Is(err, io.EOF) {
@@ -123,14 +137,18 @@ func runDemo(ctx context.Context, o demoOptions, stdout, stderr io.Writer) (err 
 		}
 		io.WriteString(stdout, msg.GetText())
 		if msg.GetUsage() != nil {
-			usage = msg.GetUsage()
+			usage, finish = msg.GetUsage(), msg.GetFinishReason()
 		}
 	}
 	elapsed := time.Since(start)
 	if usage == nil {
 		return errors.New("generate: the stream ended without usage")
 	}
-	fmt.Fprintf(stdout, "\n\n%d prompt tokens, %d generated in %v (%.1f tokens/s)\n", usage.GetPromptTokens(), usage.GetCompletionTokens(), elapsed.Round(time.Millisecond), float64(usage.GetCompletionTokens())/elapsed.Seconds())
+	why := "the token limit"
+	if finish == tandemv1.FinishReason_FINISH_REASON_STOP {
+		why = "the end of the text"
+	}
+	fmt.Fprintf(stdout, "\n\n%d prompt tokens, %d generated in %v (%.1f tokens/s), stopped at %s\n", usage.GetPromptTokens(), usage.GetCompletionTokens(), elapsed.Round(time.Millisecond), float64(usage.GetCompletionTokens())/elapsed.Seconds(), why)
 	if o.keep {
 		fmt.Fprintf(stdout, "\nleader: %s\n", c.Leader.GRPC)
 		fmt.Fprintf(stdout, "try:    tandemctl --addr %s status\n        grpcurl -plaintext %s list\nCtrl-C stops the cluster.\n", c.Leader.GRPC, c.Leader.GRPC)

@@ -7,8 +7,9 @@
 // bound, so a parent process can find them.
 //
 // tandemd demo starts a local cluster of such processes on loopback (a
-// leader and --stages stage daemons over a generated tiny checkpoint, or
-// --model DIR), streams a completion through the API and stops the
+// leader and --stages stage daemons over the built-in model of package
+// fortune, written to a temporary directory, or --model DIR), streams a
+// completion through the API and stops the
 // cluster; with --keep it prints "leader: HOST:PORT" and runs until
 // interrupted.
 //

@@ -631,21 +631,35 @@ func TestCluster(t *testing.T) {
 	})
 }
 
-// TestDemo runs the README's first command end to end.
+// TestDemo runs the README's first command end to end with the demo's
+// defaults: the built-in model completes the default prompt with the
+// greedy continuation transformers recorded, up to the end of its text.
 func TestDemo(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
+	var want string
+	for _, g := range readFortuneGolden(t).Greedy {
+		if g.Prompt == demoPrompt {
+			want, _, _ = strings.Cut(g.Text, "<|end_of_text|>")
+		}
+	}
+	if want == "" {
+		t.Fatalf("golden.json has no continuation of the demo's prompt %q", demoPrompt)
+	}
 	var out bytes.Buffer
 	logs := &logBuffer{}
-	o := demoOptions{stages: 2, prompt: "Hello there", maxTokens: 8, seed: 1, logLevel: "warn", exe: os.Args[0], env: []string{asDaemonEnv + "=1"}}
+	o := demoOptions{stages: 2, prompt: demoPrompt, maxTokens: 32, seed: 1, logLevel: "warn", exe: os.Args[0], env: []string{asDaemonEnv + "=1"}}
 	if err := runDemo(ctx, o, &out, logs); err != nil {
 		t.Fatalf("%v\nlogs:\n%s", err, logs)
 	}
 	t.Logf("demo output:\n%s", out.String())
-	for _, w := range []string{"cluster: leader + 2 stage daemons", "Hello there", "8 generated", "exited cleanly"} {
+	for _, w := range []string{"model:   built-in fortune model", "cluster: leader + 2 stage daemons", "\n" + demoPrompt + want + "\n", "stopped at the end of the text", "exited cleanly"} {
 		if !strings.Contains(out.String(), w) {
 			t.Errorf("demo output lacks %q:\n%s", w, out.String())
 		}
+	}
+	if strings.ContainsRune(out.String(), '\uFFFD') {
+		t.Errorf("demo output holds a replacement character:\n%s", out.String())
 	}
 }
 

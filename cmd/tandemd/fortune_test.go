@@ -1,0 +1,95 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/tandem-llm/tandem/model/fortune"
+	tandemv1 "github.com/tandem-llm/tandem/proto/tandem/v1"
+)
+
+// fortuneGolden is model/fortune/testdata/golden.json: greedy continuations
+// recorded from transformers in float32 when the model was trained.
+type fortuneGolden struct {
+	Greedy []struct {
+		Prompt    string    `json:"prompt"`
+		PromptIDs []int32   `json:"prompt_ids"`
+		IDs       []int32   `json:"ids"`
+		Text      string    `json:"text"`
+		MinMargin float64   `json:"min_margin"`
+		Margins   []float64 `json:"margins"`
+	} `json:"greedy"`
+}
+
+func readFortuneGolden(t *testing.T) fortuneGolden {
+	t.Helper()
+	b, err := os.ReadFile("../../model/fortune/testdata/golden.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var g fortuneGolden
+	if err := json.Unmarshal(b, &g); err != nil {
+		t.Fatal(err)
+	}
+	if len(g.Greedy) == 0 {
+		t.Fatal("golden.json holds no greedy continuations")
+	}
+	return g
+}
+
+// TestFortuneGolden serves the built-in model on a cluster of three stage
+// daemons on the CPU and checks that greedy decoding of every golden prompt
+// gives, token for token, the continuation transformers gave in float32
+// (past the end of text: ignore_eos), with the same prompt tokens.
+func TestFortuneGolden(t *testing.T) {
+	g := readFortuneGolden(t)
+	dir := filepath.Join(t.TempDir(), "fortune")
+	if err := fortune.Write(dir); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c, _ := startCluster(t, ctx, dir, 3, false)
+	got := make([]generated, len(g.Greedy))
+	errs := make([]error, len(g.Greedy))
+	var wg sync.WaitGroup
+	for i, gc := range g.Greedy {
+		wg.Go(func() {
+			got[i], errs[i] = generate(ctx, c.Conn, &tandemv1.GenerateRequest{Prompt: gc.Prompt, MaxTokens: uint32(len(gc.IDs)), IgnoreEos: true})
+		})
+	}
+	wg.Wait()
+	for i, gc := range g.Greedy {
+		if errs[i] != nil {
+			t.Fatalf("%q: %v", gc.Prompt, errs[i])
+		}
+		if !slices.Equal(got[i].ids, gc.IDs) {
+			n := 0
+			for n < min(len(got[i].ids), len(gc.IDs)) && got[i].ids[n] == gc.IDs[n] {
+				n++
+			}
+			margin := 0.0
+			if n < len(gc.Margins) {
+				margin = gc.Margins[n]
+			}
+			t.Errorf("%q: tokens %v, transformers %v: first difference at token %d (transformers' margin there %.4f)", gc.Prompt, got[i].ids, gc.IDs, n, margin)
+			continue
+		}
+		if u := got[i].usage; u.GetPromptTokens() != uint32(len(gc.PromptIDs)) {
+			t.Errorf("%q: %d prompt tokens, transformers %d", gc.Prompt, u.GetPromptTokens(), len(gc.PromptIDs))
+		}
+		// The text is the golden continuation without its special tokens.
+		want := strings.NewReplacer("<|begin_of_text|>", "", "<|end_of_text|>", "").Replace(gc.Text)
+		if got[i].text != want {
+			t.Errorf("%q: text %q, want %q", gc.Prompt, got[i].text, want)
+		}
+		t.Logf("%q: %d tokens as transformers (least margin %.4f): %q", gc.Prompt, len(gc.IDs), gc.MinMargin, got[i].text)
+	}
+}
