@@ -148,44 +148,9 @@ func (c *Checkpoint) Close() error {
 // first; the final norm and the LM head (the embedding when tied) when
 // last. Errors name the tensor, its file and both shapes.
 func (c *Checkpoint) CheckLayers(lo, hi int, first, last bool) error {
-	cfg := c.config
-	if lo < 0 || hi > cfg.NumLayers || lo > hi {
-		return fmt.Errorf("checkpoint %s: layer range [%d, %d) outside the model's %d layers", c.dir, lo, hi, cfg.NumLayers)
-	}
-	h, q, kv, inter, vocab := cfg.HiddenSize, cfg.QDim(), cfg.KVDim(), cfg.IntermediateSize, cfg.VocabSize
-	type want struct {
-		name  string
-		shape []int
-	}
-	var wants []want
-	if first || last && cfg.TieEmbedding {
-		wants = append(wants, want{EmbedName, []int{vocab, h}})
-	}
-	for i := lo; i < hi; i++ {
-		wants = append(wants,
-			want{LayerTensor(i, InputNorm), []int{h}},
-			want{LayerTensor(i, QProj), []int{q, h}},
-			want{LayerTensor(i, KProj), []int{kv, h}},
-			want{LayerTensor(i, VProj), []int{kv, h}},
-			want{LayerTensor(i, OProj), []int{h, q}},
-			want{LayerTensor(i, PostNorm), []int{h}},
-			want{LayerTensor(i, GateProj), []int{inter, h}},
-			want{LayerTensor(i, UpProj), []int{inter, h}},
-			want{LayerTensor(i, DownProj), []int{h, inter}},
-		)
-		if cfg.AttentionBias {
-			wants = append(wants,
-				want{LayerTensor(i, QBias), []int{q}},
-				want{LayerTensor(i, KBias), []int{kv}},
-				want{LayerTensor(i, VBias), []int{kv}},
-			)
-		}
-	}
-	if last {
-		wants = append(wants, want{NormName, []int{h}})
-		if !cfg.TieEmbedding {
-			wants = append(wants, want{LMHeadName, []int{vocab, h}})
-		}
+	wants, err := c.stageTensors(lo, hi, first, last)
+	if err != nil {
+		return err
 	}
 	for _, w := range wants {
 		t, err := c.Tensor(w.name)
@@ -197,4 +162,70 @@ func (c *Checkpoint) CheckLayers(lo, hi int, first, last bool) error {
 		}
 	}
 	return nil
+}
+
+// StageBytes is the size of the tensors a stage running layers [lo, hi)
+// reads (those CheckLayers checks), as stored: what loading it reads, for
+// a progress display.
+func (c *Checkpoint) StageBytes(lo, hi int, first, last bool) (int64, error) {
+	wants, err := c.stageTensors(lo, hi, first, last)
+	if err != nil {
+		return 0, err
+	}
+	var n int64
+	for _, w := range wants {
+		t, err := c.Tensor(w.name)
+		if err != nil {
+			return 0, err
+		}
+		n += int64(len(t.Data))
+	}
+	return n, nil
+}
+
+// tensorWant is a tensor a stage needs and the shape Config implies.
+type tensorWant struct {
+	name  string
+	shape []int
+}
+
+// stageTensors lists the tensors a stage running layers [lo, hi) needs,
+// each once.
+func (c *Checkpoint) stageTensors(lo, hi int, first, last bool) ([]tensorWant, error) {
+	cfg := c.config
+	if lo < 0 || hi > cfg.NumLayers || lo > hi {
+		return nil, fmt.Errorf("checkpoint %s: layer range [%d, %d) outside the model's %d layers", c.dir, lo, hi, cfg.NumLayers)
+	}
+	h, q, kv, inter, vocab := cfg.HiddenSize, cfg.QDim(), cfg.KVDim(), cfg.IntermediateSize, cfg.VocabSize
+	var wants []tensorWant
+	if first || last && cfg.TieEmbedding {
+		wants = append(wants, tensorWant{EmbedName, []int{vocab, h}})
+	}
+	for i := lo; i < hi; i++ {
+		wants = append(wants,
+			tensorWant{LayerTensor(i, InputNorm), []int{h}},
+			tensorWant{LayerTensor(i, QProj), []int{q, h}},
+			tensorWant{LayerTensor(i, KProj), []int{kv, h}},
+			tensorWant{LayerTensor(i, VProj), []int{kv, h}},
+			tensorWant{LayerTensor(i, OProj), []int{h, q}},
+			tensorWant{LayerTensor(i, PostNorm), []int{h}},
+			tensorWant{LayerTensor(i, GateProj), []int{inter, h}},
+			tensorWant{LayerTensor(i, UpProj), []int{inter, h}},
+			tensorWant{LayerTensor(i, DownProj), []int{h, inter}},
+		)
+		if cfg.AttentionBias {
+			wants = append(wants,
+				tensorWant{LayerTensor(i, QBias), []int{q}},
+				tensorWant{LayerTensor(i, KBias), []int{kv}},
+				tensorWant{LayerTensor(i, VBias), []int{kv}},
+			)
+		}
+	}
+	if last {
+		wants = append(wants, tensorWant{NormName, []int{h}})
+		if !cfg.TieEmbedding {
+			wants = append(wants, tensorWant{LMHeadName, []int{vocab, h}})
+		}
+	}
+	return wants, nil
 }
