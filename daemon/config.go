@@ -17,6 +17,7 @@ import (
 
 	"github.com/tandem-llm/tandem/daemon/stagehost"
 	"github.com/tandem-llm/tandem/graphs"
+	"github.com/tandem-llm/tandem/progress"
 	"github.com/tandem-llm/tandem/sched"
 )
 
@@ -39,6 +40,12 @@ type Config struct {
 	// Plan, when set, places the layers explicitly instead of balancing
 	// them over the members' memory.
 	Plan []PlanRange `toml:"plan"`
+
+	// Progress shows how loading a stage's weights, compiling its kernels
+	// and capturing its graphs advance: bars on a terminal, or lines to
+	// the daemon's logger (nil: lines). Not read from the file: tandemd
+	// serve sets it from --progress.
+	Progress *progress.Reporter `toml:"-"`
 }
 
 // ListenConfig are the addresses the daemon listens on (host:port; port 0

@@ -161,6 +161,7 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 		},
 		OnServing: d.onStageServing,
 		Log:       d.log,
+		Progress:  d.cfg.Progress,
 	}
 	if *d.cfg.Stage.Enabled {
 		if d.dev, err = stagehost.OpenDevice(d.cfg.Stage.Backend, d.cfg.Stage.Device, d.log); err != nil {

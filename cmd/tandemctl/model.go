@@ -22,7 +22,7 @@ func newModelInitCmd() *cobra.Command {
 		Short: "Write a random-init checkpoint in the Hugging Face layout",
 		Long: `Write a random-init checkpoint (config.json, bf16 safetensors, a byte-level
 BPE tokenizer.json) in exactly the Hugging Face layout, deterministic from
---seed. Tests and the demo use it; it needs no network.`,
+--seed. Tests use it; it needs no network.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := randinit.Write(out, o); err != nil {

@@ -61,7 +61,7 @@ type daemonProc struct {
 func startLocalCluster(ctx context.Context, s clusterSpec) (*localCluster, error) {
 	c := &localCluster{}
 	common := []string{"serve", "--model", s.model, "--grpc", "127.0.0.1:0", "--gossip", "127.0.0.1:0",
-		"--leader", "leader", "--fast-gossip", "--log-level", s.logLevel, "--memory", "1GiB", "--backend", "cpu"}
+		"--leader", "leader", "--fast-gossip", "--log-level", s.logLevel, "--memory", "1GiB", "--backend", "cpu", "--progress", "log"}
 	common = append(common, s.extra...)
 	stagesOfLeader := 0
 	if s.leaderStage {

@@ -5,12 +5,15 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/tandem-llm/tandem/model"
 	"github.com/tandem-llm/tandem/model/fortune"
 	tandemv1 "github.com/tandem-llm/tandem/proto/tandem/v1"
 )
@@ -56,7 +59,8 @@ func TestFortuneGolden(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	c, _ := startCluster(t, ctx, dir, 3, false)
+	c, logs := startCluster(t, ctx, dir, 3, false)
+	checkLoadProgress(t, dir, logs.String(), 3)
 	got := make([]generated, len(g.Greedy))
 	errs := make([]error, len(g.Greedy))
 	var wg sync.WaitGroup
@@ -91,5 +95,44 @@ func TestFortuneGolden(t *testing.T) {
 			t.Errorf("%q: text %q, want %q", gc.Prompt, got[i].text, want)
 		}
 		t.Logf("%q: %d tokens as transformers (least margin %.4f): %q", gc.Prompt, len(gc.IDs), gc.MinMargin, got[i].text)
+	}
+}
+
+// loadDone matches a stage daemon's progress line for its loaded weights.
+var loadDone = regexp.MustCompile(`msg="load layers \[(\d+),(\d+)\)" state=done bytes=(\d+) total_bytes=(\d+) `)
+
+// checkLoadProgress checks that each of the stages logged its weights
+// loaded in full, and that together they read every tensor of the
+// checkpoint once, and the embedding twice when the last stage reuses it
+// as the LM head.
+func checkLoadProgress(t *testing.T, dir, logs string, stages int) {
+	t.Helper()
+	ck, err := model.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ck.Close()
+	var want int64
+	for _, n := range ck.Names() {
+		tn, err := ck.Tensor(n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want += int64(len(tn.Data))
+		if n == model.EmbedName && ck.Config().TieEmbedding && stages > 1 {
+			want += int64(len(tn.Data))
+		}
+	}
+	var got int64
+	ms := loadDone.FindAllStringSubmatch(logs, -1)
+	for _, m := range ms {
+		if m[3] != m[4] {
+			t.Errorf("layers [%s,%s): %s of %s bytes loaded", m[1], m[2], m[3], m[4])
+		}
+		n, _ := strconv.ParseInt(m[3], 10, 64)
+		got += n
+	}
+	if len(ms) != stages || got != want {
+		t.Errorf("%d stages logged their weights loaded, %d bytes in all; want %d stages, %d bytes:\n%s", len(ms), got, stages, want, logs)
 	}
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"os/signal"
@@ -20,10 +21,18 @@ func main() {
 	}
 }
 
+// logLevel is the least level logged, from --log-level and --verbose.
+var logLevel slog.LevelVar
+
+// newLogger logs text lines to w at logLevel.
+func newLogger(w io.Writer) *slog.Logger {
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: &logLevel}))
+}
+
 func newRootCmd() *cobra.Command {
 	var (
-		verbose  bool
-		logLevel string
+		verbose   bool
+		levelName string
 	)
 	root := &cobra.Command{
 		Use:           "tandemd",
@@ -32,18 +41,19 @@ func newRootCmd() *cobra.Command {
 		SilenceErrors: true,
 		PersistentPreRunE: func(*cobra.Command, []string) error {
 			var level slog.Level
-			if err := level.UnmarshalText([]byte(logLevel)); err != nil {
-				return fmt.Errorf("--log-level %q: want debug, info, warn or error", logLevel)
+			if err := level.UnmarshalText([]byte(levelName)); err != nil {
+				return fmt.Errorf("--log-level %q: want debug, info, warn or error", levelName)
 			}
 			if verbose {
 				level = slog.LevelDebug
 			}
-			slog.SetDefault(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})))
+			logLevel.Set(level)
+			slog.SetDefault(newLogger(os.Stderr))
 			return nil
 		},
 	}
 	root.PersistentFlags().BoolVarP(&verbose, "verbose", "v", false, "log debug messages to stderr (same as --log-level debug)")
-	root.PersistentFlags().StringVar(&logLevel, "log-level", "info", "least level logged to stderr: debug, info, warn or error")
+	root.PersistentFlags().StringVar(&levelName, "log-level", "info", "least level logged to stderr: debug, info, warn or error")
 	root.AddCommand(newServeCmd(), newDemoCmd())
 	return root
 }

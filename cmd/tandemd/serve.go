@@ -5,11 +5,13 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
 	"github.com/tandem-llm/tandem/daemon"
+	"github.com/tandem-llm/tandem/progress"
 )
 
 // serveFlags are the flags of tandemd serve; each overrides its key of the
@@ -22,6 +24,7 @@ type serveFlags struct {
 	seeds       []string
 	graphMemory string
 	handoff     bool
+	progress    string
 }
 
 func newServeCmd() *cobra.Command {
@@ -40,7 +43,11 @@ SIGINT drains (requests in flight finish), leaves the cluster and exits 0.`,
 			if err != nil {
 				return err
 			}
-			return runServe(cmd.Context(), cfg, cmd.OutOrStdout())
+			mode, err := progress.ParseMode(o.progress)
+			if err != nil {
+				return fmt.Errorf("--progress: %w", err)
+			}
+			return runServe(cmd.Context(), cfg, mode, cmd.OutOrStdout())
 		},
 	}
 	o.register(cmd.Flags())
@@ -76,6 +83,7 @@ func (o *serveFlags) register(f *pflag.FlagSet) {
 	f.IntVar(&c.Stage.MaxCaptureSize, "max-capture-size", 0, "largest CUDA-graph capture size (default: min(512, --max-batch-tokens))")
 	f.StringVar(&o.graphMemory, "graph-memory", "", "device memory held back for CUDA graphs (default 512MiB)")
 	f.BoolVar(&o.handoff, "handoff", true, "on-device hand-off of sampled tokens from the last stage to the first (one more step in flight)")
+	f.StringVar(&o.progress, "progress", string(progress.Auto), "how loading, kernel compilation and graph capture show their progress: bar (on stderr), log (lines), or auto (bar when stderr is a terminal)")
 	f.StringVar(&c.Stage.CacheDir, "cache-dir", "", "compiled CUDA kernel cache (default: $TANDEM_CACHE_DIR, $CACHE_DIRECTORY or the user cache)")
 	f.StringVar(&c.Security.TLSCertFile, "tls-cert", "", "TLS certificate file (serve TLS)")
 	f.StringVar(&c.Security.TLSKeyFile, "tls-key", "", "TLS key file")
@@ -144,8 +152,13 @@ func (o *serveFlags) resolve(fs *pflag.FlagSet) (daemon.Config, error) {
 	return cfg, nil
 }
 
-// runServe runs the daemon until ctx is cancelled.
-func runServe(ctx context.Context, cfg daemon.Config, stdout io.Writer) error {
+// runServe runs the daemon until ctx is cancelled. Progress shows as the
+// mode says; while bars are drawn on stderr, log lines go above them.
+func runServe(ctx context.Context, cfg daemon.Config, mode progress.Mode, stdout io.Writer) error {
+	cfg.Progress = progress.New(progress.Config{Mode: mode, Out: os.Stderr})
+	if cfg.Progress.Bars() {
+		slog.SetDefault(newLogger(cfg.Progress.Writer()))
+	}
 	d, err := daemon.New(cfg, slog.Default())
 	if err != nil {
 		return err

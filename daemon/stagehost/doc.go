@@ -20,6 +20,11 @@
 // communicator per link, on a stream of its own), TCP otherwise, a CUDA end
 // staging through host memory. Device opens what the stage runs on.
 //
+// Loading a stage's weights, compiling a CUDA stage's kernels and
+// capturing its graphs show their progress through Config.Progress (bars
+// or log lines, as the daemon chose): the weights through a
+// model.Counted, the CUDA steps through cuda.Config.Progress.
+//
 // # Usage
 //
 //	dev, err := stagehost.OpenDevice(stagehost.BackendAuto, 0, log)

@@ -20,6 +20,7 @@ import (
 	"github.com/tandem-llm/tandem/daemon/placement"
 	"github.com/tandem-llm/tandem/model"
 	"github.com/tandem-llm/tandem/pipeline"
+	"github.com/tandem-llm/tandem/progress"
 	tandemv1 "github.com/tandem-llm/tandem/proto/tandem/v1"
 	"github.com/tandem-llm/tandem/stage"
 )
@@ -52,6 +53,9 @@ type Config struct {
 	// not called).
 	OnServing func(serving bool)
 	Log       *slog.Logger
+	// Progress shows how loading a stage's weights, compiling its kernels
+	// and capturing its graphs advance (nil: structured lines to Log).
+	Progress *progress.Reporter
 }
 
 // Slot is this node's place in a pipeline: it implements the Node
@@ -81,6 +85,9 @@ func New(cfg Config) *Slot {
 	if cfg.OnServing == nil {
 		cfg.OnServing = func(bool) {}
 	}
+	if cfg.Progress == nil {
+		cfg.Progress = progress.New(progress.Config{Mode: progress.Log, Log: cfg.Log})
+	}
 	ctx, stop := context.WithCancel(context.Background())
 	return &Slot{cfg: cfg, log: cfg.Log, ctx: ctx, stop: stop}
 }
@@ -91,6 +98,7 @@ type assignment struct {
 	index  int
 	st     stage.Stage
 	info   stage.Info
+	steps  *progress.Steps // the stage's reported steps (CUDA: kernels, graphs)
 	ctlLn  *pipeline.ControlListener
 	dataLn *collective.Listener // the TCP link coming in: activations, or the hand-off into the first stage
 	// The links, as Connect describes them. Connect sets next and
@@ -162,7 +170,8 @@ func (s *Slot) load(ctx context.Context, in *tandemv1.LoadRequest) (*tandemv1.Lo
 	if s.cfg.Device.Backend != BackendCUDA {
 		sp.blocks = min(sp.blocks, estimate)
 	}
-	st, err := s.newStage(cfg, sp, estimate)
+	steps := s.cfg.Progress.Steps(progress.Count, "node", s.cfg.Name, "layers", fmt.Sprintf("[%d,%d)", sp.lo, sp.hi))
+	st, err := s.newStage(cfg, sp, estimate, steps)
 	if err != nil {
 		return nil, fmt.Errorf("node %s: load layers [%d, %d) on %s: %w", s.cfg.Name, sp.lo, sp.hi, s.cfg.Device.Backend, err)
 	}
@@ -170,7 +179,7 @@ func (s *Slot) load(ctx context.Context, in *tandemv1.LoadRequest) (*tandemv1.Lo
 	if info.KVBlocks > 0 {
 		sp.blocks = info.KVBlocks
 	}
-	a := &assignment{epoch: in.GetEpoch(), index: int(in.GetIndex()), st: st, info: info, connect: make(chan struct{}), joined: make(chan struct{}), done: make(chan struct{})}
+	a := &assignment{epoch: in.GetEpoch(), index: int(in.GetIndex()), st: st, info: info, steps: steps, connect: make(chan struct{}), joined: make(chan struct{}), done: make(chan struct{})}
 	a.ctx, a.cancel = context.WithCancel(s.ctx)
 	fail := func(err error) (*tandemv1.LoadResponse, error) {
 		a.closeAll()
@@ -257,7 +266,9 @@ func (s *Slot) capture(ctx context.Context, in *tandemv1.CaptureRequest) (*tande
 	if !ok {
 		return nil, apierr.Preconditionf("node %s: the %s stage captures no CUDA graphs (it supports %s)", s.cfg.Name, a.info.Backend, a.info.Graphs)
 	}
-	if err := c.Capture(keys); err != nil {
+	err = c.Capture(keys)
+	a.steps.End(err)
+	if err != nil {
 		return nil, fmt.Errorf("node %s: capture %d CUDA graph keys: %w", s.cfg.Name, len(keys), err)
 	}
 	r := c.Graphs()

@@ -1,9 +1,12 @@
 package stagehost
 
 import (
+	"fmt"
+
 	"github.com/tandem-llm/tandem/collective"
 	"github.com/tandem-llm/tandem/graphs"
 	"github.com/tandem-llm/tandem/model"
+	"github.com/tandem-llm/tandem/progress"
 	"github.com/tandem-llm/tandem/stage"
 	"github.com/tandem-llm/tandem/stage/cpu"
 	"github.com/tandem-llm/tandem/stage/cuda"
@@ -28,15 +31,37 @@ func (sp stageSpec) maxSeqLen(cfg *model.Config) int {
 // blocks sp.blocks estimates. A CUDA stage sizes its own KV cache from the
 // device memory free once its weights, workspace and graph memory are in,
 // leaving free what the stage may not use, unless the estimate already
-// reaches sp.blocks, the most the batch bounds can use.
-func (s *Slot) newStage(cfg *model.Config, sp stageSpec, estimate int) (stage.Stage, error) {
+// reaches sp.blocks, the most the batch bounds can use. Reading the
+// weights is shown as it advances, and a CUDA stage's steps through steps.
+func (s *Slot) newStage(cfg *model.Config, sp stageSpec, estimate int, steps *progress.Steps) (st stage.Stage, err error) {
+	ck := s.cfg.Checkpoint
+	total, err := ck.StageBytes(sp.lo, sp.hi, sp.lo == 0, sp.hi == cfg.NumLayers)
+	if err != nil {
+		return nil, err
+	}
+	// The bar starts when the stage asks for its first tensor.
+	var load *progress.Task
+	weights := ck.Counted(func(done int64) {
+		if load == nil {
+			load = s.cfg.Progress.Start(fmt.Sprintf("load layers [%d,%d)", sp.lo, sp.hi), progress.Bytes, total, "node", s.cfg.Name)
+		}
+		load.Set(done, 0)
+	})
+	defer func() {
+		if err == nil {
+			weights.Finish()
+		}
+		load.End(err)
+		steps.End(err)
+	}()
 	if s.cfg.Device.Backend != BackendCUDA {
-		return cpu.New(cpu.Config{Model: cfg, Lo: sp.lo, Hi: sp.hi, Weights: s.cfg.Checkpoint, MaxTokens: sp.maxTokens, MaxSeqs: sp.maxSeqs, NumBlocks: sp.blocks, BlockSize: sp.blockSize})
+		return cpu.New(cpu.Config{Model: cfg, Lo: sp.lo, Hi: sp.hi, Weights: weights, MaxTokens: sp.maxTokens, MaxSeqs: sp.maxSeqs, NumBlocks: sp.blocks, BlockSize: sp.blockSize})
 	}
 	c := cuda.Config{
-		Model: cfg, Lo: sp.lo, Hi: sp.hi, Weights: s.cfg.Checkpoint, MaxTokens: sp.maxTokens, MaxSeqs: sp.maxSeqs,
+		Model: cfg, Lo: sp.lo, Hi: sp.hi, Weights: weights, MaxTokens: sp.maxTokens, MaxSeqs: sp.maxSeqs,
 		NumBlocks: sp.blocks, BlockSize: sp.blockSize,
 		Device: s.cfg.Device.gpu, CacheDir: s.cfg.CacheDir, GraphMemory: s.cfg.GraphMemory,
+		Progress: steps.Step,
 	}
 	if estimate < sp.blocks {
 		// What was free at start, less what the stage may use (its KV,

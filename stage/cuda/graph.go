@@ -269,7 +269,9 @@ func (s *Stage) captureAll(order []graphs.Step) error {
 	defer func() { s.g.capturing = false }()
 	words := s.hostBatch[:4*s.pl.lay.words()]
 	rep := GraphReport{Keys: len(order)}
-	for _, k := range order {
+	captured := s.reportStep("capture graphs")
+	captured(0, len(order))
+	for i, k := range order {
 		sh := s.pl.keyShape(k)
 		s.pl.padding(&s.p, sh)
 		if err := gpu.CopyHtoDAsync(s.b.batch, words, s.stream); err != nil {
@@ -297,6 +299,7 @@ func (s *Stage) captureAll(order []graphs.Step) error {
 			return err
 		}
 		rep.PerKey = append(rep.PerKey, KeyReport{Step: k, Graphs: s.g.graphCount - g0, Nodes: s.g.nodeCount - n0, Bytes: int64(before - after)})
+		captured(i+1, len(order))
 	}
 	free1, _, err := gpu.MemInfo()
 	if err != nil {

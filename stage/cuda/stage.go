@@ -56,6 +56,13 @@ type Config struct {
 	// graph reads and writes are still those it was captured with, and
 	// fail the step naming the one that moved.
 	GraphDebug bool
+	// Progress, when set, is told how the long steps advance, for a person
+	// watching: Progress(step) returns the function the stage calls with
+	// the work done and the total, done == total when the step is over.
+	// The steps: "compile kernels" (0 of 1, then 1 of 1; a cache hit is
+	// quick) and "capture graphs" (graph keys captured of those asked
+	// for). The weights' bytes are reported by Weights (model.Counted).
+	Progress func(step string) func(done, total int)
 }
 
 // DefaultBlockSize is the KV block size when Config.BlockSize is 0.
@@ -119,6 +126,7 @@ type Stage struct {
 	qkvDim      int
 	dev         *gpu.Device
 	ownDev      bool
+	progress    func(step string) func(done, total int) // Config.Progress
 	stream      gpu.Stream
 	blas        *gpu.BLAS
 	mod         gpu.Module
@@ -159,7 +167,7 @@ func New(cfg Config) (*Stage, error) {
 	if err := checkConfig(&cfg); err != nil {
 		return nil, fmt.Errorf("cuda stage: %w", err)
 	}
-	s := &Stage{m: *cfg.Model, lo: cfg.Lo, hi: cfg.Hi, dev: cfg.Device}
+	s := &Stage{m: *cfg.Model, lo: cfg.Lo, hi: cfg.Hi, dev: cfg.Device, progress: cfg.Progress}
 	s.g.debug = cfg.GraphDebug
 	s.g.full = wrapper{mode: graphs.Full, graphs: map[segKey]graphExec{}}
 	s.g.piecewise = wrapper{mode: graphs.Piecewise, graphs: map[segKey]graphExec{}}
@@ -255,10 +263,13 @@ func (s *Stage) init(cfg *Config) error {
 		maxBlocks: blocksFor(cfg.MaxSeqLen, cfg.BlockSize)}
 	s.pl = planner{lay: lay, first: s.first, last: s.last, vocab: m.VocabSize, maxPos: m.MaxPositions,
 		kv: newPagedKV(cfg.NumBlocks, cfg.BlockSize, cfg.MaxSeqLen)}
+	compiled := s.reportStep("compile kernels")
+	compiled(0, 1)
 	img, err := s.kernelImage(cfg.CacheDir)
 	if err != nil {
 		return err
 	}
+	compiled(1, 1)
 	return s.dev.Do(func() error {
 		if err := s.loadModule(img, cfg.CacheDir); err != nil {
 			return err
@@ -289,6 +300,15 @@ func (s *Stage) init(cfg *Config) error {
 		}
 		return nil
 	})
+}
+
+// reportStep returns the function reporting how step advances (Config.Progress;
+// a no-op without one).
+func (s *Stage) reportStep(name string) func(done, total int) {
+	if s.progress == nil {
+		return func(int, int) {}
+	}
+	return s.progress(name)
 }
 
 // alloc allocates device memory that Close frees.
