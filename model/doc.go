@@ -16,6 +16,8 @@
 //	err = ck.CheckLayers(8, 16, false, true) // what a stage needs is there
 //	t, err := ck.Tensor(model.LayerTensor(8, model.QProj))
 //	id := ck.Identity()                  // same files ⇒ same id on every host
+//	n, err := ck.StageBytes(8, 16, false, true) // what loading those layers reads
+//	w := ck.Counted(report)              // Tensor as ck, reporting bytes gone through
 //	ck.Close()
 //
 // A sharded checkpoint maps a shard only when one of its tensors is first
@@ -23,6 +25,6 @@
 // them (Mapped reports which).
 //
 // Concurrency: a Checkpoint is safe for concurrent use (Tensor, CheckLayers,
-// Mapped) except Close, which must come after every use of its tensors. A
+// StageBytes, Mapped; a Counted too) except Close, which must come after every use of its tensors. A
 // Config is read-only once parsed.
 package model

@@ -41,11 +41,13 @@ func newDemoCmd() *cobra.Command {
 		Short: "Run a local cluster on the CPU and stream a completion through its gRPC API",
 		Long: `Run a local cluster of tandemd serve processes on loopback, on the CPU: a
 leader and --stages stage daemons. Stream a completion of --prompt through
-the leader's gRPC API, then stop the cluster. Without --model it serves tandem's own small model (model/fortune: a 5.5M-parameter
-Llama trained on Debian's fortune cookies, built into this binary and
-written to a temporary directory), which writes fortune-shaped English; any
-Hugging Face checkpoint directory serves with --model DIR. With --keep the cluster stays up (its leader's address is printed
-as "leader: HOST:PORT") until Ctrl-C.`,
+the leader's gRPC API, then stop the cluster. Without --model it serves
+tandem's own small model (model/fortune: a 5.5M-parameter Llama trained on
+Debian's fortune cookies, built into this binary and written to a temporary
+directory), which writes fortune-shaped English; --model DIR serves any
+Hugging Face checkpoint directory. The daemons log their progress (loading
+weights) as lines: -v shows them. With --keep the cluster stays up (its
+leader's address is printed as "leader: HOST:PORT") until Ctrl-C.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			o.logLevel = cmd.Flag("log-level").Value.String()
