@@ -91,7 +91,7 @@ func New(cfg Config) *Reporter {
 		r.bars = true
 	case Log:
 	default:
-		r.bars = IsTerminal(r.out)
+		r.bars = isTerminal(r.out)
 	}
 	return r
 }
@@ -104,9 +104,9 @@ func (r *Reporter) logger() *slog.Logger {
 	return slog.Default()
 }
 
-// IsTerminal reports whether w is a terminal, as the bars library decides
+// isTerminal reports whether w is a terminal, as the bars library decides
 // it.
-func IsTerminal(w io.Writer) bool { return cupwriter.New(w, false).IsTerminal() }
+func isTerminal(w io.Writer) bool { return cupwriter.New(w, false).IsTerminal() }
 
 // Bars reports whether the Reporter draws bars (else it logs).
 func (r *Reporter) Bars() bool { return r != nil && r.bars }

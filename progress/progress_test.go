@@ -8,7 +8,13 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"go.uber.org/goleak"
 )
+
+// TestMain fails the package when a test leaves a goroutine behind (the
+// bars' container must end with the last bar).
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // jsonLog is a logger writing JSON lines into a buffer, and the lines.
 type jsonLog struct{ b bytes.Buffer }
