@@ -3,6 +3,7 @@ module github.com/tandem-llm/tandem
 go 1.26.0
 
 require (
+	github.com/ardanlabs/jinja v1.8.0
 	github.com/coreos/go-systemd/v22 v22.7.0
 	github.com/dlclark/regexp2 v1.12.0
 	github.com/ebitengine/purego v0.11.3
