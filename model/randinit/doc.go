@@ -3,8 +3,9 @@
 // downloading a model.
 //
 // A checkpoint is config.json (as transformers 5 writes it: "dtype",
-// "rope_parameters"), generation_config.json, tokenizer.json,
-// tokenizer_config.json and safetensors weights, one file or shards behind
+// "rope_parameters"), generation_config.json (sampling defaults
+// GenTemperature, GenTopP, GenTopK and the EOS id), tokenizer.json,
+// tokenizer_config.json (with ChatTemplate) and safetensors weights, one file or shards behind
 // model.safetensors.index.json. Weights are drawn, in parallel, from PCG
 // streams keyed by Options.Seed, the tensor's name and the index of each
 // 65536-element chunk: projections, embeddings and biases

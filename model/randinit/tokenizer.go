@@ -161,7 +161,24 @@ func (t *tokenizer) tokenizerJSON() ([]byte, error) {
 	return marshalIndent(doc)
 }
 
-// tokenizerConfigJSON is a minimal tokenizer_config.json.
+// ChatTemplate is the chat template of the checkpoints Write makes: a turn
+// is "### ROLE", a newline, the content and EOS; the prompt starts with BOS;
+// add_generation_prompt opens the assistant's turn. Content must be a
+// string (raise_exception otherwise), as most models' templates want.
+const ChatTemplate = `{{- bos_token }}
+{%- for message in messages %}
+    {%- if message['content'] is not string %}
+        {{- raise_exception('message content must be a string') }}
+    {%- endif %}
+    {{- '### ' + message['role'] + '\n' + message['content'] | trim + eos_token + '\n' }}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '### assistant\n' }}
+{%- endif %}
+`
+
+// tokenizerConfigJSON is a minimal tokenizer_config.json with a chat
+// template.
 func (t *tokenizer) tokenizerConfigJSON(maxPositions int) ([]byte, error) {
 	decoder := map[string]any{}
 	for _, a := range t.addedTokens() {
@@ -173,6 +190,7 @@ func (t *tokenizer) tokenizerConfigJSON(maxPositions int) ([]byte, error) {
 	return marshalIndent(map[string]any{
 		"added_tokens_decoder":         decoder,
 		"bos_token":                    BOSToken,
+		"chat_template":                ChatTemplate,
 		"eos_token":                    EOSToken,
 		"clean_up_tokenization_spaces": false,
 		"model_max_length":             maxPositions,

@@ -23,6 +23,14 @@ const (
 	normStd = 0.1  // noise around 1 on norm weights, so a norm that is skipped shows
 )
 
+// The sampling defaults generation_config.json recommends, as instruct
+// checkpoints ship them (a request that sets its own wins).
+const (
+	GenTemperature = 0.6
+	GenTopP        = 0.9
+	GenTopK        = 50
+)
+
 // transformersVersion is the version the written JSON files claim.
 const transformersVersion = "5.0.0"
 
@@ -58,9 +66,12 @@ func Write(dir string, o Options) error {
 		return fmt.Errorf("randinit: tokenizer_config.json: %w", err)
 	}
 	gen, err := marshalIndent(map[string]any{
-		"_from_model_config":   true,
 		"bos_token_id":         tok.bos(),
-		"eos_token_id":         tok.eos(),
+		"do_sample":            true,
+		"eos_token_id":         []int{tok.eos()},
+		"temperature":          GenTemperature,
+		"top_k":                GenTopK,
+		"top_p":                GenTopP,
 		"transformers_version": transformersVersion,
 	})
 	if err != nil {
@@ -78,7 +89,7 @@ func Write(dir string, o Options) error {
 		data []byte
 	}{
 		{model.ConfigName, cfg},
-		{"generation_config.json", gen},
+		{model.GenerationConfigName, gen},
 		{"tokenizer.json", tj},
 		{"tokenizer_config.json", tcj},
 	} {
