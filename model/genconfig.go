@@ -8,6 +8,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 )
 
 // GenerationConfigName is the file of a checkpoint's generation defaults.
@@ -107,4 +108,16 @@ func ParseGenerationConfig(data []byte, vocab int) (*GenerationConfig, error) {
 		}
 	}
 	return g, nil
+}
+
+// EOSIDs are the ids that end generation: config.json's eos_token_id and
+// generation_config.json's, together (as vLLM joins them), in ascending
+// order.
+func EOSIDs(c *Config, g *GenerationConfig) []int {
+	ids := slices.Clone(c.EOS)
+	if g != nil {
+		ids = append(ids, g.EOS...)
+	}
+	slices.Sort(ids)
+	return slices.Compact(ids)
 }

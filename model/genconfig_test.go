@@ -93,3 +93,16 @@ func FuzzParseGenerationConfig(f *testing.F) {
 		}
 	})
 }
+
+func TestEOSIDs(t *testing.T) {
+	c := &Config{EOS: []int{128009, 128001}}
+	if got := EOSIDs(c, &GenerationConfig{EOS: []int{128001, 128008, 128009}}); !reflect.DeepEqual(got, []int{128001, 128008, 128009}) {
+		t.Errorf("union: %v", got)
+	}
+	if got := EOSIDs(c, nil); !reflect.DeepEqual(got, []int{128001, 128009}) {
+		t.Errorf("config only: %v", got)
+	}
+	if !reflect.DeepEqual(c.EOS, []int{128009, 128001}) {
+		t.Errorf("EOSIDs changed the config: %v", c.EOS)
+	}
+}

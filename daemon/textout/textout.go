@@ -1,7 +1,9 @@
 package textout
 
 import (
+	"fmt"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/tandem-llm/tandem/model/tokenizer"
 )
@@ -117,4 +119,25 @@ func heldBack(s string, stop []string) int {
 		}
 	}
 	return keep
+}
+
+// Limits on a request's stop strings.
+const (
+	MaxStops     = 16
+	MaxStopBytes = 256
+)
+
+// CheckStop validates a request's stop strings: at most MaxStops, each 1 to
+// MaxStopBytes bytes of UTF-8. The error names the offending entry by its
+// index ("stop[2]: ...").
+func CheckStop(stop []string) error {
+	if len(stop) > MaxStops {
+		return fmt.Errorf("%d stop strings, at most %d", len(stop), MaxStops)
+	}
+	for i, st := range stop {
+		if st == "" || len(st) > MaxStopBytes || !utf8.ValidString(st) {
+			return fmt.Errorf("stop[%d]: want 1 to %d bytes of UTF-8, got %d bytes", i, MaxStopBytes, len(st))
+		}
+	}
+	return nil
 }

@@ -185,3 +185,19 @@ func FuzzProcessor(f *testing.F) {
 		}
 	})
 }
+
+func TestCheckStop(t *testing.T) {
+	if err := CheckStop([]string{"a", "\n\n", strings.Repeat("x", MaxStopBytes)}); err != nil {
+		t.Fatal(err)
+	}
+	for _, bad := range [][]string{
+		make([]string, MaxStops+1),
+		{"ok", ""},
+		{strings.Repeat("x", MaxStopBytes+1)},
+		{"\xff"},
+	} {
+		if err := CheckStop(bad); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+}
