@@ -21,6 +21,6 @@ func newRootCmd() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newStatusCmd(), newGraphsCmd(), newGenerateCmd(), newBenchCmd(), newModelCmd(), newTokenizeCmd())
+	root.AddCommand(newStatusCmd(), newGraphsCmd(), newGenerateCmd(), newBenchCmd(), newModelCmd(), newTokenizeCmd(), newChatTemplateCmd(), newChatCmd())
 	return root
 }
