@@ -140,6 +140,7 @@ func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request) {
 		for {
 			ev, err := run.next(ctx)
 			if err != nil {
+				s.logFailure(r, err)
 				writeError(w, err)
 				return
 			}
@@ -173,6 +174,7 @@ func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request) {
 		ev, err := run.next(ctx)
 		if err != nil {
 			if ctx.Err() == nil {
+				s.logFailure(r, err)
 				_ = sse.send(toAPIError(err).body())
 				_ = sse.done()
 			}

@@ -134,6 +134,7 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 		for {
 			ev, err := run.next(ctx)
 			if err != nil {
+				s.logFailure(r, err)
 				writeError(w, err)
 				return
 			}
@@ -164,6 +165,7 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 		ev, err := run.next(ctx)
 		if err != nil {
 			if ctx.Err() == nil {
+				s.logFailure(r, err)
 				_ = sse.send(toAPIError(err).body())
 				_ = sse.done()
 			}

@@ -62,6 +62,7 @@ type fakeEngine struct {
 	ready     error
 	submitErr error
 	block     bool // after the first token, wait for cancellation
+	fail      bool // after the first token, fail as a lost pipeline does
 	got       []Generation
 	cancelled chan struct{} // closed when a generation's ctx ends
 }
@@ -102,7 +103,7 @@ func (f *fakeEngine) Submit(ctx context.Context, g Generation) (Stream, error) {
 			close(f.cancelled)
 		}
 	}()
-	return &fakeStream{f: f, g: g, block: f.block}, nil
+	return &fakeStream{f: f, g: g, block: f.block, fail: f.fail}, nil
 }
 
 func (f *fakeEngine) last(t *testing.T) Generation {
@@ -126,10 +127,10 @@ func (f *fakeEngine) awaitCancel(t *testing.T) {
 }
 
 type fakeStream struct {
-	f     *fakeEngine
-	g     Generation
-	n     int
-	block bool
+	f           *fakeEngine
+	g           Generation
+	n           int
+	block, fail bool
 }
 
 func (s *fakeStream) Recv(ctx context.Context) (Token, error) {
@@ -139,6 +140,9 @@ func (s *fakeStream) Recv(ctx context.Context) (Token, error) {
 	}
 	if err := ctx.Err(); err != nil {
 		return Token{}, err
+	}
+	if s.fail && s.n > 0 {
+		return Token{}, fmt.Errorf("stage 1 is lost")
 	}
 	if s.n >= len(s.f.reply) {
 		return Token{}, fmt.Errorf("stream read after its end")

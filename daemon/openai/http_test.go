@@ -163,3 +163,21 @@ func TestTokenize(t *testing.T) {
 		t.Errorf("detokenize out of range: %d %s", resp.StatusCode, body)
 	}
 }
+
+// TestGenerationFails: a generation that fails after it started ends a
+// stream with an error event and [DONE], and a non-streamed request with
+// a 503.
+func TestGenerationFails(t *testing.T) {
+	f := newFake(t, "Hi there")
+	f.fail = true
+	srv := serve(t, f)
+	_, body := post(t, srv.URL+"/v1/completions", `{"prompt":"x","stream":true}`)
+	want := `data: {"error":{"message":"unavailable: the generation failed: stage 1 is lost","type":"service_unavailable","param":null,"code":null}}` + "\n\ndata: [DONE]\n\n"
+	if !strings.HasSuffix(body, want) {
+		t.Errorf("stream %q, want it to end with %q", body, want)
+	}
+	resp, body := post(t, srv.URL+"/v1/chat/completions", `{"messages":[{"role":"user","content":"x"}]}`)
+	if resp.StatusCode != 503 || !strings.Contains(body, "stage 1 is lost") {
+		t.Errorf("%d %s", resp.StatusCode, body)
+	}
+}

@@ -134,6 +134,14 @@ func (s *Server) health(w http.ResponseWriter, _ *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 }
 
+// logFailure logs a generation that failed after it was accepted (the
+// client's own refusals are not logged: the client has them).
+func (s *Server) logFailure(r *http.Request, err error) {
+	if r.Context().Err() == nil {
+		s.log.Warn("openai: generation failed", "path", r.URL.Path, "err", err)
+	}
+}
+
 // newID is a random identifier for a completion.
 func newID() string {
 	var b [12]byte
