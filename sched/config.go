@@ -120,7 +120,11 @@ type Stats struct {
 	Discarded uint64
 	Finished  uint64 // requests that ended with a finish reason
 	Cancelled uint64
-	Steps     uint64 // steps completed (results received)
+	// Failed counts requests ended by Fail (no pipeline served them in
+	// time); Reprefilled the running requests Replace sent back to
+	// prefill again on a new pipeline.
+	Failed, Reprefilled uint64
+	Steps               uint64 // steps completed (results received)
 	// LastStepTime is the time from scheduling the last completed step to
 	// its result; StepTime is a moving average of it.
 	LastStepTime, StepTime time.Duration

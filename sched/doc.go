@@ -60,6 +60,17 @@
 // Loop runs a Scheduler against an Executor (a *pipeline.Driver) and gives
 // each request a Stream of its tokens.
 //
+// Requests outlive a pipeline. Replace moves the scheduler onto a new one
+// (a stage died, or the layers moved): the steps in flight are abandoned,
+// every running request goes back to waiting by recompute, as a
+// preemption does, and prefills its prompt and the tokens delivered so far
+// on the new pipeline, whose KV capacity, steps in flight and hand-off may
+// differ; since the index of a request's next sample continues, its
+// stream goes on with no token repeated or skipped, and seeded sampling
+// gives the tokens of an uninterrupted run. With LoopOptions.OnFailure a
+// failed executor parks the requests (new ones queue) until Loop.Replace
+// brings a new one, or Loop.FailAll ends them with the caller's reason.
+//
 // # Usage
 //
 //	l, err := sched.Start(sched.Config{
@@ -78,10 +89,12 @@
 //
 // # Concurrency
 //
-// A Scheduler is used by one goroutine. A Loop owns two goroutines: the
-// loop, which alone uses the Scheduler and calls Executor.Submit, and a
-// waiter that calls Executor.Wait once per step in flight; Close stops
-// both and waits for them. Cancelling a request's context queues its
+// A Scheduler is used by one goroutine. A Loop owns the loop goroutine,
+// which alone uses the Scheduler and calls Executor.Submit, and, while it
+// has an executor, a waiter that calls Executor.Wait once per step in
+// flight (Replace stops the old executor's waiter before it returns, so
+// the caller may then close that executor); Close stops both and waits
+// for them. OnFailure is called on the loop goroutine. Cancelling a request's context queues its
 // cancellation through a goroutine of context.AfterFunc that ends as soon
 // as the loop takes it or has stopped. Submit, Stats, Done, Err, Close and
 // Stream.Recv are safe for concurrent use; the loop never waits for a

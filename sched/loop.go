@@ -31,21 +31,32 @@ var ErrClosed = errors.New("scheduler closed")
 // MaxConcurrentBatches steps in flight, takes requests and cancellations
 // between steps, and streams each request's tokens.
 type Loop struct {
-	cmds   chan command
-	cancel context.CancelFunc
-	done   chan struct{} // closed when the loop goroutine has returned
-	wg     sync.WaitGroup
-	stats  atomic.Pointer[Stats]
-	err    error // why the loop stopped; written before done is closed
+	cmds      chan command
+	onFailure func(Executor, error)
+	cancel    context.CancelFunc
+	done      chan struct{} // closed when the loop goroutine has returned
+	wg        sync.WaitGroup
+	stats     atomic.Pointer[Stats]
+	err       error // why the loop stopped; written before done is closed
 }
 
-// command is a request for the loop goroutine: an addition (add set) or a
-// cancellation.
+// command is a request for the loop goroutine: an addition (add set), a
+// move to another executor (replace set), failing every request (failAll
+// set), or a cancellation.
 type command struct {
-	add    *Request
-	ctx    context.Context
-	reply  chan addReply
-	cancel uint64
+	add     *Request
+	ctx     context.Context
+	reply   chan addReply
+	cancel  uint64
+	replace *replacement
+	failAll error
+	ack     chan error // answers replace and failAll
+}
+
+// replacement is the new pipeline of a Replace.
+type replacement struct {
+	cfg Config
+	ex  Executor
 }
 
 type addReply struct {
@@ -54,29 +65,77 @@ type addReply struct {
 }
 
 // Start starts a loop over ex with a scheduler configured by cfg. Close
-// stops it; the caller still owns ex.
-func Start(cfg Config, ex Executor) (*Loop, error) {
+// stops it; the caller still owns ex. It is LoopOptions{}.Start: a failure
+// of ex stops the loop.
+func Start(cfg Config, ex Executor) (*Loop, error) { return LoopOptions{}.Start(cfg, ex) }
+
+// LoopOptions configure a Loop beyond its scheduler.
+type LoopOptions struct {
+	// OnFailure, when set, keeps the requests when the executor fails:
+	// the loop stops stepping and calls OnFailure with the executor and
+	// its error, from the loop's goroutine (it must return at once and
+	// must not call the Loop). The requests wait, and new ones queue,
+	// until Replace moves them onto a new executor or FailAll ends them.
+	// Without OnFailure a failure stops the loop, ending every stream with
+	// the error.
+	OnFailure func(ex Executor, err error)
+}
+
+// Start starts a loop over ex (nil: none yet, see Replace) with a
+// scheduler configured by cfg. Close stops it; the caller still owns ex.
+func (o LoopOptions) Start(cfg Config, ex Executor) (*Loop, error) {
 	sc, err := New(cfg, nil)
 	if err != nil {
 		return nil, err
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	l := &Loop{cmds: make(chan command), cancel: cancel, done: make(chan struct{})}
+	l := &Loop{cmds: make(chan command), cancel: cancel, done: make(chan struct{}), onFailure: o.OnFailure}
 	st := sc.Stats()
 	l.stats.Store(&st)
-	results := make(chan waited)
-	waits := make(chan struct{}, sc.cfg.MaxConcurrentBatches)
-	l.wg.Add(2)
-	go func() {
-		defer l.wg.Done()
-		wait(ctx, ex, waits, results)
-	}()
+	l.wg.Add(1)
 	go func() {
 		defer l.wg.Done()
 		defer close(l.done)
-		l.err = l.run(ctx, sc, ex, waits, results)
+		l.err = l.run(ctx, sc, l.attach(ctx, ex, sc.cfg.MaxConcurrentBatches))
 	}()
 	return l, nil
+}
+
+// attachment is the executor the loop steps, with the goroutine that
+// waits for its results.
+type attachment struct {
+	ex      Executor
+	waits   chan struct{}
+	results chan waited
+	stop    context.CancelFunc
+	done    chan struct{} // closed when the waiter has returned
+}
+
+// attach starts the waiter of ex, which keeps up to mcb steps in flight
+// (nil for a nil ex). The loop goroutine calls it, so the WaitGroup is
+// never at zero here.
+func (l *Loop) attach(ctx context.Context, ex Executor, mcb int) *attachment {
+	if ex == nil {
+		return nil
+	}
+	wctx, stop := context.WithCancel(ctx)
+	a := &attachment{ex: ex, waits: make(chan struct{}, mcb), results: make(chan waited), stop: stop, done: make(chan struct{})}
+	l.wg.Add(1)
+	go func() {
+		defer l.wg.Done()
+		defer close(a.done)
+		wait(wctx, ex, a.waits, a.results)
+	}()
+	return a
+}
+
+// detach stops the waiter and waits for it: the executor is no longer
+// used. Steps in flight are abandoned.
+func (a *attachment) detach() {
+	if a != nil {
+		a.stop()
+		<-a.done
+	}
 }
 
 type waited struct {
@@ -112,32 +171,79 @@ type live struct {
 	stop func() bool // unregisters the cancellation
 }
 
-func (l *Loop) run(ctx context.Context, sc *Scheduler, ex Executor, waits chan<- struct{}, results <-chan waited) (err error) {
+func (l *Loop) run(ctx context.Context, sc *Scheduler, cur *attachment) (err error) {
 	reqs := make(map[uint64]*live)
 	defer func() {
+		cur.detach()
 		for _, r := range reqs {
 			r.stop()
 			r.s.end(err)
 		}
 	}()
+	// failed handles a failure of the current executor: the loop stops,
+	// or, with OnFailure, parks the requests until Replace.
+	failed := func(err error) error {
+		if l.onFailure == nil {
+			return err
+		}
+		ex := cur.ex
+		cur.detach()
+		cur = nil
+		l.onFailure(ex, err)
+		return nil
+	}
 	var nextID uint64
 	for {
-		for {
+		for cur != nil {
 			st, ok := sc.Schedule()
 			if !ok {
 				break
 			}
-			if err := ex.Submit(ctx, st); err != nil {
-				return fmt.Errorf("submit batch %d: %w", st.Batch.ID, err)
+			if err := cur.ex.Submit(ctx, st); err != nil {
+				if err := failed(fmt.Errorf("submit batch %d: %w", st.Batch.ID, err)); err != nil {
+					return err
+				}
+				break
 			}
 			if len(st.Batch.Seqs) > 0 {
-				waits <- struct{}{} // never blocks: at most MaxConcurrentBatches in flight
+				cur.waits <- struct{}{} // never blocks: at most MaxConcurrentBatches in flight
 			}
 		}
 		st := sc.Stats()
 		l.stats.Store(&st)
+		var results <-chan waited
+		if cur != nil {
+			results = cur.results
+		}
 		select {
 		case c := <-l.cmds:
+			switch {
+			case c.replace != nil:
+				if _, err := c.replace.cfg.withDefaults(); err != nil {
+					c.ack <- fmt.Errorf("replace: scheduler config: %w", err)
+					continue
+				}
+				cur.detach()
+				dropped, _ := sc.Replace(c.replace.cfg)
+				for _, id := range dropped {
+					r := reqs[id]
+					r.stop()
+					delete(reqs, id)
+					r.s.end(fmt.Errorf("%w: the new pipeline holds %d KV blocks of %d positions, at most %d positions a request", ErrTooLarge, sc.cfg.NumBlocks, sc.cfg.BlockSize, sc.cfg.MaxModelLen))
+				}
+				cur = l.attach(ctx, c.replace.ex, sc.cfg.MaxConcurrentBatches)
+				c.ack <- nil
+				continue
+			case c.failAll != nil:
+				for id, r := range reqs {
+					sc.Fail(id)
+					r.stop()
+					r.s.end(c.failAll)
+				}
+				clear(reqs)
+				c.ack <- nil
+				continue
+			}
 			if c.add == nil {
 				if r := reqs[c.cancel]; r != nil && sc.Cancel(c.cancel) {
 					delete(reqs, c.cancel)
@@ -163,7 +269,10 @@ func (l *Loop) run(ctx context.Context, sc *Scheduler, ex Executor, waits chan<-
 			c.reply <- addReply{s: r.s}
 		case w := <-results:
 			if w.err != nil {
-				return fmt.Errorf("wait for a result: %w", w.err)
+				if err := failed(fmt.Errorf("wait for a result: %w", w.err)); err != nil {
+					return err
+				}
+				continue
 			}
 			outs, err := sc.Complete(w.r)
 			if err != nil {
@@ -202,6 +311,43 @@ func (l *Loop) Submit(ctx context.Context, r Request) (*Stream, error) {
 		return nil, fmt.Errorf("submit: %w", rep.err)
 	}
 	return rep.s, nil
+}
+
+// ErrTooLarge ends the stream of a request that a new pipeline (Replace)
+// cannot hold.
+var ErrTooLarge = errors.New("request too large for the pipeline")
+
+// Replace moves the loop's requests onto a new pipeline, ex, configured by
+// cfg (see Scheduler.Replace): between two steps, the steps in flight are
+// abandoned, the running requests go back to waiting to prefill what they
+// have again, and the loop steps ex from then on; a nil ex parks the
+// requests (they wait, new ones queue) until the next Replace. Streams stay
+// open and continue with the next token; a request the new pipeline cannot
+// hold ends with ErrTooLarge. It returns once the old executor is no
+// longer used, so the caller may close it; an invalid cfg changes
+// nothing.
+func (l *Loop) Replace(cfg Config, ex Executor) error {
+	return l.command(command{replace: &replacement{cfg: cfg, ex: ex}})
+}
+
+// FailAll ends every request now, waiting or running, with err (the
+// streams return it once their tokens are read); Stats counts them as
+// failed. The loop goes on.
+func (l *Loop) FailAll(err error) error {
+	if err == nil {
+		return errors.New("fail all: no reason given")
+	}
+	return l.command(command{failAll: err})
+}
+
+func (l *Loop) command(c command) error {
+	c.ack = make(chan error, 1)
+	select {
+	case l.cmds <- c:
+	case <-l.done:
+		return fmt.Errorf("scheduler loop stopped: %w", l.err)
+	}
+	return <-c.ack
 }
 
 // Stats is a snapshot of the scheduler, taken between steps.

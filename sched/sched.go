@@ -105,19 +105,27 @@ func New(cfg Config, clock func() time.Time) (*Scheduler, error) {
 	if clock == nil {
 		clock = time.Now
 	}
-	sc := &Scheduler{cfg: cfg, clock: clock, seqs: make(map[uint64]*seq), free: make([]int32, cfg.NumBlocks)}
+	sc := &Scheduler{cfg: cfg, clock: clock, seqs: make(map[uint64]*seq)}
+	sc.emptyCache()
+	return sc, nil
+}
+
+// emptyCache makes every KV block and hand-off slot of the configuration
+// free.
+func (sc *Scheduler) emptyCache() {
 	// Hand out low ids first: the stack pops from the end.
+	sc.free = make([]int32, sc.cfg.NumBlocks)
 	for i := range sc.free {
-		sc.free[i] = int32(cfg.NumBlocks - 1 - i)
+		sc.free[i] = int32(sc.cfg.NumBlocks - 1 - i)
 	}
-	if cfg.OnDeviceHandoff {
+	sc.slots = nil
+	if sc.cfg.OnDeviceHandoff {
 		// At most MaxNumSeqs requests run with hand-off.
-		sc.slots = make([]int, cfg.MaxNumSeqs)
+		sc.slots = make([]int, sc.cfg.MaxNumSeqs)
 		for i := range sc.slots {
-			sc.slots[i] = cfg.MaxNumSeqs - 1 - i
+			sc.slots[i] = sc.cfg.MaxNumSeqs - 1 - i
 		}
 	}
-	return sc, nil
 }
 
 // Config is the configuration in use, defaults filled in.

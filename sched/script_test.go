@@ -30,6 +30,11 @@ var update = flag.Bool("update", false, "rewrite the expected output of testdata
 //	complete [ID=T...] return the oldest step's result: the given tokens,
 //	                   and token 1 for sampled sequences not named
 //	cancel ID
+//	fail ID            end the request for a reason of the caller's
+//	replace tokens=N seqs=N block=N blocks=N batches=N maxlen=N handoff=0|1
+//	                   move onto a new pipeline (Scheduler.Replace): the
+//	                   steps in flight are abandoned; prints the requests
+//	                   that no longer fit
 //	tick DURATION      advance the clock
 //	stats
 //
@@ -100,17 +105,29 @@ func runScript(t *testing.T, script string) string {
 		if f[0] != "config" && sc == nil {
 			t.Fatalf("line %d: %s before config", n+1, f[0])
 		}
-		switch f[0] {
-		case "config":
-			var err error
-			sc, err = sched.New(sched.Config{
+		cfg := func() sched.Config {
+			return sched.Config{
 				MaxNumBatchedTokens: num("tokens"), MaxNumSeqs: num("seqs"), BlockSize: num("block"),
 				NumBlocks: num("blocks"), MaxConcurrentBatches: num("batches"), MaxModelLen: num("maxlen"),
 				OnDeviceHandoff: args["handoff"] == "1",
-			}, clock)
+			}
+		}
+		switch f[0] {
+		case "config":
+			var err error
+			sc, err = sched.New(cfg(), clock)
 			if err != nil {
 				print("error: %v", err)
 			}
+			last = nil
+			handoff = args["handoff"] == "1"
+		case "replace":
+			dropped, err := sc.Replace(cfg())
+			if err != nil {
+				print("error: %v", err)
+				continue
+			}
+			print("dropped %v", dropped)
 			last = nil
 			handoff = args["handoff"] == "1"
 		case "add":
@@ -194,6 +211,9 @@ func runScript(t *testing.T, script string) string {
 		case "cancel":
 			id, _ := strconv.ParseUint(f[1], 10, 64)
 			print("%v", sc.Cancel(id))
+		case "fail":
+			id, _ := strconv.ParseUint(f[1], 10, 64)
+			print("%v", sc.Fail(id))
 		case "tick":
 			d, err := time.ParseDuration(f[1])
 			if err != nil {
@@ -202,8 +222,12 @@ func runScript(t *testing.T, script string) string {
 			now = now.Add(d)
 		case "stats":
 			s := sc.Stats()
-			print("running %d waiting %d inflight %d kv %d/%d preemptions %d discarded %d finished %d cancelled %d steps %d steptime %v/%v",
+			line := fmt.Sprintf("running %d waiting %d inflight %d kv %d/%d preemptions %d discarded %d finished %d cancelled %d steps %d steptime %v/%v",
 				s.Running, s.Waiting, s.InFlight, s.KVBlocksUsed, s.KVBlocks, s.Preemptions, s.Discarded, s.Finished, s.Cancelled, s.Steps, s.LastStepTime, s.StepTime)
+			if s.Failed+s.Reprefilled > 0 {
+				line += fmt.Sprintf(" failed %d reprefilled %d", s.Failed, s.Reprefilled)
+			}
+			print("%s", line)
 		default:
 			t.Fatalf("line %d: unknown command %q", n+1, f[0])
 		}
