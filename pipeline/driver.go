@@ -120,8 +120,15 @@ func (d *Driver) learn(f fact) {
 // Stages is the number of stages.
 func (d *Driver) Stages() int { return len(d.links) }
 
-// Submit sends a step to every stage without waiting for its result.
+// Submit sends a step to every stage without waiting for its result. With
+// a step timeout, a stage that stops reading its control link fails it
+// after that long instead of blocking it.
 func (d *Driver) Submit(ctx context.Context, s *Step) error {
+	if d.timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, d.timeout)
+		defer cancel()
+	}
 	if len(s.Batch.Seqs) > 0 {
 		d.mu.Lock()
 		d.sent = append(d.sent, sentStep{batch: s.Batch.ID, at: time.Now()})
