@@ -52,6 +52,21 @@ func TestImportDirection(t *testing.T) {
 			if under(drel, "cmd") {
 				t.Errorf("%s imports %s: nothing imports cmd", rel, drel)
 			}
+			// daemon wires its subpackages; none of them imports it, and
+			// the leader's supervision, the stage host and the request
+			// frontend do not import one another.
+			if strings.HasPrefix(rel, "daemon/") && drel == "daemon" {
+				t.Errorf("%s imports daemon: the package that wires it", rel)
+			}
+			for _, pair := range [][2]string{
+				{"daemon/supervise", "daemon/stagehost"}, {"daemon/supervise", "daemon/frontend"},
+				{"daemon/stagehost", "daemon/supervise"}, {"daemon/stagehost", "daemon/frontend"},
+				{"daemon/frontend", "daemon/supervise"}, {"daemon/frontend", "daemon/stagehost"},
+			} {
+				if under(rel, pair[0]) && under(drel, pair[1]) {
+					t.Errorf("%s depends on %s: the daemon's parts meet only in package daemon", rel, drel)
+				}
+			}
 			for layer, banned := range rules {
 				if !under(rel, layer) {
 					continue

@@ -7,6 +7,7 @@ import (
 
 	"github.com/tandem-llm/tandem/daemon/apierr"
 	"github.com/tandem-llm/tandem/daemon/membership"
+	"github.com/tandem-llm/tandem/daemon/supervise"
 	tandemv1 "github.com/tandem-llm/tandem/proto/tandem/v1"
 	"github.com/tandem-llm/tandem/sched"
 )
@@ -43,46 +44,52 @@ func (a *adminServer) Status(context.Context, *tandemv1.StatusRequest) (*tandemv
 			LeaderEligible: m.Meta.LeaderEligible,
 		})
 	}
+	snap := d.sup.Snapshot()
 	d.mu.Lock()
-	defer d.mu.Unlock()
-	resp.Leader, resp.LeaderAddr = d.leader.Name, d.leader.Meta.GRPCAddr
-	resp.Reason = d.reason
-	if p := d.pipe; p != nil {
-		st := p.eng.stats()
-		resp.Epoch = p.epoch
-		resp.KvTokens = uint64(p.eng.kvTokens)
-		resp.Serving = !d.draining && p.eng.stopErr() == nil
-		resp.RequestsRunning = uint32(st.Running)
-		resp.RequestsWaiting = uint32(st.Waiting)
-		resp.Scheduler = schedulerStats(st)
-		resp.GraphMode = p.graphs.dispatch.Mode().String()
-		resp.Handoff = p.handoff
-		resp.MaxInFlight = uint32(p.maxInFlight)
-		for i, s := range p.stages {
-			resp.Stages = append(resp.Stages, stageStatus(i, &s))
+	draining := d.draining
+	d.mu.Unlock()
+	resp.Leader, resp.LeaderAddr = snap.Leader.Name, snap.Leader.Meta.GRPCAddr
+	resp.Reason = snap.Reason
+	if draining {
+		resp.Reason = "draining"
+	}
+	if snap.Leading {
+		resp.RequestsRunning = uint32(snap.Sched.Running)
+		resp.RequestsWaiting = uint32(snap.Sched.Waiting)
+		resp.Scheduler = schedulerStats(snap.Sched)
+	}
+	if p := snap.Pipeline; p != nil {
+		resp.Epoch = p.Epoch
+		resp.KvTokens = uint64(p.KVTokens)
+		resp.Serving = !draining
+		resp.GraphMode = p.Graphs.Dispatch.Mode().String()
+		resp.Handoff = p.Handoff
+		resp.MaxInFlight = uint32(p.MaxInFlight)
+		for i := range p.Stages {
+			resp.Stages = append(resp.Stages, stageStatus(i, &p.Stages[i]))
 		}
 	}
 	return resp, nil
 }
 
 // stageStatus describes one stage of the leader's pipeline.
-func stageStatus(i int, s *stageState) *tandemv1.Stage {
-	l := s.load
+func stageStatus(i int, s *supervise.Stage) *tandemv1.Stage {
+	l := s.Load
 	out := &tandemv1.Stage{
 		Index:       uint32(i),
 		Node:        s.Node,
 		LayerLo:     uint32(s.Lo),
 		LayerHi:     uint32(s.Hi),
 		Backend:     l.GetBackend(),
-		MemoryBytes: s.member.Meta.MemFree,
-		KvTokens:    uint64(s.kvTokens),
+		MemoryBytes: s.Member.Meta.MemFree,
+		KvTokens:    uint64(s.KVTokens),
 		Device:      l.GetDevice(),
 		WeightBytes: l.GetWeightBytes(),
 		KvBytes:     l.GetKvBytes(),
 		GraphBytes:  l.GetGraphBytes(),
-		NextLink:    s.nextLink,
+		NextLink:    s.NextLink,
 	}
-	if c := s.capture; c != nil {
+	if c := s.Capture; c != nil {
 		out.GraphBytes, out.Graphs, out.CaptureTime = c.GetGraphBytes(), c.GetGraphs(), c.GetCaptureTime()
 	}
 	return out
@@ -91,18 +98,16 @@ func stageStatus(i int, s *stageState) *tandemv1.Stage {
 // Graphs implements tandem.v1.Admin.
 func (a *adminServer) Graphs(context.Context, *tandemv1.GraphsRequest) (*tandemv1.GraphsResponse, error) {
 	d := a.d
-	d.mu.Lock()
-	p := d.pipe
-	d.mu.Unlock()
+	p := d.sup.Snapshot().Pipeline
 	if p == nil {
 		return nil, apierr.GRPC(apierr.Preconditionf("node %s runs no pipeline: ask the leader", d.cfg.Name))
 	}
-	g := p.graphs
-	resp := &tandemv1.GraphsResponse{Mode: g.dispatch.Mode().String(), ConfiguredMode: g.configured.String(), Downgrades: g.downgrades}
-	for _, s := range g.dispatch.CaptureSizes() {
+	g := p.Graphs
+	resp := &tandemv1.GraphsResponse{Mode: g.Dispatch.Mode().String(), ConfiguredMode: g.Configured.String(), Downgrades: g.Downgrades}
+	for _, s := range g.Dispatch.CaptureSizes() {
 		resp.CaptureSizes = append(resp.CaptureSizes, uint32(s))
 	}
-	for _, r := range p.eng.graphs.Snapshot() {
+	for _, r := range p.Steps.Snapshot() {
 		resp.Steps = append(resp.Steps, &tandemv1.GraphStepCount{Unpadded: uint32(r.Unpadded), Padded: uint32(r.Padded), Mode: r.Mode.String(), Count: r.Count})
 	}
 	return resp, nil

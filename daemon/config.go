@@ -16,6 +16,7 @@ import (
 	"github.com/pelletier/go-toml/v2"
 
 	"github.com/tandem-llm/tandem/daemon/stagehost"
+	"github.com/tandem-llm/tandem/daemon/supervise"
 	"github.com/tandem-llm/tandem/graphs"
 	"github.com/tandem-llm/tandem/progress"
 	"github.com/tandem-llm/tandem/sched"
@@ -90,6 +91,22 @@ type ClusterConfig struct {
 	// DrainTimeout bounds how long shutdown waits for requests in flight
 	// (default 30s).
 	DrainTimeout Duration `toml:"drain_timeout"`
+	// RecoveryTimeout bounds how long the leader's accepted requests wait
+	// for a new pipeline once a stage is lost (default 60s): then they
+	// fail with UNAVAILABLE naming why, and new requests fail at once
+	// until a pipeline serves. Until then new requests queue.
+	RecoveryTimeout Duration `toml:"recovery_timeout"`
+	// StepTimeout fails a pipeline step whose result does not come within
+	// it (a stopped or hung stage), so the leader rebuilds the pipeline
+	// instead of waiting for gossip to declare the stage dead (default
+	// 30s; it must exceed the longest step, a full prefill batch).
+	StepTimeout Duration `toml:"step_timeout"`
+	// AutoRebalance moves the pipeline, once the membership has been
+	// stable for a few seconds, when the placement over the live stage
+	// nodes restores a node lost or undrained (a restarted daemon rejoins
+	// the pipeline) or raises the KV capacity by 10% or more (default
+	// true).
+	AutoRebalance *bool `toml:"auto_rebalance"`
 }
 
 // StageConfig is the stage this node offers, and how the leader runs the
@@ -230,7 +247,11 @@ const (
 	DefaultBlockSize      = sched.DefaultBlockSize
 	maxBlockSize          = 1024
 	DefaultDrainTimeout   = 30 * time.Second
-	DefaultGraphMemory    = 512 << 20
+	DefaultStepTimeout    = 30 * time.Second
+	// DefaultRecoveryTimeout is how long requests wait for a new pipeline
+	// by default.
+	DefaultRecoveryTimeout = supervise.DefaultRecoveryTimeout
+	DefaultGraphMemory     = 512 << 20
 )
 
 // Stage backends of the configuration.
@@ -316,6 +337,15 @@ func (c Config) withDefaults() (Config, error) {
 	if c.Cluster.DrainTimeout == 0 {
 		c.Cluster.DrainTimeout = Duration(DefaultDrainTimeout)
 	}
+	if c.Cluster.RecoveryTimeout == 0 {
+		c.Cluster.RecoveryTimeout = Duration(DefaultRecoveryTimeout)
+	}
+	if c.Cluster.StepTimeout == 0 {
+		c.Cluster.StepTimeout = Duration(DefaultStepTimeout)
+	}
+	if c.Cluster.AutoRebalance == nil {
+		c.Cluster.AutoRebalance = ptr(true)
+	}
 	if c.Stage.MaxBatchTokens == 0 {
 		c.Stage.MaxBatchTokens = DefaultMaxBatchTokens
 	}
@@ -379,6 +409,11 @@ func (c *Config) validate() error {
 	} else if c.Stage.MaxCaptureSize > c.Stage.MaxBatchTokens {
 		bad("stage.max_capture_size %d exceeds stage.max_batch_tokens %d: a graph cannot hold more tokens than a batch", c.Stage.MaxCaptureSize, c.Stage.MaxBatchTokens)
 	}
+	for key, d := range map[string]Duration{"cluster.drain_timeout": c.Cluster.DrainTimeout, "cluster.recovery_timeout": c.Cluster.RecoveryTimeout, "cluster.step_timeout": c.Cluster.StepTimeout} {
+		if d < 0 {
+			bad("%s %v: want a positive duration", key, time.Duration(d))
+		}
+	}
 	if c.Cluster.ExpectStages < 1 {
 		bad("cluster.expect_stages %d: want at least 1", c.Cluster.ExpectStages)
 	}
@@ -411,6 +446,7 @@ func (c Config) LogValue() slog.Value {
 		slog.Any("seeds", c.Cluster.Seeds),
 		slog.String("leader", c.Cluster.Leader),
 		slog.Int("expect_stages", c.Cluster.ExpectStages),
+		slog.Bool("auto_rebalance", c.Cluster.AutoRebalance != nil && *c.Cluster.AutoRebalance),
 		slog.String("backend", c.Stage.Backend),
 		slog.String("graph_mode", c.Stage.GraphMode),
 		slog.Bool("handoff", c.Stage.Handoff != nil && *c.Stage.Handoff),

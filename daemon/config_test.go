@@ -20,7 +20,8 @@ func TestExampleConfig(t *testing.T) {
 	if cfg.Name != "node-a" || cfg.Listen.GRPC != "127.0.0.1:7400" || cfg.Listen.Metrics != "127.0.0.1:9400" || cfg.Cluster.ExpectStages != 2 ||
 		cfg.Stage.Memory != 8<<30 || time.Duration(cfg.Cluster.DrainTimeout) != 30*time.Second ||
 		cfg.Security.AdminTokenFile != "/etc/tandem/admin.token" || len(cfg.Plan) != 2 || cfg.Plan[1].Layers != [2]int{16, 32} ||
-		cfg.Cluster.LeaderEligible == nil || !*cfg.Cluster.LeaderEligible {
+		cfg.Cluster.LeaderEligible == nil || !*cfg.Cluster.LeaderEligible || time.Duration(cfg.Cluster.RecoveryTimeout) != time.Minute ||
+		time.Duration(cfg.Cluster.StepTimeout) != 30*time.Second || cfg.Cluster.AutoRebalance == nil || !*cfg.Cluster.AutoRebalance {
 		t.Errorf("example config parsed as %+v", cfg)
 	}
 	full, err := cfg.withDefaults()
@@ -37,6 +38,9 @@ func TestExampleConfig(t *testing.T) {
 	}
 	if def.Listen.Metrics != "" {
 		t.Errorf("metrics endpoint %q by default, want off", def.Listen.Metrics)
+	}
+	if cl := def.Cluster; time.Duration(cl.RecoveryTimeout) != time.Minute || time.Duration(cl.StepTimeout) != 30*time.Second || !*cl.AutoRebalance {
+		t.Errorf("cluster defaults: %+v, want recovery in 60s, steps within 30s, auto-rebalance on", cl)
 	}
 	if def.Stage.BlockSize != 16 {
 		t.Errorf("KV block size %d by default, want 16", def.Stage.BlockSize)

@@ -10,7 +10,6 @@ import (
 	"runtime/debug"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -25,6 +24,7 @@ import (
 	"github.com/tandem-llm/tandem/daemon/placement"
 	"github.com/tandem-llm/tandem/daemon/sdnotify"
 	"github.com/tandem-llm/tandem/daemon/stagehost"
+	"github.com/tandem-llm/tandem/daemon/supervise"
 	"github.com/tandem-llm/tandem/model"
 	"github.com/tandem-llm/tandem/model/tokenizer"
 	tandemv1 "github.com/tandem-llm/tandem/proto/tandem/v1"
@@ -39,12 +39,8 @@ var Version = func() string {
 	return "dev"
 }()
 
-// Timings of the supervisor.
+// Timings of the daemon.
 const (
-	// superviseTick is how often the supervisor re-reads the membership.
-	superviseTick = 200 * time.Millisecond
-	// buildRetry is the wait after a failed attempt to build the pipeline.
-	buildRetry = 2 * time.Second
 	// stallLimit is how long the supervisor may go without a tick before
 	// the watchdog stops being fed.
 	stallLimit = 10 * time.Second
@@ -81,21 +77,13 @@ type Daemon struct {
 	health   *health.Server
 	dialOpts []grpc.DialOption
 	meta     membership.Meta
-	lastTick atomic.Int64 // supervisor heartbeat, unix nanoseconds
-	engines  sync.WaitGroup
-	// background runs the supervisor's clean-ups (releasing the stages of
-	// a stopped pipeline); Run waits for them.
-	background sync.WaitGroup
+	sup      *supervise.Supervisor
 
 	mu         sync.Mutex
-	leader     membership.Member // zero while there is none
-	pipe       *pipelineState    // the leader's pipeline, nil while none
-	reason     string            // why no pipeline serves
 	draining   bool
-	lastEpoch  uint64
-	seenEpoch  uint64 // the newest epoch a node reported refusing ours
-	notified   bool   // READY=1 sent
-	stageReady bool   // this node's stage is serving in a pipeline
+	serving    bool // health says SERVING: a pipeline this node leads serves
+	notified   bool // READY=1 sent
+	stageReady bool // this node's stage is serving in a pipeline
 }
 
 // New validates the configuration and reads the secrets it names; it starts
@@ -211,6 +199,7 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 		return err
 	}
 	d.addrs.Gossip = d.memb.LocalAddr()
+	d.sup = d.newSupervisor()
 	d.log.Info("daemon listening", "grpc", d.addrs.GRPC, "gossip", d.addrs.Gossip, "metrics", d.addrs.Metrics, "config", d.cfg)
 	close(d.listening)
 
@@ -225,22 +214,17 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 	}
 	defer stopWatchdog()
 
-	d.supervise(ctx)
-	d.background.Wait()
+	d.sup.Run(ctx)
 
 	// Drain and stop.
 	d.log.Info("draining")
 	errs := []error{sdnotify.Stopping()}
 	d.mu.Lock()
 	d.draining = true
-	d.reason = "draining"
-	pipe := d.pipe
+	d.serving = false
 	d.mu.Unlock()
 	d.setHealth(false)
-	if pipe != nil {
-		d.drainPipeline(pipe, time.Duration(d.cfg.Cluster.DrainTimeout))
-	}
-	d.engines.Wait()
+	d.sup.Stop(time.Duration(d.cfg.Cluster.DrainTimeout), fmt.Sprintf("node %s is draining", d.cfg.Name))
 	if err := d.memb.Leave(leaveTimeout); err != nil {
 		d.log.Warn("leave the cluster", "err", err)
 	}
@@ -350,7 +334,7 @@ func (d *Daemon) healthy() bool {
 	d.mu.Lock()
 	draining := d.draining
 	d.mu.Unlock()
-	return draining || time.Since(time.Unix(0, d.lastTick.Load())) < stallLimit
+	return draining || d.sup == nil || time.Since(d.sup.LastTick()) < stallLimit
 }
 
 // onStageServing records that this node's stage joined or left a
@@ -390,17 +374,19 @@ func (d *Daemon) waitStageIdle(timeout time.Duration) {
 	}
 }
 
-// Engine implements frontend.Engines.
+// Engine implements frontend.Engines: the leader's engine, which queues
+// requests while a pipeline serves or is being rebuilt, and refuses them
+// otherwise.
 func (d *Daemon) Engine() (frontend.Engine, error) {
 	d.mu.Lock()
-	defer d.mu.Unlock()
+	draining := d.draining
+	d.mu.Unlock()
+	snap := d.sup.Snapshot()
 	switch {
-	case d.draining:
+	case draining:
 		return nil, apierr.Unavailablef("node %s is draining", d.cfg.Name)
-	case d.leader.Name != d.cfg.Name:
-		return nil, frontend.NotLeader(d.leader.Name, d.leader.Meta.GRPCAddr)
-	case d.pipe == nil:
-		return nil, apierr.Unavailablef("no pipeline is ready: %s", d.reason)
+	case !snap.Leading:
+		return nil, frontend.NotLeader(snap.Leader.Name, snap.Leader.Meta.GRPCAddr)
 	}
-	return d.pipe.eng, nil
+	return d.sup.Engine(), nil
 }

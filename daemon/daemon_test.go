@@ -339,7 +339,7 @@ func TestSecureCluster(t *testing.T) {
 			t.Errorf("the logs carry a secret")
 		}
 	}
-	if !strings.Contains(out, "pipeline serving") || !strings.Contains(out, "gossip_encrypted=true") {
+	if !strings.Contains(out, "serving [a[0,2) b[2,4)]") || !strings.Contains(out, "gossip_encrypted=true") {
 		t.Errorf("logs lack the pipeline or the encryption flag:\n%s", out)
 	}
 }

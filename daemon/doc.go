@@ -3,15 +3,17 @@
 //
 // Every daemon joins the cluster by gossip (package membership),
 // announcing its backend, memory, addresses and model identity, and
-// offers a stage slot through the internal gRPC service tandem.v1.Node.
-// One member is the leader: the one named in the configuration, or the
-// leader-eligible live member with the smallest name. The leader places
-// the model's layers over the stage nodes (package placement), has each
-// load its range (Node.Load), capture the CUDA graphs it will dispatch
+// offers a stage slot through the internal gRPC service tandem.v1.Node
+// (package stagehost). One member is the leader: the one named in the
+// configuration, or the leader-eligible live member with the smallest
+// name. The leader's supervisor (package supervise) places the model's
+// layers over the stage nodes (package placement), has each load its
+// range (Node.Load), capture the CUDA graphs it will dispatch
 // (Node.Capture), and wire its links (Node.Connect, then Node.Join for
 // NCCL links), dials every stage's control link (package pipeline) and
 // runs the request loop (package sched: continuous batching over the
-// stages' paged KV caches). Every step of the pipeline goes to every stage
+// stages' paged KV caches); its request frontend (package frontend)
+// validates requests and streams their text. Every step of the pipeline goes to every stage
 // with the leader's epoch; stages refuse older epochs, so a stale leader
 // cannot drive them. The leader alone knows every request's tokens; stages
 // hold only caches, so a pipeline can always be rebuilt from the leader's
@@ -54,6 +56,9 @@
 // one more step in flight than there are stages, feeding decodes whose
 // input the first stage fills on its own.
 //
+// Package daemon wires these: configuration, lifecycle, the gRPC server,
+// membership, health, metrics and systemd.
+//
 // Clients call the leader's tandem.v1.Inference (Generate) and
 // tandem.v1.Admin (Status) services, with gRPC health (NOT_SERVING until a
 // pipeline is ready and while draining) and server reflection. Domain
@@ -62,10 +67,22 @@
 // token is configured, Admin and Node calls must carry it; TLS is served
 // when a certificate is configured.
 //
-// When a stage node dies the leader stops the pipeline at once (its
-// requests fail with UNAVAILABLE) and health turns NOT_SERVING; when one
-// leaves gracefully the leader first lets the requests in flight finish.
-// A new pipeline is built once enough stage nodes are up again.
+// A lost stage costs no request. When a stage node dies, hangs (a step
+// past cluster.step_timeout) or its link breaks, the leader rebuilds a
+// pipeline at a new epoch over the live stage nodes that can hold the
+// model, and every running request re-prefills its prompt and the tokens
+// already streamed there and goes on: its stream stays open, with no
+// token repeated or skipped, and greedy and seeded outputs are those of an
+// uninterrupted run. While no pipeline serves, the accepted requests wait
+// and new ones queue, for cluster.recovery_timeout (default 60s); then
+// they fail with UNAVAILABLE naming why, and new requests fail at once
+// until a pipeline serves again. A stage node that leaves (SIGTERM) is a
+// planned removal: the leader builds a pipeline without it and moves the
+// requests there, or, when none is possible, lets them finish first. With
+// cluster.auto_rebalance (default on) a restarted node rejoins the
+// pipeline once the membership has been stable for a few seconds. Nodes
+// keep retrying their seeds, so members find each other again after any
+// restart, in any order.
 //
 // # Metrics
 //
@@ -77,7 +94,8 @@
 // tandem_steps_total, tandem_step_seconds, ...), its CUDA-graph dispatch
 // counts (tandem_graph_steps_total{mode, padded_tokens, unpadded_tokens})
 // and each stage's graph memory (tandem_graph_memory_bytes{stage, node});
-// the counters are the current pipeline's and restart with a new one.
+// the scheduler's counters run since the node became leader, the
+// dispatch counts are the current pipeline's.
 // Every node exports its serving state (tandem_pipeline_serving,
 // tandem_leader). No secret is exported.
 //
@@ -94,15 +112,14 @@
 // # Concurrency
 //
 // New starts nothing. Run owns the daemon: it starts the gRPC server, the
-// metrics HTTP server (scrapes read the shared state under Daemon.mu), the
-// membership, the supervisor loop (which alone decides leadership and
-// builds and stops pipelines), per running pipeline a sched.Loop (the only
-// user of its pipeline.Driver; Generate calls submit requests to it and
-// read their token streams, so it never waits on a client) and the
-// goroutine that stops it, the releases of stopped pipelines' stages, and
-// per assigned stage one goroutine (with, while it is wired, one that
-// accepts its TCP link in and one per NCCL link it joins). A stage's GPU
-// is driven through its gpu.Device goroutine. Daemon.mu guards the state
-// shared with RPC handlers; the stage slot's mutex serializes the Node
-// calls. When Run returns, every goroutine it started has ended.
+// metrics HTTP server (scrapes read the supervisor's snapshot and the
+// state under Daemon.mu), the membership, the supervisor (its loop alone
+// decides leadership and builds, switches and closes pipelines; its
+// engine's sched.Loop is the only user of the current pipeline's driver;
+// Generate calls submit requests to it and read their token streams, so
+// it never waits on a client; see package supervise), and the stage slot
+// (per assigned stage one goroutine; see package stagehost). A stage's
+// GPU is driven through its gpu.Device goroutine. Daemon.mu guards the
+// state shared with RPC handlers. When Run returns, every goroutine it
+// started has ended.
 package daemon

@@ -37,9 +37,9 @@ var (
 	descWaiting = prometheus.NewDesc("tandem_requests_waiting",
 		"Requests not admitted yet, or preempted (leader only).", nil, nil)
 	descFinished = prometheus.NewDesc("tandem_requests_finished_total",
-		"Requests of the current pipeline that ended with a finish reason (leader only).", nil, nil)
+		"Requests that ended with a finish reason, since this node leads (leader only).", nil, nil)
 	descCancelled = prometheus.NewDesc("tandem_requests_cancelled_total",
-		"Requests of the current pipeline cancelled by their client (leader only).", nil, nil)
+		"Requests cancelled by their client, since this node leads (leader only).", nil, nil)
 	descInFlight = prometheus.NewDesc("tandem_steps_in_flight",
 		"Steps in the pipeline (leader only).", nil, nil)
 	descKVUsed = prometheus.NewDesc("tandem_kv_blocks_used",
@@ -47,11 +47,11 @@ var (
 	descKVTotal = prometheus.NewDesc("tandem_kv_blocks_total",
 		"KV-cache blocks of the pipeline (leader only).", nil, nil)
 	descPreempt = prometheus.NewDesc("tandem_preemptions_total",
-		"Requests of the current pipeline sent back to waiting for lack of KV blocks (leader only).", nil, nil)
+		"Requests sent back to waiting for lack of KV blocks, since this node leads (leader only).", nil, nil)
 	descDiscarded = prometheus.NewDesc("tandem_discarded_tokens_total",
 		"Sampled tokens dropped because their request was preempted, cancelled or finished meanwhile (leader only).", nil, nil)
 	descSteps = prometheus.NewDesc("tandem_steps_total",
-		"Steps of the current pipeline completed (leader only).", nil, nil)
+		"Steps completed, since this node leads (leader only).", nil, nil)
 	descStepTime = prometheus.NewDesc("tandem_step_seconds",
 		"Time from scheduling a step to its result: the last step's, and a moving mean (leader only).",
 		[]string{"stat"}, nil)
@@ -94,17 +94,18 @@ func (c metricsCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	gauge(descInfo, 1, d.cfg.Name, Version, d.ckpt.Identity())
 
+	snap := d.sup.Snapshot()
 	d.mu.Lock()
-	defer d.mu.Unlock()
-	p := d.pipe
-	leading := p != nil && !d.draining && p.eng.stopErr() == nil
-	gauge(descLeader, flag(d.leader.Name == d.cfg.Name))
-	gauge(descServing, flag(leading || (d.stageReady && !d.draining)))
-	if p == nil {
+	draining, stageReady := d.draining, d.stageReady
+	d.mu.Unlock()
+	p := snap.Pipeline
+	leading := p != nil && !draining
+	gauge(descLeader, flag(snap.Leading))
+	gauge(descServing, flag(leading || (stageReady && !draining)))
+	if !snap.Leading {
 		return
 	}
-	st := p.eng.stats()
-	gauge(descEpoch, float64(p.epoch))
+	st := snap.Sched
 	gauge(descRunning, float64(st.Running))
 	gauge(descWaiting, float64(st.Waiting))
 	counter(descFinished, st.Finished)
@@ -117,11 +118,15 @@ func (c metricsCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(descSteps, st.Steps)
 	gauge(descStepTime, st.LastStepTime.Seconds(), "last")
 	gauge(descStepTime, st.StepTime.Seconds(), "mean")
-	for _, r := range p.eng.graphs.Snapshot() {
+	if p == nil {
+		return
+	}
+	gauge(descEpoch, float64(p.Epoch))
+	for _, r := range p.Steps.Snapshot() {
 		counter(descGraphSteps, r.Count, r.Mode.String(), strconv.Itoa(r.Padded), strconv.Itoa(r.Unpadded))
 	}
-	for i := range p.stages {
-		s := stageStatus(i, &p.stages[i])
+	for i := range p.Stages {
+		s := stageStatus(i, &p.Stages[i])
 		gauge(descGraphMem, float64(s.GetGraphBytes()), strconv.Itoa(i), s.GetNode())
 	}
 }

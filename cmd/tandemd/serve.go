@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"time"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -25,6 +26,9 @@ type serveFlags struct {
 	graphMemory string
 	handoff     bool
 	progress    string
+	rebalance   bool
+	recovery    time.Duration
+	stepTimeout time.Duration
 }
 
 func newServeCmd() *cobra.Command {
@@ -71,6 +75,9 @@ func (o *serveFlags) register(f *pflag.FlagSet) {
 	f.IntVar(&c.Cluster.ExpectStages, "expect-stages", 1, "stage nodes the leader waits for before placing the model")
 	f.BoolVar(&c.Cluster.FastFailureDetection, "fast-gossip", false, "loopback gossip timings: dead nodes noticed within seconds")
 	f.StringVar(&c.Cluster.GossipKeyFile, "gossip-key-file", "", "file holding the base64 gossip encryption key")
+	f.DurationVar(&o.recovery, "recovery-timeout", daemon.DefaultRecoveryTimeout, "how long requests wait for a new pipeline after a stage is lost before they fail")
+	f.DurationVar(&o.stepTimeout, "step-timeout", daemon.DefaultStepTimeout, "a pipeline step whose result takes longer fails the pipeline (a hung stage), which is rebuilt")
+	f.BoolVar(&o.rebalance, "auto-rebalance", true, "move the pipeline when a restarted or undrained node can rejoin, or the KV capacity would rise by 10% or more")
 	f.BoolVar(&o.stage, "stage", true, "offer a pipeline stage (--stage=false: only lead)")
 	f.StringVar(&o.memory, "memory", "", "memory the stage may use, e.g. 8GiB (default: 90% of the available memory)")
 	f.IntVar(&c.Stage.MaxBatchTokens, "max-batch-tokens", daemon.DefaultMaxBatchTokens, "most tokens in one step")
@@ -120,6 +127,9 @@ func (o *serveFlags) resolve(fs *pflag.FlagSet) (daemon.Config, error) {
 	set("expect-stages", func() { cfg.Cluster.ExpectStages = c.Cluster.ExpectStages })
 	set("fast-gossip", func() { cfg.Cluster.FastFailureDetection = c.Cluster.FastFailureDetection })
 	set("gossip-key-file", func() { cfg.Cluster.GossipKeyFile = c.Cluster.GossipKeyFile })
+	set("recovery-timeout", func() { cfg.Cluster.RecoveryTimeout = daemon.Duration(o.recovery) })
+	set("step-timeout", func() { cfg.Cluster.StepTimeout = daemon.Duration(o.stepTimeout) })
+	set("auto-rebalance", func() { cfg.Cluster.AutoRebalance = &o.rebalance })
 	set("stage", func() { cfg.Stage.Enabled = &o.stage })
 	set("max-batch-tokens", func() { cfg.Stage.MaxBatchTokens = c.Stage.MaxBatchTokens })
 	set("max-seqs", func() { cfg.Stage.MaxSeqs = c.Stage.MaxSeqs })

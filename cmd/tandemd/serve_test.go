@@ -2,6 +2,7 @@ package main
 
 import (
 	"testing"
+	"time"
 
 	"github.com/spf13/pflag"
 
@@ -28,16 +29,18 @@ func TestServeFlagsOverrideConfig(t *testing.T) {
 		return cfg
 	}
 	cfg := parse("--config", "../../daemon/testdata/tandemd.toml",
-		"--grpc", "127.0.0.1:9999", "--max-seqs", "8", "--handoff=true", "--memory", "2GiB", "--stage=false", "--seeds", "10.0.0.9:7401")
+		"--grpc", "127.0.0.1:9999", "--max-seqs", "8", "--handoff=true", "--memory", "2GiB", "--stage=false", "--seeds", "10.0.0.9:7401",
+		"--recovery-timeout", "5s", "--auto-rebalance=false")
 	// Given flags win.
 	if cfg.Listen.GRPC != "127.0.0.1:9999" || cfg.Stage.MaxSeqs != 8 || cfg.Stage.Handoff == nil || !*cfg.Stage.Handoff ||
+		time.Duration(cfg.Cluster.RecoveryTimeout) != 5*time.Second || cfg.Cluster.AutoRebalance == nil || *cfg.Cluster.AutoRebalance ||
 		cfg.Stage.Memory != 2<<30 || cfg.Stage.Enabled == nil || *cfg.Stage.Enabled ||
 		len(cfg.Cluster.Seeds) != 1 || cfg.Cluster.Seeds[0] != "10.0.0.9:7401" {
 		t.Errorf("flags did not override the file: %+v", cfg)
 	}
 	// The file's other keys stay, though the flags have defaults of their own.
 	if cfg.Name != "node-a" || cfg.Cluster.ExpectStages != 2 || cfg.Stage.BlockSize != 32 || cfg.Stage.GraphMode != "PIECEWISE" ||
-		cfg.Listen.Metrics != "127.0.0.1:9400" || cfg.Stage.MaxBatchTokens != 512 || cfg.Stage.Backend != "cuda" {
+		cfg.Listen.Metrics != "127.0.0.1:9400" || cfg.Stage.MaxBatchTokens != 512 || cfg.Stage.Backend != "cuda" || time.Duration(cfg.Cluster.StepTimeout) != 30*time.Second {
 		t.Errorf("keys of the file lost to flag defaults: %+v", cfg)
 	}
 	// Without a file, the flags and their defaults are the configuration.
