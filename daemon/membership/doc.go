@@ -4,7 +4,10 @@
 // version, model identity, leader eligibility).
 //
 // Each daemon joins through configured seed addresses; a daemon without
-// seeds starts a cluster. Gossip is encrypted with AES when a secret key is
+// seeds starts a cluster. It retries its seeds until one answers, then
+// keeps exchanging state with them every few seconds, so that members find
+// each other again after any restart, in any order: a restarted seed (the
+// leader, in the usual layout) knows nobody until its joiners call it. Gossip is encrypted with AES when a secret key is
 // configured, and a daemon with another key (or none) cannot join.
 // memberlist's log lines reach log/slog at their levels. Joins, metadata
 // updates, graceful leaves and failures arrive as Events.
@@ -34,8 +37,9 @@
 // they never block: the member table is updated under a short lock and
 // events go to a buffered channel that drops its oldest entry when the
 // consumer falls behind (Dropped counts them). No memberlist method is
-// called with that lock held. Start may leave one goroutine retrying the
-// join, and Leave goroutines still exchanging state with unresponsive
+// called with that lock held. Start leaves one goroutine retrying the
+// join, then exchanging state with the seeds, until Leave or Shutdown;
+// and Leave goroutines still exchanging state with unresponsive
 // peers (each ends within memberlist's TCP timeout); Shutdown stops or
 // waits for them, shuts memberlist down and closes Events.
 // memberlist's per-connection handlers may outlive Shutdown by the length

@@ -222,8 +222,10 @@ func (m *Membership) mlConfig() *memberlist.Config {
 // seeds. It returns once this node is listening and one join attempt has
 // been made: when no seed answers, it keeps retrying in the background
 // (with backoff) until one does, ctx is done or Shutdown is called. Joined
-// reports the first successful join. ctx bounds only these join attempts;
-// Shutdown stops the membership.
+// reports the first successful join. Once joined it keeps exchanging state
+// with its seeds now and then (see resync), so that a seed that restarted
+// (the leader, whose stages are its seeds' joiners) finds this node again.
+// ctx bounds only these join attempts; Shutdown stops the membership.
 func (m *Membership) Start(ctx context.Context) error {
 	m.life.Lock()
 	defer m.life.Unlock()
@@ -248,13 +250,15 @@ func (m *Membership) Start(ctx context.Context) error {
 		close(m.joined)
 		return nil
 	}
-	if m.join(seeds) {
-		return nil
-	}
+	joined := m.join(seeds)
 	jctx, cancel := context.WithCancel(ctx)
 	m.cancel = cancel
-	m.wg.Add(1)
-	go m.retryJoin(jctx, seeds)
+	m.wg.Go(func() {
+		if !joined && !m.retryJoin(jctx, seeds) {
+			return
+		}
+		m.resync(jctx, seeds)
+	})
 	return nil
 }
 
@@ -273,10 +277,9 @@ func (m *Membership) join(seeds []string) bool {
 	return true
 }
 
-// retryJoin retries join with exponential backoff until it succeeds or ctx
-// is done.
-func (m *Membership) retryJoin(ctx context.Context, seeds []string) {
-	defer m.wg.Done()
+// retryJoin retries join with exponential backoff until it succeeds
+// (true) or ctx is done (false).
+func (m *Membership) retryJoin(ctx context.Context, seeds []string) bool {
 	wait, ceiling := 500*time.Millisecond, 10*time.Second
 	if m.cfg.Fast {
 		wait, ceiling = 100*time.Millisecond, time.Second
@@ -286,14 +289,48 @@ func (m *Membership) retryJoin(ctx context.Context, seeds []string) {
 	for {
 		select {
 		case <-ctx.Done():
-			return
+			return false
 		case <-t.C:
 		}
 		if m.join(seeds) {
-			return
+			return true
 		}
 		wait = min(2*wait, ceiling)
 		t.Reset(wait)
+	}
+}
+
+// Intervals of resync: loopback timings (Fast) and memberlist's LAN ones.
+const (
+	resyncFast = time.Second
+	resyncLAN  = 5 * time.Second
+)
+
+// resync exchanges state with every seed (memberlist's Join: a push/pull
+// over TCP) every few seconds, until ctx is done. A seed that restarted
+// knows nobody (a leader has no seeds of its own): the exchange tells it
+// of this node and of every member this node knows, so members find each
+// other again after any restart, in any order, within an interval. Gossip
+// alone would not: a dead member is not probed, and a restarted one that
+// answers in time to its old incarnation's probes learns of the others
+// only at the next periodic push/pull (30s on a LAN). A seed down costs a
+// failed dial, logged at debug.
+func (m *Membership) resync(ctx context.Context, seeds []string) {
+	every := resyncLAN
+	if m.cfg.Fast {
+		every = resyncFast
+	}
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if n, err := m.ml.Join(seeds); n == 0 {
+			m.log.Debug("resync with the seeds: none answered", "node", m.cfg.NodeName, "seeds", seeds, "err", err)
+		}
 	}
 }
 
@@ -414,6 +451,9 @@ func (m *Membership) Leave(timeout time.Duration) error {
 		return fmt.Errorf("leave: timeout %v, want > 0", timeout)
 	}
 	deadline := time.Now().Add(timeout)
+	if m.cancel != nil {
+		m.cancel() // no more joins: this node is going
+	}
 	m.metaMu.Lock()
 	m.leaving = true
 	b, err := encodeMeta(m.local, true)

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -281,6 +282,67 @@ func TestRetryJoinUntilSeedStarts(t *testing.T) {
 	eventually(t, 5*time.Second, "seed sees the late joiner", func() bool {
 		return sees(seed, "late", Alive, withName(testMeta("late", 1), "late"))
 	})
+}
+
+// TestSeedRestart kills the member the others joined through (a leader
+// without seeds of its own) and starts it again on the same address: it
+// knows nobody, yet the members find each other again within seconds,
+// because they keep exchanging state with their seeds.
+func TestSeedRestart(t *testing.T) {
+	probe := startNode(t, "probe", 0, nil, nil)
+	addr := probe.LocalAddr()
+	if err := probe.Shutdown(); err != nil {
+		t.Fatal(err)
+	}
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := strconv.Atoi(port)
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := func() *Membership {
+		m, err := New(Config{NodeName: "leader", BindPort: p, Meta: testMeta("leader", 0), Logger: slog.New(slog.DiscardHandler), Fast: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := m.Start(context.Background()); err != nil {
+			t.Skipf("port %d taken again before the leader could bind: %v", p, err)
+		}
+		t.Cleanup(func() { m.Shutdown() })
+		return m
+	}
+	leader := start()
+	a := startNode(t, "a", 1, nil, nil, addr)
+	b := startNode(t, "b", 2, nil, nil, addr)
+	all := func(m *Membership, names ...string) func() bool {
+		return func() bool {
+			for _, n := range names {
+				if !sees(m, n, Alive, withName(testMeta(n, map[string]int{"leader": 0, "a": 1, "b": 2}[n]), n)) {
+					return false
+				}
+			}
+			return true
+		}
+	}
+	eventually(t, 5*time.Second, "the leader sees a and b", all(leader, "a", "b"))
+	// A crash: no Leave. It restarts on the same address after its
+	// members declared it dead.
+	if err := leader.Shutdown(); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, "a sees the leader dead", func() bool {
+		return slices.ContainsFunc(a.Members(), func(mb Member) bool { return mb.Name == "leader" && mb.State == Dead })
+	})
+	// Restarted 4s after the crash, as systemd might: past the time the
+	// members gossip to a dead node (2s with these timings), so only the
+	// members' own joins can find it.
+	time.Sleep(4 * time.Second)
+	restarted := start()
+	took := eventually(t, 10*time.Second, "the restarted leader sees a and b", all(restarted, "a", "b"))
+	eventually(t, 5*time.Second, "a and b see the leader alive", func() bool { return all(a, "leader")() && all(b, "leader")() })
+	t.Logf("the restarted leader found its members %v after it started", took.Round(time.Millisecond))
 }
 
 func TestConfigValidation(t *testing.T) {
