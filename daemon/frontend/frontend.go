@@ -182,10 +182,15 @@ func (s *Server) GenerateTo(ctx context.Context, in *tandemv1.GenerateRequest, s
 	for {
 		outs, err := recvReady(ctx, stream)
 		if err != nil {
-			if ctx.Err() != nil {
+			switch {
+			case ctx.Err() != nil:
 				return ctx.Err()
+			case apierr.KindOf(err) != 0:
+				return err // no pipeline served it in time: the engine says why
+			case errors.Is(err, sched.ErrTooLarge):
+				return apierr.Exhaustedf("%v", err)
 			}
-			return apierr.Unavailablef("the pipeline failed under the request: %v", err)
+			return apierr.Unavailablef("the request was cut short: %v", err)
 		}
 		msg := &tandemv1.GenerateResponse{}
 		finish := ""
