@@ -25,6 +25,7 @@ type localCluster struct {
 	Stages []*daemonProc
 	// Conn is a gRPC client connection to the leader.
 	Conn *grpc.ClientConn
+	spec clusterSpec
 
 	closeOnce sync.Once
 	closeErr  error
@@ -41,6 +42,7 @@ type clusterSpec struct {
 	leaderStage bool
 	logLevel    string
 	extra       []string  // more flags for every daemon
+	leaderExtra []string  // more flags for the leader
 	stderr      io.Writer // the daemons' logs
 }
 
@@ -49,6 +51,7 @@ type daemonProc struct {
 	Name       string
 	GRPC       string
 	Gossip     string
+	args       []string
 	cmd        *exec.Cmd
 	listenLine chan string
 	exited     chan struct{} // closed when its stdout ends (it exited)
@@ -59,7 +62,7 @@ type daemonProc struct {
 // startLocalCluster starts the leader, then the stage daemons joining
 // through its gossip address, and waits until the leader serves.
 func startLocalCluster(ctx context.Context, s clusterSpec) (*localCluster, error) {
-	c := &localCluster{}
+	c := &localCluster{spec: s}
 	common := []string{"serve", "--model", s.model, "--grpc", "127.0.0.1:0", "--gossip", "127.0.0.1:0",
 		"--leader", "leader", "--fast-gossip", "--log-level", s.logLevel, "--memory", "1GiB", "--backend", "cpu", "--progress", "log"}
 	common = append(common, s.extra...)
@@ -68,6 +71,7 @@ func startLocalCluster(ctx context.Context, s clusterSpec) (*localCluster, error
 		stagesOfLeader = 1
 	}
 	leaderArgs := append(append([]string(nil), common...), "--name", "leader", "--expect-stages", fmt.Sprint(s.stages), fmt.Sprintf("--stage=%t", s.leaderStage))
+	leaderArgs = append(leaderArgs, s.leaderExtra...)
 	var err error
 	if c.Leader, err = startDaemon(ctx, s, "leader", leaderArgs); err != nil {
 		return nil, err
@@ -103,7 +107,7 @@ func startDaemon(ctx context.Context, s clusterSpec, name string, args []string)
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start %s: %w", name, err)
 	}
-	p := &daemonProc{Name: name, cmd: cmd, listenLine: make(chan string, 1), exited: make(chan struct{})}
+	p := &daemonProc{Name: name, args: args, cmd: cmd, listenLine: make(chan string, 1), exited: make(chan struct{})}
 	go func() {
 		defer close(p.exited)
 		br := bufio.NewReader(out)
@@ -180,6 +184,21 @@ func (p *daemonProc) stop(timeout time.Duration) error {
 func (p *daemonProc) kill() {
 	p.cmd.Process.Kill()
 	p.wait()
+}
+
+// restart starts a daemon that exited again, with the same flags (its
+// ports, chosen by the system, differ), in place of the old one.
+func (c *localCluster) restart(ctx context.Context, p *daemonProc) (*daemonProc, error) {
+	n, err := startDaemon(ctx, c.spec, p.Name, p.args)
+	if err != nil {
+		return nil, err
+	}
+	for i, s := range c.Stages {
+		if s == p {
+			c.Stages[i] = n
+		}
+	}
+	return n, nil
 }
 
 // Close stops every daemon with SIGTERM (each drains and exits 0), the
