@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -265,4 +266,120 @@ func TestChaosStageKilled(t *testing.T) {
 	if strings.Contains(logs.String(), "panic") {
 		t.Error("a daemon panicked")
 	}
+}
+
+// TestChaosStageStopped stops the middle stage's process (SIGSTOP) mid-
+// generation, with gossip at its LAN timings (a stopped member is declared
+// dead only after several seconds) and a step timeout of 2s: the leader's
+// own step deadline catches the hung step, a health probe names the stage
+// that does not answer, and the pipeline is rebuilt without it; every
+// request completes with the tokens of a healthy run. The stage then
+// resumes (SIGCONT), a zombie of the old epoch, and the leader keeps
+// serving.
+func TestChaosStageStopped(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a multi-process chaos run: not in -short")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	dir := testModel(t)
+	const n, maxTokens = 12, 200
+	reqs := make([]*tandemv1.GenerateRequest, n)
+	want := make([][]int32, n)
+	for i := range reqs {
+		reqs[i] = &tandemv1.GenerateRequest{PromptTokenIds: []int32{int32(5 + i), 40, int32(3 * i)}, MaxTokens: maxTokens, IgnoreEos: true}
+		if i%3 == 0 {
+			reqs[i].Temperature, reqs[i].Seed = 1.1, uint64(77+i)
+		}
+		for _, s := range reference(t, dir, reqs[i]) {
+			want[i] = append(want[i], s.Token)
+		}
+	}
+	c, logs := startClusterWith(t, ctx, dir, 3, false, "--fast-gossip=false", "--step-timeout=2s")
+	admin := tandemv1.NewAdminClient(c.Conn)
+	healthy, err := admin.Status(ctx, &tandemv1.StatusRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make([][]int32, n)
+	errs := make([]error, n)
+	started := make(chan struct{}, n)
+	var wg sync.WaitGroup
+	for i, r := range reqs {
+		wg.Go(func() {
+			st, err := tandemv1.NewInferenceClient(c.Conn).Generate(ctx, r)
+			if err != nil {
+				errs[i] = err
+				started <- struct{}{}
+				return
+			}
+			for {
+				msg, err := st.Recv()
+				if len(got[i]) == 0 {
+					started <- struct{}{}
+				}
+				if err != nil {
+					if !errors.Is(err, io.EOF) {
+						errs[i] = err
+					}
+					return
+				}
+				got[i] = append(got[i], msg.GetTokenIds()...)
+			}
+		})
+	}
+	for range n {
+		<-started
+	}
+	victim := c.Stages[1]
+	if err := victim.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	stopped := time.Now()
+	resumed := false
+	defer func() {
+		if !resumed {
+			victim.cmd.Process.Signal(syscall.SIGCONT)
+		}
+	}()
+	for {
+		st, err := admin.Status(ctx, &tandemv1.StatusRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.GetServing() && st.GetEpoch() != healthy.GetEpoch() {
+			var ns []string
+			for _, s := range st.GetStages() {
+				ns = append(ns, s.GetNode())
+			}
+			if slices.Contains(ns, victim.Name) {
+				t.Fatalf("the new pipeline %v holds the stopped stage", ns)
+			}
+			t.Logf("stage-2 stopped mid-generation; the leader serves again %v later over %v", time.Since(stopped).Round(time.Millisecond), ns)
+			break
+		}
+		if time.Since(stopped) > time.Minute {
+			t.Fatalf("no new pipeline a minute after the stop: %v", st)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	wg.Wait()
+	for i := range reqs {
+		if errs[i] != nil || !slices.Equal(got[i], want[i]) {
+			t.Errorf("request %d: %d tokens, error %v; want the %d tokens of the healthy run", i, len(got[i]), errs[i], len(want[i]))
+		}
+	}
+	if !strings.Contains(logs.String(), "within the step timeout of 2s") || !strings.Contains(logs.String(), "on stage-2 does not answer") {
+		t.Errorf("the leader's log does not show the step deadline naming stage-2")
+	}
+	// The zombie resumes: the leader keeps serving.
+	if err := victim.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	resumed = true
+	r, err := generate(ctx, c.Conn, reqs[0])
+	if err != nil || !slices.Equal(r.ids, want[0]) {
+		t.Errorf("after the zombie resumed: %d tokens (%v), want request 0's %d", len(r.ids), err, len(want[0]))
+	}
+	t.Logf("%d requests survived the stopped stage; the zombie resumed and the leader kept serving", n)
 }
