@@ -185,8 +185,11 @@ type adminEvent struct {
 // step gives the core one event and performs the actions it returns.
 func (s *Supervisor) step(ctx context.Context, ev Event) {
 	var reply chan error
-	if a, ok := ev.(adminEvent); ok {
-		ev, reply = a.Event, a.reply
+	switch e := ev.(type) {
+	case adminEvent:
+		ev, reply = e.Event, e.reply
+	case BuildDone:
+		delete(s.builds, e.Epoch)
 	}
 	acts, err := s.core.Step(time.Now(), ev)
 	if reply != nil {
@@ -244,7 +247,6 @@ func (s *Supervisor) perform(ctx context.Context, a Action) {
 			cancel()
 		}
 	case Switch:
-		delete(s.builds, a.Epoch)
 		s.mu.Lock()
 		p := s.pipes[a.Epoch]
 		s.mu.Unlock()
@@ -259,7 +261,6 @@ func (s *Supervisor) perform(ctx context.Context, a Action) {
 		}
 		s.watch = p
 	case Close:
-		delete(s.builds, a.Epoch)
 		p := s.take(a.Epoch)
 		if p == nil {
 			return
