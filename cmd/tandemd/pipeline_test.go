@@ -84,13 +84,21 @@ func startCluster(t *testing.T, ctx context.Context, dir string, stages int, lea
 // startClusterWith is startCluster with more flags for every daemon.
 func startClusterWith(t *testing.T, ctx context.Context, dir string, stages int, leaderStage bool, extra ...string) (*localCluster, *logBuffer) {
 	t.Helper()
+	return startClusterSpec(t, ctx, clusterSpec{model: dir, stages: stages, leaderStage: leaderStage, extra: extra})
+}
+
+// startClusterSpec is startCluster as spec says, the daemons being this
+// test binary logging at level info.
+func startClusterSpec(t *testing.T, ctx context.Context, spec clusterSpec) (*localCluster, *logBuffer) {
+	t.Helper()
 	logs := &logBuffer{}
 	start := time.Now()
-	c, err := startLocalCluster(ctx, clusterSpec{exe: os.Args[0], env: []string{asDaemonEnv + "=1"}, model: dir, stages: stages, leaderStage: leaderStage, logLevel: "info", extra: extra, stderr: logs})
+	spec.exe, spec.env, spec.logLevel, spec.stderr = os.Args[0], []string{asDaemonEnv + "=1"}, "info", logs
+	c, err := startLocalCluster(ctx, spec)
 	if err != nil {
 		t.Fatalf("%v\ndaemon logs:\n%s", err, logs)
 	}
-	t.Logf("cluster of %d stages (leader holds one: %t) serving %v after start", stages, leaderStage, time.Since(start).Round(time.Millisecond))
+	t.Logf("cluster of %d stages (leader holds one: %t) serving %v after start", spec.stages, spec.leaderStage, time.Since(start).Round(time.Millisecond))
 	t.Cleanup(func() {
 		if err := c.Close(); err != nil {
 			t.Errorf("stop the cluster: %v", err)
