@@ -58,11 +58,13 @@
 // by one goroutine while another calls Wait (the scheduler keeps steps in
 // flight that way); Step is Submit then Wait, for a single caller. The
 // Driver owns one goroutine per link, which Close stops after the links
-// end; Close closes the links concurrently. A submitted Step's slices must not change until its result is back. StartLocal's worker goroutines end when the Driver closes their
-// links; each closes its worker's data and hand-off links when Serve
-// returns, so a first stage waiting for a hand-off fails once the last
-// stage's worker has stopped. Results cross goroutines as copies: a stage
-// reuses its output buffers on its next step.
+// end; Close closes the links concurrently. A submitted Step's slices
+// must not change until its result is back. StartLocal's worker goroutines
+// end when the Driver closes their links; each closes its worker's data
+// and hand-off links when Serve returns, so a first stage waiting for a
+// hand-off fails once the last stage's worker has stopped. Results cross
+// goroutines as copies: a stage reuses its output buffers on its next
+// step.
 //
 // A step that fails on any stage leaves the data links out of step: the
 // stage reports the failure and its worker returns, and the leader must
