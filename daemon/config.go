@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -33,8 +34,12 @@ type Config struct {
 	// Model is the local Hugging Face model directory. Every node needs its
 	// own copy: the leader checks that the identities match.
 	Model string `toml:"model"`
+	// ModelName is the model's name in the OpenAI API ("model" of
+	// requests, /v1/models; default: the model directory's name).
+	ModelName string `toml:"model_name"`
 
 	Listen   ListenConfig   `toml:"listen"`
+	Metrics  MetricsConfig  `toml:"metrics"`
 	Cluster  ClusterConfig  `toml:"cluster"`
 	Stage    StageConfig    `toml:"stage"`
 	Security SecurityConfig `toml:"security"`
@@ -67,6 +72,19 @@ type ListenConfig struct {
 	// empty: off). Only Prometheus dials it, so it may listen on every
 	// interface without listen.advertise.
 	Metrics string `toml:"metrics"`
+	// HTTP serves the OpenAI-compatible API on the leader (/v1/...,
+	// /health, /tokenize, /detokenize) and /metrics (default empty: off).
+	// Only clients dial it, so it may listen on every interface without
+	// listen.advertise.
+	HTTP string `toml:"http"`
+}
+
+// MetricsConfig shapes the metrics the daemon exports.
+type MetricsConfig struct {
+	// VLLMNames also exports the request-level metrics under vLLM's names
+	// (vllm:time_to_first_token_seconds, ...) with vLLM's labels, for
+	// dashboards and routers that read only those (default false).
+	VLLMNames bool `toml:"vllm_names"`
 }
 
 // ClusterConfig is how the node finds its cluster and its leader.
@@ -313,6 +331,9 @@ func (c Config) withDefaults() (Config, error) {
 			*s = v
 		}
 	}
+	if c.ModelName == "" && c.Model != "" {
+		c.ModelName = filepath.Base(c.Model)
+	}
 	def(&c.Listen.GRPC, DefaultGRPCAddr)
 	def(&c.Listen.Gossip, DefaultGossipAddr)
 	def(&c.Listen.Control, "127.0.0.1:0")
@@ -383,9 +404,12 @@ func (c *Config) validate() error {
 			bad("%s %q listens on every interface: set listen.advertise, the host other nodes reach this one at", key, addr)
 		}
 	}
-	if c.Listen.Metrics != "" {
-		if _, _, err := net.SplitHostPort(c.Listen.Metrics); err != nil {
-			bad("listen.metrics %q: %v", c.Listen.Metrics, err)
+	for key, addr := range map[string]string{"listen.metrics": c.Listen.Metrics, "listen.http": c.Listen.HTTP} {
+		if addr == "" {
+			continue
+		}
+		if _, _, err := net.SplitHostPort(addr); err != nil {
+			bad("%s %q: %v", key, addr, err)
 		}
 	}
 	for _, s := range c.Cluster.Seeds {
@@ -443,6 +467,9 @@ func (c Config) LogValue() slog.Value {
 		slog.String("grpc", c.Listen.GRPC),
 		slog.String("gossip", c.Listen.Gossip),
 		slog.String("metrics", c.Listen.Metrics),
+		slog.String("http", c.Listen.HTTP),
+		slog.String("model_name", c.ModelName),
+		slog.Bool("vllm_metric_names", c.Metrics.VLLMNames),
 		slog.Any("seeds", c.Cluster.Seeds),
 		slog.String("leader", c.Cluster.Leader),
 		slog.Int("expect_stages", c.Cluster.ExpectStages),

@@ -26,8 +26,10 @@ import (
 	"github.com/tandem-llm/tandem/daemon/stagehost"
 	"github.com/tandem-llm/tandem/daemon/supervise"
 	"github.com/tandem-llm/tandem/model"
+	"github.com/tandem-llm/tandem/model/chat"
 	"github.com/tandem-llm/tandem/model/tokenizer"
 	tandemv1 "github.com/tandem-llm/tandem/proto/tandem/v1"
+	"github.com/tandem-llm/tandem/sched"
 )
 
 // Version is the daemon's software version, gossiped to the other members
@@ -51,10 +53,10 @@ const (
 	stopGrace = 5 * time.Second
 )
 
-// Addrs are the addresses a running daemon listens on (Metrics is empty
-// while the metrics endpoint is off).
+// Addrs are the addresses a running daemon listens on (Metrics and HTTP
+// are empty while those endpoints are off).
 type Addrs struct {
-	GRPC, Gossip, Metrics string
+	GRPC, Gossip, Metrics, HTTP string
 }
 
 // Daemon is one tandemd node: a cluster member with a stage slot, and the
@@ -68,16 +70,25 @@ type Daemon struct {
 	addrs     Addrs
 
 	// Set up by Run.
-	ckpt     *model.Checkpoint
-	tok      *tokenizer.Tokenizer
-	memb     *membership.Membership
-	slot     *stagehost.Slot
-	dev      *stagehost.Device // what the stage runs on (nil without a stage)
-	usable   uint64            // memory the stage may use (0 without a stage)
-	health   *health.Server
-	dialOpts []grpc.DialOption
-	meta     membership.Meta
-	sup      *supervise.Supervisor
+	ckpt   *model.Checkpoint
+	tok    *tokenizer.Tokenizer
+	gen    *model.GenerationConfig // generation_config.json's defaults
+	chat   *chat.Set               // the chat templates
+	loaded time.Time               // when the model was opened
+	fe     *frontend.Server
+	// reqMetrics are the request-level metrics the frontend records;
+	// counters count every scheduler's preemptions. Both outlive the
+	// pipelines.
+	reqMetrics *frontend.Metrics
+	counters   sched.Counters
+	memb       *membership.Membership
+	slot       *stagehost.Slot
+	dev        *stagehost.Device // what the stage runs on (nil without a stage)
+	usable     uint64            // memory the stage may use (0 without a stage)
+	health     *health.Server
+	dialOpts   []grpc.DialOption
+	meta       membership.Meta
+	sup        *supervise.Supervisor
 
 	mu         sync.Mutex
 	draining   bool
@@ -181,31 +192,49 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 	if *d.cfg.Stage.Enabled {
 		tandemv1.RegisterNodeServer(srv, d.slot)
 	}
-	tandemv1.RegisterInferenceServer(srv, frontend.New(d.ckpt.Config(), d.tok, d))
+	d.reqMetrics = frontend.NewMetrics(frontend.MetricsConfig{
+		ModelName: d.cfg.ModelName,
+		VLLMNames: d.cfg.Metrics.VLLMNames,
+		Engine:    d.schedStats,
+		Counters:  &d.counters,
+	})
+	d.fe = frontend.New(frontend.Config{
+		Model:      d.ckpt.Config(),
+		Tokenizer:  d.tok,
+		Generation: d.gen,
+		Chat:       d.chat,
+		Name:       d.cfg.ModelName,
+		Created:    d.loaded,
+		Engines:    d,
+		Metrics:    d.reqMetrics,
+	})
+	tandemv1.RegisterInferenceServer(srv, d.fe)
 	tandemv1.RegisterAdminServer(srv, &adminServer{d: d})
 	healthpb.RegisterHealthServer(srv, d.health)
 	reflection.Register(srv)
 
 	d.addrs.GRPC = lis.Addr().String()
-	metrics, err := d.listenMetrics()
+	metrics, api, err := d.listenHTTP()
 	if err != nil {
 		lis.Close()
 		return err
 	}
-	d.addrs.Metrics = metrics.addr()
+	d.addrs.Metrics, d.addrs.HTTP = metrics.addr(), api.addr()
 	if err := d.startMembership(ctx); err != nil {
 		lis.Close()
 		metrics.abandon()
+		api.abandon()
 		return err
 	}
 	d.addrs.Gossip = d.memb.LocalAddr()
 	d.sup = d.newSupervisor()
-	d.log.Info("daemon listening", "grpc", d.addrs.GRPC, "gossip", d.addrs.Gossip, "metrics", d.addrs.Metrics, "config", d.cfg)
+	d.log.Info("daemon listening", "grpc", d.addrs.GRPC, "gossip", d.addrs.Gossip, "metrics", d.addrs.Metrics, "http", d.addrs.HTTP, "config", d.cfg)
 	close(d.listening)
 
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(lis) }()
 	metrics.start()
+	api.start()
 	// The watchdog is fed through the drain too: it is bounded.
 	stopWatchdog, err := sdnotify.StartWatchdog(context.Background(), d.healthy)
 	if err != nil {
@@ -241,7 +270,7 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 	if err := <-served; err != nil && !errors.Is(err, grpc.ErrServerStopped) {
 		errs = append(errs, fmt.Errorf("serve gRPC: %w", err))
 	}
-	errs = append(errs, metrics.stop(stopGrace))
+	errs = append(errs, metrics.stop(stopGrace), api.stop(stopGrace))
 	errs = append(errs, d.memb.Shutdown())
 	d.log.Info("stopped")
 	return errors.Join(errs...)
@@ -257,7 +286,17 @@ func (d *Daemon) openModel() error {
 		ckpt.Close()
 		return fmt.Errorf("model %s: %w", d.cfg.Model, err)
 	}
-	d.ckpt, d.tok = ckpt, tok
+	gen, err := model.LoadGenerationConfig(d.cfg.Model, ckpt.Config().VocabSize)
+	if err != nil {
+		ckpt.Close()
+		return err
+	}
+	set, err := chat.Load(d.cfg.Model, nil)
+	if err != nil {
+		ckpt.Close()
+		return err
+	}
+	d.ckpt, d.tok, d.gen, d.chat, d.loaded = ckpt, tok, gen, set, time.Now()
 	return nil
 }
 
@@ -372,6 +411,16 @@ func (d *Daemon) waitStageIdle(timeout time.Duration) {
 	for d.slot.Busy() && time.Now().Before(deadline) {
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// schedStats is the leader's scheduler state, for the metrics; false
+// while this node does not lead.
+func (d *Daemon) schedStats() (sched.Stats, bool) {
+	if d.sup == nil {
+		return sched.Stats{}, false
+	}
+	snap := d.sup.Snapshot()
+	return snap.Sched, snap.Leading
 }
 
 // Engine implements frontend.Engines: the leader's engine, which queues

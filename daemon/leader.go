@@ -36,6 +36,7 @@ func (d *Daemon) newSupervisor() *supervise.Supervisor {
 			MaxBatchTokens: d.cfg.Stage.MaxBatchTokens, MaxSeqs: d.cfg.Stage.MaxSeqs, BlockSize: d.cfg.Stage.BlockSize,
 			Handoff: *d.cfg.Stage.Handoff, GraphMode: d.cfg.graphMode(), NewDispatcher: d.cfg.newDispatcher,
 			Nodes: nodeDialer{d.dialOpts}, StepTimeout: time.Duration(d.cfg.Cluster.StepTimeout),
+			Counters: &d.counters,
 		},
 		Probe:         d.probe,
 		OnStatus:      d.onStatus,

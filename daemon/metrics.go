@@ -13,15 +13,20 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/tandem-llm/tandem/daemon/openai"
 )
 
-// metricsReadHeaderTimeout bounds how long a scraper may take to send its
-// request headers.
-const metricsReadHeaderTimeout = 10 * time.Second
+// httpReadHeaderTimeout bounds how long a client of the HTTP endpoints may
+// take to send its request headers.
+const httpReadHeaderTimeout = 10 * time.Second
 
-// Descriptions of the daemon's metrics. Every figure is read at scrape
-// time from the state Admin.Status and Admin.Graphs report, so the metrics
-// keep no counts of their own.
+// Descriptions of the node's metrics. Every figure is read at scrape time
+// from the state Admin.Status and Admin.Graphs report, so these metrics
+// keep no counts of their own. The request-level set (vLLM's: latencies,
+// tokens, requests running, waiting and finished, KV-cache usage,
+// preemptions) is the frontend's (frontend.Metrics), registered beside
+// them.
 var (
 	descInfo = prometheus.NewDesc("tandem_node_info",
 		"This node: its name, software version and model identity (always 1).",
@@ -32,22 +37,12 @@ var (
 		"1 while a pipeline this node leads, or holds a stage of, is serving.", nil, nil)
 	descEpoch = prometheus.NewDesc("tandem_pipeline_epoch",
 		"The leader's epoch of the pipeline it runs (leader only).", nil, nil)
-	descRunning = prometheus.NewDesc("tandem_requests_running",
-		"Requests admitted, holding KV blocks (leader only).", nil, nil)
-	descWaiting = prometheus.NewDesc("tandem_requests_waiting",
-		"Requests not admitted yet, or preempted (leader only).", nil, nil)
-	descFinished = prometheus.NewDesc("tandem_requests_finished_total",
-		"Requests that ended with a finish reason, since this node leads (leader only).", nil, nil)
-	descCancelled = prometheus.NewDesc("tandem_requests_cancelled_total",
-		"Requests cancelled by their client, since this node leads (leader only).", nil, nil)
 	descInFlight = prometheus.NewDesc("tandem_steps_in_flight",
 		"Steps in the pipeline (leader only).", nil, nil)
 	descKVUsed = prometheus.NewDesc("tandem_kv_blocks_used",
 		"KV-cache blocks held by running requests (leader only).", nil, nil)
 	descKVTotal = prometheus.NewDesc("tandem_kv_blocks_total",
 		"KV-cache blocks of the pipeline (leader only).", nil, nil)
-	descPreempt = prometheus.NewDesc("tandem_preemptions_total",
-		"Requests sent back to waiting for lack of KV blocks, since this node leads (leader only).", nil, nil)
 	descDiscarded = prometheus.NewDesc("tandem_discarded_tokens_total",
 		"Sampled tokens dropped because their request was preempted, cancelled or finished meanwhile (leader only).", nil, nil)
 	descSteps = prometheus.NewDesc("tandem_steps_total",
@@ -70,9 +65,8 @@ type metricsCollector struct{ d *Daemon }
 
 // Describe implements prometheus.Collector.
 func (c metricsCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descInfo, descLeader, descServing, descEpoch, descRunning, descWaiting,
-		descFinished, descCancelled, descInFlight, descKVUsed, descKVTotal, descPreempt, descDiscarded,
-		descSteps, descStepTime, descGraphSteps, descGraphMem} {
+	for _, d := range []*prometheus.Desc{descInfo, descLeader, descServing, descEpoch, descInFlight, descKVUsed,
+		descKVTotal, descDiscarded, descSteps, descStepTime, descGraphSteps, descGraphMem} {
 		ch <- d
 	}
 }
@@ -106,14 +100,9 @@ func (c metricsCollector) Collect(ch chan<- prometheus.Metric) {
 		return
 	}
 	st := snap.Sched
-	gauge(descRunning, float64(st.Running))
-	gauge(descWaiting, float64(st.Waiting))
-	counter(descFinished, st.Finished)
-	counter(descCancelled, st.Cancelled)
 	gauge(descInFlight, float64(st.InFlight))
 	gauge(descKVUsed, float64(st.KVBlocksUsed))
 	gauge(descKVTotal, float64(st.KVBlocks))
-	counter(descPreempt, st.Preemptions)
 	counter(descDiscarded, st.Discarded)
 	counter(descSteps, st.Steps)
 	gauge(descStepTime, st.LastStepTime.Seconds(), "last")
@@ -131,12 +120,14 @@ func (c metricsCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-// newMetricsRegistry is a private registry with the daemon's collector and
-// the standard Go runtime and process collectors.
+// newMetricsRegistry is a private registry with the node's collector, the
+// request-level metrics and the standard Go runtime and process
+// collectors.
 func newMetricsRegistry(d *Daemon) (*prometheus.Registry, error) {
 	reg := prometheus.NewRegistry()
 	for _, c := range []prometheus.Collector{
 		metricsCollector{d: d},
+		d.reqMetrics,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	} {
@@ -147,42 +138,61 @@ func newMetricsRegistry(d *Daemon) (*prometheus.Registry, error) {
 	return reg, nil
 }
 
-// metricsServer serves GET /metrics over HTTP on listen.metrics.
-type metricsServer struct {
+// httpServer serves one HTTP listener: listen.metrics (/metrics) or
+// listen.http (the OpenAI API and /metrics).
+type httpServer struct {
+	key    string // the configuration key of its address
 	lis    net.Listener
 	srv    *http.Server
 	served chan error
 }
 
-// listenMetrics binds listen.metrics; it returns nil when the endpoint is
-// off (the address is empty).
-func (d *Daemon) listenMetrics() (*metricsServer, error) {
-	addr := d.cfg.Listen.Metrics
-	if addr == "" {
-		return nil, nil
+// listenHTTP binds listen.metrics and listen.http; a server is nil when
+// its address is empty (the endpoint is off).
+func (d *Daemon) listenHTTP() (metrics, api *httpServer, err error) {
+	if d.cfg.Listen.Metrics == "" && d.cfg.Listen.HTTP == "" {
+		return nil, nil, nil
 	}
 	reg, err := newMetricsRegistry(d)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	lis, err := net.Listen("tcp", addr)
-	if err != nil {
-		return nil, fmt.Errorf("listen for metrics on %s (listen.metrics): %w", addr, err)
-	}
-	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{
+	scrape := promhttp.HandlerFor(reg, promhttp.HandlerOpts{
 		ErrorLog: slog.NewLogLogger(d.log.Handler(), slog.LevelWarn),
 		Registry: reg, // promhttp_metric_handler_errors_total counts failed scrapes
-	}))
-	return &metricsServer{
+	})
+	if addr := d.cfg.Listen.Metrics; addr != "" {
+		mux := http.NewServeMux()
+		mux.Handle("GET /metrics", scrape)
+		if metrics, err = d.newHTTPServer("listen.metrics", addr, mux); err != nil {
+			return nil, nil, err
+		}
+	}
+	if addr := d.cfg.Listen.HTTP; addr != "" {
+		h := openai.New(openai.Config{Engine: d.fe.OpenAI(), Logger: d.log, Metrics: scrape})
+		if api, err = d.newHTTPServer("listen.http", addr, h); err != nil {
+			metrics.abandon()
+			return nil, nil, err
+		}
+	}
+	return metrics, api, nil
+}
+
+func (d *Daemon) newHTTPServer(key, addr string, h http.Handler) (*httpServer, error) {
+	lis, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("listen on %s (%s): %w", addr, key, err)
+	}
+	return &httpServer{
+		key:    key,
 		lis:    lis,
-		srv:    &http.Server{Handler: mux, ReadHeaderTimeout: metricsReadHeaderTimeout, ErrorLog: slog.NewLogLogger(d.log.Handler(), slog.LevelWarn)},
+		srv:    &http.Server{Handler: h, ReadHeaderTimeout: httpReadHeaderTimeout, ErrorLog: slog.NewLogLogger(d.log.Handler(), slog.LevelWarn)},
 		served: make(chan error, 1),
 	}, nil
 }
 
 // addr is the bound address ("" when m is nil: the endpoint is off).
-func (m *metricsServer) addr() string {
+func (m *httpServer) addr() string {
 	if m == nil {
 		return ""
 	}
@@ -190,7 +200,7 @@ func (m *metricsServer) addr() string {
 }
 
 // start serves in a goroutine that stop waits for.
-func (m *metricsServer) start() {
+func (m *httpServer) start() {
 	if m == nil {
 		return
 	}
@@ -198,16 +208,16 @@ func (m *metricsServer) start() {
 }
 
 // abandon closes the listener of a server never started.
-func (m *metricsServer) abandon() {
+func (m *httpServer) abandon() {
 	if m != nil {
 		m.lis.Close()
 	}
 }
 
-// stop shuts a started server down: scrapes in progress get grace to
+// stop shuts a started server down: requests in progress get grace to
 // finish, then every connection is closed. It returns the server's error,
 // if any.
-func (m *metricsServer) stop(grace time.Duration) error {
+func (m *httpServer) stop(grace time.Duration) error {
 	if m == nil {
 		return nil
 	}
@@ -217,7 +227,7 @@ func (m *metricsServer) stop(grace time.Duration) error {
 		m.srv.Close()
 	}
 	if err := <-m.served; !errors.Is(err, http.ErrServerClosed) {
-		return fmt.Errorf("serve metrics: %w", err)
+		return fmt.Errorf("serve %s: %w", m.key, err)
 	}
 	return nil
 }

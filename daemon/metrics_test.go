@@ -140,23 +140,28 @@ func TestMetricsEndpoint(t *testing.T) {
 	fams, body := scrape(t, client, url)
 	sc := st.GetScheduler()
 	for _, c := range []struct {
-		name string
-		want float64
+		name   string
+		labels map[string]string
+		want   float64
 	}{
-		{"tandem_steps_total", float64(sc.GetSteps())},
-		{"tandem_kv_blocks_total", float64(sc.GetKvBlocks())},
-		{"tandem_kv_blocks_used", 0},
-		{"tandem_requests_running", 0},
-		{"tandem_requests_waiting", 0},
-		{"tandem_requests_finished_total", 2},
-		{"tandem_preemptions_total", float64(sc.GetPreemptions())},
-		{"tandem_discarded_tokens_total", float64(sc.GetDiscardedTokens())},
-		{"tandem_pipeline_serving", 1},
-		{"tandem_leader", 1},
-		{"tandem_pipeline_epoch", float64(st.GetEpoch())},
+		{"tandem_steps_total", nil, float64(sc.GetSteps())},
+		{"tandem_kv_blocks_total", nil, float64(sc.GetKvBlocks())},
+		{"tandem_kv_blocks_used", nil, 0},
+		{"tandem_kv_cache_usage_ratio", nil, 0},
+		{"tandem_requests_running", nil, 0},
+		{"tandem_requests_waiting", nil, 0},
+		{"tandem_requests_finished_total", map[string]string{"reason": "length"}, 2},
+		{"tandem_requests_finished_total", map[string]string{"reason": "stop"}, 0},
+		{"tandem_generation_tokens_total", nil, 12},
+		{"tandem_prompt_tokens_total", nil, 8},
+		{"tandem_preemptions_total", nil, float64(sc.GetPreemptions())},
+		{"tandem_discarded_tokens_total", nil, float64(sc.GetDiscardedTokens())},
+		{"tandem_pipeline_serving", nil, 1},
+		{"tandem_leader", nil, 1},
+		{"tandem_pipeline_epoch", nil, float64(st.GetEpoch())},
 	} {
-		if got, ok := metricValue(fams, c.name, nil); !ok || got != c.want {
-			t.Errorf("%s = %v (present %v), want %v", c.name, got, ok, c.want)
+		if got, ok := metricValue(fams, c.name, c.labels); !ok || got != c.want {
+			t.Errorf("%s%v = %v (present %v), want %v", c.name, c.labels, got, ok, c.want)
 		}
 	}
 	if got, ok := metricValue(fams, "tandem_step_seconds", map[string]string{"stat": "mean"}); !ok || got <= 0 || got != sc.GetMeanStepTime().AsDuration().Seconds() {

@@ -3,6 +3,7 @@ package sched
 import (
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/tandem-llm/tandem/stage"
@@ -40,7 +41,21 @@ type Config struct {
 	// package doc). Without it the steps in flight hold disjoint
 	// sequences.
 	OnDeviceHandoff bool
+	// Counters, when set, also count what Stats counts for the life of
+	// the process: the caller passes the same Counters to every scheduler
+	// it starts, so its metrics stay monotonic across pipelines.
+	Counters *Counters
 }
+
+// Counters are counts that outlive a scheduler (Config.Counters). They are
+// safe for concurrent use.
+type Counters struct {
+	preemptions atomic.Uint64
+}
+
+// Preemptions is the number of requests sent back to waiting for lack of
+// KV blocks by every scheduler given these Counters.
+func (c *Counters) Preemptions() uint64 { return c.preemptions.Load() }
 
 // withDefaults checks c and fills its defaults.
 func (c Config) withDefaults() (Config, error) {
@@ -77,20 +92,16 @@ type Request struct {
 	Prompt    []int32
 	MaxTokens int
 	// StopTokens end the completion when sampled (the model's EOS ids,
-	// usually); the stop token is delivered, with finish "stop".
+	// usually); the stop token is delivered, with finish "stop". Stop
+	// strings are the caller's: it detokenises the stream and cancels the
+	// request when one appears.
 	StopTokens []int32
-	// StopCheck, when set, is called with the tokens generated so far each
-	// time one is added; true ends the completion there with finish
-	// "stop". It is how stop strings are checked: the caller detokenizes.
-	// It runs on the scheduler's goroutine and must not call the
-	// scheduler.
-	StopCheck func(generated []int32) bool
-	Sampling  stage.Sampling
+	Sampling   stage.Sampling
 }
 
 // Finish reasons of an Output.
 const (
-	FinishStop   = "stop"   // a stop token or StopCheck
+	FinishStop   = "stop"   // a stop token
 	FinishLength = "length" // MaxTokens reached
 )
 
@@ -104,6 +115,12 @@ type Output struct {
 	// Finish is set on the request's last token: FinishStop or
 	// FinishLength.
 	Finish string
+	// Time is when the token's step came back to the scheduler.
+	Time time.Time
+	// Scheduled is set on the request's first token (Index 0): when the
+	// scheduler first put the request in a step, which ends its time in
+	// the queue.
+	Scheduled time.Time
 }
 
 // Stats is a snapshot of the scheduler, for status reports.
@@ -138,7 +155,7 @@ func (c *Config) check(r *Request) error {
 	case r.MaxTokens < 1:
 		return fmt.Errorf("max tokens %d, want at least 1", r.MaxTokens)
 	case c.MaxModelLen > 0 && len(r.Prompt)+r.MaxTokens > c.MaxModelLen:
-		return fmt.Errorf("prompt of %d tokens plus %d to generate exceeds the model length %d", len(r.Prompt), r.MaxTokens, c.MaxModelLen)
+		return fmt.Errorf("%w: prompt of %d tokens plus %d to generate exceeds the model length %d", ErrTooLarge, len(r.Prompt), r.MaxTokens, c.MaxModelLen)
 	}
 	for i, t := range r.Prompt {
 		if t < 0 {
@@ -147,7 +164,7 @@ func (c *Config) check(r *Request) error {
 	}
 	// The last sampled token is never fed back, so it needs no KV.
 	if need := blocksFor(len(r.Prompt)+r.MaxTokens-1, c.BlockSize); need > c.NumBlocks {
-		return fmt.Errorf("prompt of %d tokens plus %d to generate needs %d KV blocks of %d positions; the capacity is %d blocks", len(r.Prompt), r.MaxTokens, need, c.BlockSize, c.NumBlocks)
+		return fmt.Errorf("%w: prompt of %d tokens plus %d to generate needs %d KV blocks of %d positions; the capacity is %d blocks", ErrTooLarge, len(r.Prompt), r.MaxTokens, need, c.BlockSize, c.NumBlocks)
 	}
 	return nil
 }

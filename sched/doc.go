@@ -54,8 +54,10 @@
 // blocks may be reused by the very next step: every stage runs steps in
 // order, so it is done with a block before a later step writes it.
 //
-// Stop strings are the caller's: Request.StopCheck sees the generated
-// tokens after each new one and may end the request.
+// The scheduler deals in tokens only: stop strings are the caller's, which
+// detokenises a request's stream and cancels the request when one
+// appears. A request that can never run (longer than MaxModelLen or the
+// whole KV cache) is refused with an error wrapping ErrTooLarge.
 //
 // Loop runs a Scheduler against an Executor (a *pipeline.Driver) and gives
 // each request a Stream of its tokens.

@@ -54,7 +54,7 @@ func (m fakeModel) alone(r *sched.Request) (out []int32, finish string) {
 		t := m.sample(h[m.stages-1], &r.Sampling, i)
 		out = append(out, t)
 		switch {
-		case slices.Contains(r.StopTokens, t), r.StopCheck != nil && r.StopCheck(out):
+		case slices.Contains(r.StopTokens, t):
 			return out, sched.FinishStop
 		case len(out) == r.MaxTokens:
 			return out, sched.FinishLength

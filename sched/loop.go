@@ -313,8 +313,10 @@ func (l *Loop) Submit(ctx context.Context, r Request) (*Stream, error) {
 	return rep.s, nil
 }
 
-// ErrTooLarge ends the stream of a request that a new pipeline (Replace)
-// cannot hold.
+// ErrTooLarge is wrapped by the refusal of a request too large to ever run
+// on the scheduler's pipeline (Submit, Scheduler.Add: its prompt plus
+// MaxTokens exceed MaxModelLen or the whole KV cache), and ends the stream
+// of a request that a new pipeline (Replace) cannot hold.
 var ErrTooLarge = errors.New("request too large for the pipeline")
 
 // Replace moves the loop's requests onto a new pipeline, ex, configured by

@@ -160,9 +160,6 @@ func survivePipelines(t *testing.T, seed uint64) {
 		for j := range r.req.Prompt {
 			r.req.Prompt[j] = rng.Int32N(vocab)
 		}
-		if rng.IntN(4) == 0 {
-			r.req.StopCheck = repeatStop
-		}
 		arrive := time.Duration(rng.Int64N(int64(3 * time.Second)))
 		wg.Go(func() {
 			time.Sleep(arrive)

@@ -65,8 +65,10 @@ type seq struct {
 	epoch uint64
 	// batch is the last step the sequence was placed in.
 	batch uint64
-	// started is set once stages may hold state for the sequence.
-	started bool
+	// started is set once stages may hold state for the sequence;
+	// scheduled is when that happened.
+	started   bool
+	scheduled time.Time
 	// slot is the sequence's hand-off slot while it runs with
 	// OnDeviceHandoff (-1: none).
 	slot int
@@ -216,6 +218,14 @@ func (sc *Scheduler) Schedule() (*pipeline.Step, bool) {
 		p.seqCap = min(p.seqCap, (active+groups-1)/groups)
 		p.window = groups
 	}
+	// now reads the clock once, when a step needs the time.
+	var t time.Time
+	now := func() time.Time {
+		if t.IsZero() {
+			t = sc.clock()
+		}
+		return t
+	}
 	f := sc.spareFlight(min(p.seqCap, len(sc.running)+len(sc.waiting)))
 	p.seqs, p.entries = f.seqs, f.entries
 	for _, decodes := range []bool{true, false} {
@@ -244,7 +254,9 @@ func (sc *Scheduler) Schedule() (*pipeline.Step, bool) {
 		}
 		sc.waiting = slices.Delete(sc.waiting, i, i+1)
 		s.state = running
-		s.started = true
+		if !s.started {
+			s.started, s.scheduled = true, now()
+		}
 		sc.running = insertByArrival(sc.running, s)
 	}
 	if len(p.seqs) == 0 {
@@ -257,7 +269,7 @@ func (sc *Scheduler) Schedule() (*pipeline.Step, bool) {
 	st := &pipeline.Step{Batch: stage.Batch{ID: p.id, Seqs: p.seqs}, Free: sc.toFree}
 	sc.toFree = nil
 	if len(p.seqs) > 0 {
-		f.batch, f.start, f.seqs, f.entries, f.handoff = p.id, sc.clock(), p.seqs, p.entries, 0
+		f.batch, f.start, f.seqs, f.entries, f.handoff = p.id, now(), p.seqs, p.entries, 0
 		if sc.cfg.OnDeviceHandoff {
 			// The first stage also takes every hand-off the leader has seen
 			// come back, so that no more than MaxConcurrentBatches wait on
@@ -394,6 +406,9 @@ func (sc *Scheduler) preempt(s *seq) {
 	sc.waiting = insertByArrival(sc.waiting, s)
 	sc.toFree = append(sc.toFree, s.req.ID)
 	sc.stats.Preemptions++
+	if c := sc.cfg.Counters; c != nil {
+		c.preemptions.Add(1)
+	}
 }
 
 // end removes a finished or cancelled request.
@@ -464,6 +479,7 @@ func (sc *Scheduler) Complete(r *pipeline.Result) ([]Output, error) {
 		sc.handoffsDone = f.handoff
 	}
 
+	now := sc.clock()
 	outs := sc.outs[:0]
 	k = 0
 	for _, e := range f.entries {
@@ -480,11 +496,12 @@ func (sc *Scheduler) Complete(r *pipeline.Result) ([]Output, error) {
 		}
 		s.pending--
 		s.tokens = append(s.tokens, t.Token)
-		o := Output{ID: s.req.ID, Index: s.generated() - 1, Token: t}
+		o := Output{ID: s.req.ID, Index: s.generated() - 1, Token: t, Time: now}
+		if o.Index == 0 {
+			o.Scheduled = s.scheduled
+		}
 		switch {
 		case slices.Contains(s.req.StopTokens, t.Token):
-			o.Finish = FinishStop
-		case s.req.StopCheck != nil && s.req.StopCheck(s.tokens[len(s.req.Prompt):]):
 			o.Finish = FinishStop
 		case s.generated() >= s.req.MaxTokens:
 			o.Finish = FinishLength
@@ -502,7 +519,7 @@ func (sc *Scheduler) Complete(r *pipeline.Result) ([]Output, error) {
 	clear(f.entries)
 	f.seqs, f.entries = f.seqs[:0], f.entries[:0]
 	sc.spare = append(sc.spare, f)
-	d := sc.clock().Sub(f.start)
+	d := now.Sub(f.start)
 	sc.stats.Steps++
 	sc.stats.LastStepTime = d
 	if sc.stats.Steps == 1 {

@@ -1,9 +1,11 @@
 package sched_test
 
 import (
+	"errors"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/tandem-llm/tandem/pipeline"
 	"github.com/tandem-llm/tandem/sched"
@@ -109,5 +111,99 @@ func TestBalancedSteps(t *testing.T) {
 		if !slices.Equal(got, tc.want) {
 			t.Errorf("%d requests, %d seqs, %d batches: steps of %v sequences, want %v", tc.reqs, tc.seqs, tc.batches, got, tc.want)
 		}
+	}
+}
+
+// drain runs sc until it is idle, sampling token 7 for every sequence,
+// and returns the outputs in order.
+func drain(t *testing.T, sc *sched.Scheduler) []sched.Output {
+	t.Helper()
+	var outs []sched.Output
+	for !sc.Idle() {
+		st, ok := sc.Schedule()
+		if !ok {
+			t.Fatal("not idle, but nothing to schedule")
+		}
+		if len(st.Batch.Seqs) == 0 {
+			continue
+		}
+		r := &pipeline.Result{Batch: st.Batch.ID}
+		for _, q := range st.Batch.Seqs {
+			if q.Sample {
+				r.Sampled = append(r.Sampled, stage.Sampled{Seq: q.ID, Token: 7})
+			}
+		}
+		o, err := sc.Complete(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		outs = append(outs, o...)
+	}
+	return outs
+}
+
+// TestScheduledAndCounters checks that a request's first output carries
+// when it was first scheduled (its later ones do not), that every output
+// carries when its step came back, and that Counters
+// given to two schedulers count the preemptions of both.
+func TestScheduledAndCounters(t *testing.T) {
+	var c sched.Counters
+	var total uint64
+	for run := range 2 {
+		tick := time.Unix(100, 0)
+		clock := func() time.Time { tick = tick.Add(time.Second); return tick }
+		// Three blocks of one position for two requests that each need
+		// three: the newer is preempted while the older grows.
+		sc, err := sched.New(sched.Config{MaxNumBatchedTokens: 8, MaxNumSeqs: 2, BlockSize: 1, NumBlocks: 3, Counters: &c}, clock)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for id := uint64(1); id <= 2; id++ {
+			if err := sc.Add(sched.Request{ID: id, Prompt: []int32{1}, MaxTokens: 3}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		first := tick.Add(time.Second) // the clock reading of the first step
+		for _, o := range drain(t, sc) {
+			if (o.Index == 0) == o.Scheduled.IsZero() {
+				t.Errorf("run %d: output %+v: Scheduled set on the first token only", run, o)
+			}
+			if !o.Time.After(first) {
+				t.Errorf("run %d: output %+v: Time not after the first step", run, o)
+			}
+			if o.Index == 0 && o.ID == 1 && !o.Scheduled.Equal(first) {
+				t.Errorf("run %d: request 1 scheduled at %v, want the first step's %v", run, o.Scheduled, first)
+			}
+		}
+		total += sc.Stats().Preemptions
+		if c.Preemptions() != total || sc.Stats().Preemptions == 0 {
+			t.Errorf("run %d: counters %d preemptions, the schedulers %d in all (this one %d); want equal, some", run, c.Preemptions(), total, sc.Stats().Preemptions)
+		}
+	}
+}
+
+// TestTooLarge checks that the refusals of requests too large to ever run
+// wrap ErrTooLarge, and no other refusal does.
+func TestTooLarge(t *testing.T) {
+	sc, err := sched.New(sched.Config{MaxNumBatchedTokens: 8, MaxNumSeqs: 2, BlockSize: 4, NumBlocks: 3, MaxModelLen: 20}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		r     sched.Request
+		never bool
+	}{
+		{sched.Request{ID: 1, Prompt: make([]int32, 18), MaxTokens: 3}, true}, // past MaxModelLen
+		{sched.Request{ID: 2, Prompt: make([]int32, 10), MaxTokens: 4}, true}, // 13 positions, 4 blocks
+		{sched.Request{ID: 3, Prompt: nil, MaxTokens: 4}, false},
+		{sched.Request{ID: 4, Prompt: []int32{1}, MaxTokens: 0}, false},
+	} {
+		err := sc.Add(tc.r)
+		if err == nil || errors.Is(err, sched.ErrTooLarge) != tc.never {
+			t.Errorf("request %d: %v; want an error, wrapping ErrTooLarge: %t", tc.r.ID, err, tc.never)
+		}
+	}
+	if err := sc.Add(sched.Request{ID: 5, Prompt: make([]int32, 9), MaxTokens: 4}); err != nil {
+		t.Errorf("a request of exactly the capacity: %v", err)
 	}
 }

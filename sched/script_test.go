@@ -148,9 +148,6 @@ func runScript(t *testing.T, script string) string {
 					r.StopTokens = append(r.StopTokens, int32(tok))
 				}
 			}
-			if args["check"] == "repeat" {
-				r.StopCheck = repeatStop
-			}
 			if err := sc.Add(r); err != nil {
 				print("error: %v", err)
 			}

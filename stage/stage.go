@@ -155,6 +155,11 @@ type HandoffReceiver interface {
 // HandoffCols is the number of I32 columns of a hand-off row: slot, token.
 const HandoffCols = 2
 
+// MaxLogprobs is the most top alternatives a request may ask for with each
+// sampled token (Sampling.Logprobs): every backend reports that many, and
+// the request APIs refuse more.
+const MaxLogprobs = 20
+
 // Validate rejects sampling parameters no backend can honour; maxLogprobs
 // is the most top alternatives the backend reports.
 func (p *Sampling) Validate(maxLogprobs int) error {

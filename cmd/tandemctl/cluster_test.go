@@ -24,6 +24,13 @@ import (
 // process with an admin token, and returns its gRPC address once it serves.
 func startDaemon(t *testing.T, modelDir, token string) string {
 	t.Helper()
+	return startDaemonAddrs(t, modelDir, token).GRPC
+}
+
+// startDaemonAddrs is startDaemon with the OpenAI endpoint on; it returns
+// every address.
+func startDaemonAddrs(t *testing.T, modelDir, token string) daemon.Addrs {
+	t.Helper()
 	tokenFile := filepath.Join(t.TempDir(), "token")
 	if err := os.WriteFile(tokenFile, []byte(token), 0o600); err != nil {
 		t.Fatal(err)
@@ -31,7 +38,7 @@ func startDaemon(t *testing.T, modelDir, token string) string {
 	d, err := daemon.New(daemon.Config{
 		Name:     "solo",
 		Model:    modelDir,
-		Listen:   daemon.ListenConfig{GRPC: "127.0.0.1:0", Gossip: "127.0.0.1:0"},
+		Listen:   daemon.ListenConfig{GRPC: "127.0.0.1:0", Gossip: "127.0.0.1:0", HTTP: "127.0.0.1:0"},
 		Cluster:  daemon.ClusterConfig{FastFailureDetection: true},
 		Stage:    daemon.StageConfig{Memory: 1 << 30, Backend: daemon.BackendCPU},
 		Security: daemon.SecurityConfig{AdminTokenFile: tokenFile},
@@ -62,7 +69,7 @@ func startDaemon(t *testing.T, modelDir, token string) string {
 	for start := time.Now(); ; time.Sleep(20 * time.Millisecond) {
 		r, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{})
 		if err == nil && r.GetStatus() == healthpb.HealthCheckResponse_SERVING {
-			return addr
+			return d.Addrs()
 		}
 		if time.Since(start) > 20*time.Second {
 			t.Fatalf("daemon not serving: %v %v", r, err)

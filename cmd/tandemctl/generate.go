@@ -19,6 +19,10 @@ func newGenerateCmd() *cobra.Command {
 		req      tandemv1.GenerateRequest
 		logprobs int
 		asJSON   bool
+		// The sampling flags, sent only when given: the model's
+		// generation defaults apply to the others.
+		temperature, topP float32
+		topK              int32
 	)
 	cmd := &cobra.Command{
 		Use:   "generate [PROMPT...]",
@@ -45,6 +49,15 @@ usage.`,
 			}
 			if logprobs >= 0 {
 				req.Logprobs = proto.Uint32(uint32(logprobs))
+			}
+			if cmd.Flags().Changed("temperature") {
+				req.Temperature = proto.Float32(temperature)
+			}
+			if cmd.Flags().Changed("top-p") {
+				req.TopP = proto.Float32(topP)
+			}
+			if cmd.Flags().Changed("top-k") {
+				req.TopK = proto.Int32(topK)
 			}
 			conn, ctx, done, err := c.open(cmd.Context())
 			if err != nil {
@@ -96,9 +109,9 @@ usage.`,
 	f := cmd.Flags()
 	f.Int32SliceVar(&req.PromptTokenIds, "ids", nil, "prompt token ids (comma-separated) instead of text")
 	f.Uint32Var(&req.MaxTokens, "max-tokens", 64, "most tokens to generate")
-	f.Float32Var(&req.Temperature, "temperature", 0, "sampling temperature (0: greedy)")
-	f.Float32Var(&req.TopP, "top-p", 0, "nucleus sampling threshold (0 or 1: off)")
-	f.Int32Var(&req.TopK, "top-k", 0, "sample among the k most likely tokens (0: off)")
+	f.Float32Var(&temperature, "temperature", 0, "sampling temperature, 0 greedy (default: the model's generation_config.json, else greedy)")
+	f.Float32Var(&topP, "top-p", 0, "nucleus sampling threshold, 0 or 1 off (default: the model's, else off)")
+	f.Int32Var(&topK, "top-k", 0, "sample among the k most likely tokens, 0 off (default: the model's, else off)")
 	f.Uint64Var(&req.Seed, "seed", 0, "sampling seed")
 	f.StringArrayVar(&req.Stop, "stop", nil, "stop when the text contains this string (repeatable)")
 	f.Int32SliceVar(&req.StopTokenIds, "stop-token", nil, "stop when one of these token ids is sampled (comma-separated)")

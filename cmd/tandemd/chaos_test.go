@@ -66,9 +66,12 @@ func chaosRequests(t *testing.T, dir string, n, maxTokens int) ([]*tandemv1.Gene
 		for j := range prompt {
 			prompt[j] = int32((i*37 + j*11 + 1) % 512)
 		}
-		reqs[i] = &tandemv1.GenerateRequest{PromptTokenIds: prompt, MaxTokens: uint32(maxTokens), IgnoreEos: true, Logprobs: proto.Uint32(0)}
+		// Greedy, or sampled: every sampling field set, so that the
+		// model's generation defaults play no part.
+		reqs[i] = &tandemv1.GenerateRequest{PromptTokenIds: prompt, MaxTokens: uint32(maxTokens), IgnoreEos: true, Logprobs: proto.Uint32(0),
+			Temperature: proto.Float32(0), TopK: proto.Int32(0), TopP: proto.Float32(0)}
 		if i%2 == 1 {
-			reqs[i].Temperature, reqs[i].TopK, reqs[i].TopP, reqs[i].Seed = 0.8, 40, 0.95, uint64(1000+i)
+			reqs[i].Temperature, reqs[i].TopK, reqs[i].TopP, reqs[i].Seed = proto.Float32(0.8), proto.Int32(40), proto.Float32(0.95), uint64(1000+i)
 		}
 		for _, s := range reference(t, dir, reqs[i]) {
 			want[i] = append(want[i], s.Token)

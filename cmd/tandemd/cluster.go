@@ -52,6 +52,7 @@ type daemonProc struct {
 	GRPC       string
 	Gossip     string
 	args       []string
+	HTTP       string // the OpenAI API's address ("" while off)
 	cmd        *exec.Cmd
 	listenLine chan string
 	exited     chan struct{} // closed when its stdout ends (it exited)
@@ -63,9 +64,7 @@ type daemonProc struct {
 // through its gossip address, and waits until the leader serves.
 func startLocalCluster(ctx context.Context, s clusterSpec) (*localCluster, error) {
 	c := &localCluster{spec: s}
-	common := []string{"serve", "--model", s.model, "--grpc", "127.0.0.1:0", "--gossip", "127.0.0.1:0",
-		"--leader", "leader", "--fast-gossip", "--log-level", s.logLevel, "--memory", "1GiB", "--backend", "cpu", "--progress", "log"}
-	common = append(common, s.extra...)
+	common := s.commonArgs()
 	stagesOfLeader := 0
 	if s.leaderStage {
 		stagesOfLeader = 1
@@ -78,7 +77,7 @@ func startLocalCluster(ctx context.Context, s clusterSpec) (*localCluster, error
 	}
 	for i := range s.stages - stagesOfLeader {
 		name := fmt.Sprintf("stage-%d", i+1)
-		p, err := startDaemon(ctx, s, name, append(append([]string(nil), common...), "--name", name, "--seeds", c.Leader.Gossip))
+		p, err := startDaemon(ctx, s, name, s.stageArgs(name, c.Leader.Gossip))
 		if err != nil {
 			c.kill()
 			return nil, err
@@ -94,6 +93,20 @@ func startLocalCluster(ctx context.Context, s clusterSpec) (*localCluster, error
 		return nil, fmt.Errorf("the leader at %s: %w", c.Leader.GRPC, err)
 	}
 	return c, nil
+}
+
+// commonArgs are the flags of tandemd serve every daemon of the cluster
+// gets.
+func (s clusterSpec) commonArgs() []string {
+	common := []string{"serve", "--model", s.model, "--grpc", "127.0.0.1:0", "--gossip", "127.0.0.1:0",
+		"--leader", "leader", "--fast-gossip", "--log-level", s.logLevel, "--memory", "1GiB", "--backend", "cpu", "--progress", "log"}
+	return append(common, s.extra...)
+}
+
+// stageArgs are the flags of a stage daemon named name joining the leader
+// at its gossip address.
+func (s clusterSpec) stageArgs(name, leaderGossip string) []string {
+	return append(s.commonArgs(), "--name", name, "--seeds", leaderGossip)
 }
 
 func startDaemon(ctx context.Context, s clusterSpec, name string, args []string) (*daemonProc, error) {
@@ -120,9 +133,9 @@ func startDaemon(ctx context.Context, s clusterSpec, name string, args []string)
 	defer cancel()
 	select {
 	case l := <-p.listenLine:
-		if _, err := fmt.Sscanf(strings.TrimSpace(l), "listening grpc=%s gossip=%s", &p.GRPC, &p.Gossip); err != nil {
+		if err := p.parseListening(l); err != nil {
 			p.kill()
-			return nil, fmt.Errorf("%s: unexpected first line %q", name, l)
+			return nil, fmt.Errorf("%s: %w", name, err)
 		}
 		return p, nil
 	case <-p.exited:
@@ -131,6 +144,30 @@ func startDaemon(ctx context.Context, s clusterSpec, name string, args []string)
 		p.kill()
 		return nil, fmt.Errorf("%s: not listening: %w", name, wctx.Err())
 	}
+}
+
+// parseListening reads the addresses of tandemd serve's first line,
+// "listening grpc=ADDR gossip=ADDR[ http=ADDR]".
+func (p *daemonProc) parseListening(line string) error {
+	f := strings.Fields(line)
+	if len(f) < 3 || f[0] != "listening" {
+		return fmt.Errorf("unexpected first line %q", line)
+	}
+	for _, kv := range f[1:] {
+		k, v, _ := strings.Cut(kv, "=")
+		switch k {
+		case "grpc":
+			p.GRPC = v
+		case "gossip":
+			p.Gossip = v
+		case "http":
+			p.HTTP = v
+		}
+	}
+	if p.GRPC == "" || p.Gossip == "" {
+		return fmt.Errorf("unexpected first line %q", line)
+	}
+	return nil
 }
 
 // waitServing polls the health of the server behind conn until it serves.

@@ -46,8 +46,10 @@ tandem's own small model (model/fortune: a 5.5M-parameter Llama trained on
 Debian's fortune cookies, built into this binary and written to a temporary
 directory), which writes fortune-shaped English; --model DIR serves any
 Hugging Face checkpoint directory. The daemons log their progress (loading
-weights) as lines: -v shows them. With --keep the cluster stays up (its
-leader's address is printed as "leader: HOST:PORT") until Ctrl-C.`,
+weights) as lines: -v shows them. With --keep the cluster stays up until
+Ctrl-C, its leader serving the OpenAI-compatible HTTP API too: the leader's
+gRPC address is printed as "leader: HOST:PORT" and the API's base URL as
+"openai: http://HOST:PORT/v1".`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			o.logLevel = cmd.Flag("log-level").Value.String()
@@ -79,7 +81,7 @@ func runDemo(ctx context.Context, o demoOptions, stdout, stderr io.Writer) (err 
 			return err
 		}
 		defer os.RemoveAll(tmp)
-		dir = filepath.Join(tmp, "model")
+		dir = filepath.Join(tmp, fortune.Name) // the model's name in the OpenAI API
 		if err := fortune.Write(dir); err != nil {
 			return err
 		}
@@ -98,7 +100,11 @@ func runDemo(ctx context.Context, o demoOptions, stdout, stderr io.Writer) (err 
 		}
 	}
 	start := time.Now()
-	c, err := startLocalCluster(ctx, clusterSpec{exe: exe, env: o.env, model: dir, stages: o.stages, logLevel: o.logLevel, stderr: stderr})
+	spec := clusterSpec{exe: exe, env: o.env, model: dir, stages: o.stages, logLevel: o.logLevel, stderr: stderr}
+	if o.keep {
+		spec.leaderExtra = []string{"--http", "127.0.0.1:0"}
+	}
+	c, err := startLocalCluster(ctx, spec)
 	if err != nil {
 		return err
 	}
@@ -118,7 +124,7 @@ func runDemo(ctx context.Context, o demoOptions, stdout, stderr io.Writer) (err 
 	fmt.Fprintf(stdout, "cluster: leader + %d stage daemons on loopback, layers %v, serving in %v\n", o.stages, layers, time.Since(start).Round(time.Millisecond))
 
 	stream, err := tandemv1.NewInferenceClient(c.Conn).Generate(ctx, &tandemv1.GenerateRequest{
-		Prompt: o.prompt, MaxTokens: uint32(o.maxTokens), Temperature: o.temperature, Seed: o.seed,
+		Prompt: o.prompt, MaxTokens: uint32(o.maxTokens), Temperature: &o.temperature, Seed: o.seed,
 	})
 	if err != nil {
 		return fmt.Errorf("generate: %w", err)
@@ -152,8 +158,9 @@ func runDemo(ctx context.Context, o demoOptions, stdout, stderr io.Writer) (err 
 	}
 	fmt.Fprintf(stdout, "\n\n%d prompt tokens, %d generated in %v (%.1f tokens/s), stopped at %s\n", usage.GetPromptTokens(), usage.GetCompletionTokens(), elapsed.Round(time.Millisecond), float64(usage.GetCompletionTokens())/elapsed.Seconds(), why)
 	if o.keep {
-		fmt.Fprintf(stdout, "\nleader: %s\n", c.Leader.GRPC)
-		fmt.Fprintf(stdout, "try:    tandemctl --addr %s status\n        grpcurl -plaintext %s list\nCtrl-C stops the cluster.\n", c.Leader.GRPC, c.Leader.GRPC)
+		api := "http://" + c.Leader.HTTP + "/v1"
+		fmt.Fprintf(stdout, "\nleader: %s\nopenai: %s\n", c.Leader.GRPC, api)
+		fmt.Fprintf(stdout, "try:    tandemctl --addr %s status\n        tandemctl chat --url %s\n        curl %s/models\n        grpcurl -plaintext %s list\nCtrl-C stops the cluster.\n", c.Leader.GRPC, api, api, c.Leader.GRPC)
 		<-ctx.Done()
 	}
 	start = time.Now()

@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/protobuf/proto"
+
 	"github.com/tandem-llm/tandem/model"
 	"github.com/tandem-llm/tandem/model/fortune"
 	tandemv1 "github.com/tandem-llm/tandem/proto/tandem/v1"
@@ -66,7 +68,7 @@ func TestFortuneGolden(t *testing.T) {
 	var wg sync.WaitGroup
 	for i, gc := range g.Greedy {
 		wg.Go(func() {
-			got[i], errs[i] = generate(ctx, c.Conn, &tandemv1.GenerateRequest{Prompt: gc.Prompt, MaxTokens: uint32(len(gc.IDs)), IgnoreEos: true})
+			got[i], errs[i] = generate(ctx, c.Conn, &tandemv1.GenerateRequest{Prompt: gc.Prompt, MaxTokens: uint32(len(gc.IDs)), Temperature: proto.Float32(0), IgnoreEos: true})
 		})
 	}
 	wg.Wait()

@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	oa "github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -23,6 +25,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/tandem-llm/tandem/model"
+	"github.com/tandem-llm/tandem/model/fortune"
 	"github.com/tandem-llm/tandem/model/randinit"
 	"github.com/tandem-llm/tandem/model/tokenizer"
 	"github.com/tandem-llm/tandem/pipeline"
@@ -118,9 +121,9 @@ type genCase struct {
 
 func genCases() []genCase {
 	return []genCase{
-		{"greedy", &tandemv1.GenerateRequest{Prompt: "Hello there", MaxTokens: 12, Logprobs: proto.Uint32(5)}},
-		{"sampled", &tandemv1.GenerateRequest{Prompt: "The quick brown fox jumps over", MaxTokens: 10, Temperature: 0.9, TopK: 40, TopP: 0.95, Seed: 11, Logprobs: proto.Uint32(3)}},
-		{"ids", &tandemv1.GenerateRequest{PromptTokenIds: []int32{3, 99, 250, 7, 7, 300}, MaxTokens: 8, Temperature: 1.2, Seed: 5, IgnoreEos: true, Logprobs: proto.Uint32(0)}},
+		{"greedy", &tandemv1.GenerateRequest{Prompt: "Hello there", MaxTokens: 12, Temperature: proto.Float32(0), TopP: proto.Float32(0), TopK: proto.Int32(0), Logprobs: proto.Uint32(5)}},
+		{"sampled", &tandemv1.GenerateRequest{Prompt: "The quick brown fox jumps over", MaxTokens: 10, Temperature: proto.Float32(0.9), TopK: proto.Int32(40), TopP: proto.Float32(0.95), Seed: 11, Logprobs: proto.Uint32(3)}},
+		{"ids", &tandemv1.GenerateRequest{PromptTokenIds: []int32{3, 99, 250, 7, 7, 300}, MaxTokens: 8, Temperature: proto.Float32(1.2), TopP: proto.Float32(1), TopK: proto.Int32(0), Seed: 5, IgnoreEos: true, Logprobs: proto.Uint32(0)}},
 	}
 }
 
@@ -548,10 +551,10 @@ func TestCluster(t *testing.T) {
 			{"id out of vocab", &tandemv1.GenerateRequest{PromptTokenIds: []int32{1, 512}}, "prompt_token_ids[1] = 512"},
 			{"negative id", &tandemv1.GenerateRequest{PromptTokenIds: []int32{-1}}, "prompt_token_ids[0] = -1"},
 			{"stop id out of vocab", &tandemv1.GenerateRequest{Prompt: "a", StopTokenIds: []int32{9999}}, "stop_token_ids[0]"},
-			{"negative temperature", &tandemv1.GenerateRequest{Prompt: "a", Temperature: -1}, "temperature"},
-			{"NaN temperature", &tandemv1.GenerateRequest{Prompt: "a", Temperature: float32(math.NaN())}, "temperature"},
-			{"top_p above 1", &tandemv1.GenerateRequest{Prompt: "a", TopP: 1.5}, "top_p"},
-			{"negative top_k", &tandemv1.GenerateRequest{Prompt: "a", TopK: -3}, "top_k"},
+			{"negative temperature", &tandemv1.GenerateRequest{Prompt: "a", Temperature: proto.Float32(-1)}, "temperature"},
+			{"NaN temperature", &tandemv1.GenerateRequest{Prompt: "a", Temperature: proto.Float32(float32(math.NaN()))}, "temperature"},
+			{"top_p above 1", &tandemv1.GenerateRequest{Prompt: "a", TopP: proto.Float32(1.5)}, "top_p"},
+			{"negative top_k", &tandemv1.GenerateRequest{Prompt: "a", TopK: proto.Int32(-3)}, "top_k"},
 			{"too many logprobs", &tandemv1.GenerateRequest{Prompt: "a", Logprobs: proto.Uint32(21)}, "logprobs 21"},
 			{"empty stop string", &tandemv1.GenerateRequest{Prompt: "a", Stop: []string{""}}, "stop[0]"},
 		} {
@@ -670,8 +673,10 @@ func TestDemo(t *testing.T) {
 	}
 }
 
-// TestDemoKeep checks that demo --keep prints the leader's address on a
-// line of its own, serves there until cancelled, and then stops cleanly.
+// TestDemoKeep checks that demo --keep prints the leader's gRPC address
+// and its OpenAI base URL on lines of their own, serves on both until
+// cancelled (the built-in model is listed by its name and answers a chat
+// turn through openai-go), and then stops cleanly.
 func TestDemoKeep(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -686,17 +691,23 @@ func TestDemoKeep(t *testing.T) {
 		done <- err
 	}()
 	var out strings.Builder
-	leader := ""
+	leader, api := "", ""
 	buf := make([]byte, 4096)
-	for leader == "" {
+	for leader == "" || api == "" {
 		n, err := pr.Read(buf)
 		out.Write(buf[:n])
 		if err != nil {
-			t.Fatalf("demo ended before printing the leader: %v\n%s\nlogs:\n%s", err, out.String(), logs)
+			t.Fatalf("demo ended before printing the leader and the API: %v\n%s\nlogs:\n%s", err, out.String(), logs)
 		}
 		for line := range strings.Lines(out.String()) {
-			if a, ok := strings.CutPrefix(strings.TrimSpace(line), "leader: "); ok && strings.HasSuffix(line, "\n") {
+			if !strings.HasSuffix(line, "\n") {
+				continue
+			}
+			if a, ok := strings.CutPrefix(strings.TrimSpace(line), "leader: "); ok {
 				leader = a
+			}
+			if a, ok := strings.CutPrefix(strings.TrimSpace(line), "openai: "); ok {
+				api = a
 			}
 		}
 	}
@@ -710,6 +721,21 @@ func TestDemoKeep(t *testing.T) {
 	if err != nil || !st.GetServing() {
 		t.Fatalf("status of the kept cluster at %s: %v %v", leader, st, err)
 	}
+	if !strings.HasPrefix(api, "http://127.0.0.1:") || !strings.HasSuffix(api, "/v1") {
+		t.Fatalf("openai: %q, want http://127.0.0.1:PORT/v1", api)
+	}
+	client := oa.NewClient(option.WithBaseURL(api+"/"), option.WithAPIKey("unused"), option.WithMaxRetries(0))
+	models, err := client.Models.List(ctx)
+	if err != nil || len(models.Data) != 1 || models.Data[0].ID != fortune.Name {
+		t.Fatalf("models at %s: %+v, %v; want the built-in %s", api, models, err, fortune.Name)
+	}
+	resp, err := client.Chat.Completions.New(ctx, oa.ChatCompletionNewParams{
+		Model: fortune.Name, Messages: []oa.ChatCompletionMessageParamUnion{oa.UserMessage("Tell me my fortune.")}, MaxCompletionTokens: oa.Int(8),
+	})
+	if err != nil || len(resp.Choices) != 1 || resp.Usage.CompletionTokens == 0 {
+		t.Fatalf("chat with the kept cluster: %+v, %v", resp, err)
+	}
+	t.Logf("%s answers %q (%s)", api, resp.Choices[0].Message.Content, resp.Choices[0].FinishReason)
 	stopDemo()
 	if err := <-done; err != nil {
 		t.Fatalf("demo after Ctrl-C: %v\nlogs:\n%s", err, logs)

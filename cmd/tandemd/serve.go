@@ -29,6 +29,7 @@ type serveFlags struct {
 	rebalance   bool
 	recovery    time.Duration
 	stepTimeout time.Duration
+	vllmNames   bool
 }
 
 func newServeCmd() *cobra.Command {
@@ -38,9 +39,12 @@ func newServeCmd() *cobra.Command {
 		Short: "Run one node of a tandem cluster",
 		Long: `Run one node of a tandem cluster: join the cluster by gossip, serve a
 pipeline stage when the leader assigns one, and, on the leader, serve the
-gRPC API (Inference, Admin, health, reflection). Prints
-"listening grpc=ADDR gossip=ADDR" on stdout once listening. SIGTERM or
-SIGINT drains (requests in flight finish), leaves the cluster and exits 0.`,
+gRPC API (Inference, Admin, health, reflection) and, with --http, the
+OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions,
+/v1/models, /health, /tokenize, /detokenize, /metrics). Prints
+"listening grpc=ADDR gossip=ADDR" on stdout once listening, followed by
+" http=ADDR" when the HTTP API is on. SIGTERM or SIGINT drains (requests in
+flight finish), leaves the cluster and exits 0.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg, err := o.resolve(cmd.Flags())
@@ -64,12 +68,15 @@ func (o *serveFlags) register(f *pflag.FlagSet) {
 	f.StringVar(&o.config, "config", "", "TOML configuration file (flags override its keys)")
 	f.StringVar(&c.Name, "name", "", "node name, unique in the cluster (default: the host name)")
 	f.StringVar(&c.Model, "model", "", "Hugging Face model directory")
+	f.StringVar(&c.ModelName, "model-name", "", "the model's name in the OpenAI API (default: the model directory's name)")
 	f.StringVar(&c.Listen.GRPC, "grpc", daemon.DefaultGRPCAddr, "gRPC listen address")
 	f.StringVar(&c.Listen.Gossip, "gossip", daemon.DefaultGossipAddr, "gossip listen address (IP:port)")
 	f.StringVar(&c.Listen.Control, "control", "127.0.0.1:0", "listen address of the stage's control link from the leader")
 	f.StringVar(&c.Listen.Data, "data", "127.0.0.1:0", "listen address of the stage's activations from the previous stage")
 	f.StringVar(&c.Listen.Advertise, "advertise", "", "host other nodes reach this one at")
 	f.StringVar(&c.Listen.Metrics, "metrics", "", "Prometheus metrics listen address, served at /metrics (default: off), e.g. 127.0.0.1:9400")
+	f.StringVar(&c.Listen.HTTP, "http", "", "OpenAI-compatible HTTP API listen address, with /metrics (default: off), e.g. 127.0.0.1:8000")
+	f.BoolVar(&o.vllmNames, "vllm-metric-names", false, "also export the request-level metrics under vLLM's names (vllm:...)")
 	f.StringSliceVar(&o.seeds, "seeds", nil, "gossip addresses of members to join through (comma-separated)")
 	f.StringVar(&c.Cluster.Leader, "leader", "", "the leader's name (default: the eligible member with the smallest name)")
 	f.IntVar(&c.Cluster.ExpectStages, "expect-stages", 1, "stage nodes the leader waits for before placing the model")
@@ -116,12 +123,15 @@ func (o *serveFlags) resolve(fs *pflag.FlagSet) (daemon.Config, error) {
 	c := &o.cfg
 	set("name", func() { cfg.Name = c.Name })
 	set("model", func() { cfg.Model = c.Model })
+	set("model-name", func() { cfg.ModelName = c.ModelName })
 	set("grpc", func() { cfg.Listen.GRPC = c.Listen.GRPC })
 	set("gossip", func() { cfg.Listen.Gossip = c.Listen.Gossip })
 	set("control", func() { cfg.Listen.Control = c.Listen.Control })
 	set("data", func() { cfg.Listen.Data = c.Listen.Data })
 	set("advertise", func() { cfg.Listen.Advertise = c.Listen.Advertise })
 	set("metrics", func() { cfg.Listen.Metrics = c.Listen.Metrics })
+	set("http", func() { cfg.Listen.HTTP = c.Listen.HTTP })
+	set("vllm-metric-names", func() { cfg.Metrics.VLLMNames = o.vllmNames })
 	set("seeds", func() { cfg.Cluster.Seeds = o.seeds })
 	set("leader", func() { cfg.Cluster.Leader = c.Cluster.Leader })
 	set("expect-stages", func() { cfg.Cluster.ExpectStages = c.Cluster.ExpectStages })
@@ -178,7 +188,11 @@ func runServe(ctx context.Context, cfg daemon.Config, mode progress.Mode, stdout
 	select {
 	case <-d.Listening():
 		a := d.Addrs()
-		fmt.Fprintf(stdout, "listening grpc=%s gossip=%s\n", a.GRPC, a.Gossip)
+		line := fmt.Sprintf("listening grpc=%s gossip=%s", a.GRPC, a.Gossip)
+		if a.HTTP != "" {
+			line += " http=" + a.HTTP
+		}
+		fmt.Fprintln(stdout, line)
 		return <-done
 	case err := <-done:
 		return err

@@ -40,8 +40,13 @@ func TestServeFlagsOverrideConfig(t *testing.T) {
 	}
 	// The file's other keys stay, though the flags have defaults of their own.
 	if cfg.Name != "node-a" || cfg.Cluster.ExpectStages != 2 || cfg.Stage.BlockSize != 32 || cfg.Stage.GraphMode != "PIECEWISE" ||
-		cfg.Listen.Metrics != "127.0.0.1:9400" || cfg.Stage.MaxBatchTokens != 512 || cfg.Stage.Backend != "cuda" || time.Duration(cfg.Cluster.StepTimeout) != 30*time.Second {
+		cfg.Listen.Metrics != "127.0.0.1:9400" || cfg.Stage.MaxBatchTokens != 512 || cfg.Stage.Backend != "cuda" || time.Duration(cfg.Cluster.StepTimeout) != 30*time.Second ||
+		cfg.Listen.HTTP != "127.0.0.1:8000" || cfg.ModelName != "llama-3.1-8b-instruct" || !cfg.Metrics.VLLMNames {
 		t.Errorf("keys of the file lost to flag defaults: %+v", cfg)
+	}
+	cfg = parse("--config", "../../daemon/testdata/tandemd.toml", "--http", "0.0.0.0:8080", "--model-name", "m", "--vllm-metric-names=false")
+	if cfg.Listen.HTTP != "0.0.0.0:8080" || cfg.ModelName != "m" || cfg.Metrics.VLLMNames {
+		t.Errorf("--http, --model-name, --vllm-metric-names did not override the file: %+v", cfg)
 	}
 	// Without a file, the flags and their defaults are the configuration.
 	cfg = parse("--name", "n", "--model", "/m", "--block-size", "8")

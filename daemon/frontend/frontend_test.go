@@ -2,7 +2,6 @@ package frontend
 
 import (
 	"math"
-	"math/rand/v2"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -14,6 +13,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/tandem-llm/tandem/daemon/apierr"
+	"github.com/tandem-llm/tandem/daemon/textout"
 	"github.com/tandem-llm/tandem/model"
 	"github.com/tandem-llm/tandem/model/randinit"
 	"github.com/tandem-llm/tandem/model/tokenizer"
@@ -46,93 +46,25 @@ func openTestModel(t testing.TB, dir string) (*model.Checkpoint, *tokenizer.Toke
 	return ckpt, tok
 }
 
-// streamText feeds ids to a textStream as Generate does and returns the
-// text released and whether a stop string ended it.
-func streamText(tok *tokenizer.Tokenizer, ids []int32, stop []string) (string, bool) {
-	ts := newTextStream(tok, stop)
-	var out strings.Builder
-	for _, id := range ids {
-		out.WriteString(ts.add(id))
-		if ts.stopped {
-			return out.String(), true
-		}
+// testConfig is the frontend's configuration for the checkpoint in dir:
+// its generation defaults are those randinit writes.
+func testConfig(t testing.TB, dir string, ckpt *model.Checkpoint, tok *tokenizer.Tokenizer, engines Engines) Config {
+	t.Helper()
+	gen, err := model.LoadGenerationConfig(dir, ckpt.Config().VocabSize)
+	if err != nil {
+		t.Fatal(err)
 	}
-	out.WriteString(ts.flush())
-	return out.String(), ts.stopped
-}
-
-// TestTextStreamMatchesDecode checks, on random token sequences, that the
-// text Generate streams is the tokenizer's Decode of all the tokens, cut
-// before the first occurrence of the stop string when there is one.
-func TestTextStreamMatchesDecode(t *testing.T) {
-	_, tok := openTestModel(t, testModel(t))
-	rng := rand.New(rand.NewPCG(1, 2))
-	stopped := 0
-	for trial := range 400 {
-		ids := make([]int32, 1+rng.IntN(24))
-		for i := range ids {
-			ids[i] = int32(rng.IntN(tok.VocabSize()))
-		}
-		full := tok.Decode(ids, true)
-		var stop string
-		if trial%4 != 0 && len(full) > 0 {
-			// A substring of the text, on rune boundaries, so it occurs.
-			runes := []rune(full)
-			i := rng.IntN(len(runes))
-			stop = string(runes[i:min(len(runes), i+1+rng.IntN(4))])
-		} else {
-			stop = "\x00never"
-		}
-		want, wantStop := full, false
-		if i := strings.Index(full, stop); i >= 0 {
-			want, wantStop = full[:i], true
-			stopped++
-		}
-		got, gotStop := streamText(tok, ids, []string{stop})
-		if got != want || gotStop != wantStop {
-			t.Fatalf("ids %v, stop %q: streamed %q (stopped %t), want %q (stopped %t)", ids, stop, got, gotStop, want, wantStop)
-		}
-		if !utf8.ValidString(got) {
-			t.Fatalf("ids %v: streamed invalid UTF-8 %q", ids, got)
-		}
-	}
-	if stopped < 100 {
-		t.Errorf("only %d of 400 trials hit their stop string", stopped)
-	}
-}
-
-func TestStopStringHelpers(t *testing.T) {
-	for _, tc := range []struct {
-		s     string
-		stop  []string
-		first int
-		held  int
-	}{
-		{"hello wor", []string{"world"}, -1, 3},
-		{"hello world!", []string{"world"}, 6, 0},
-		{"abcd", []string{"bc", "abcd"}, 0, 0},
-		{"xab", []string{"abc", "b"}, 2, 2},
-		{"tail", []string{"l", "ail!"}, 3, 3},
-		{"", []string{"x"}, -1, 0},
-		{"aaa", []string{"aab"}, -1, 2},
-		{"héllo wö", []string{"wörld"}, -1, 3},
-	} {
-		if got := firstStop(tc.s, tc.stop); got != tc.first {
-			t.Errorf("firstStop(%q, %q) = %d, want %d", tc.s, tc.stop, got, tc.first)
-		}
-		if got := heldBack(tc.s, tc.stop); got != tc.held {
-			t.Errorf("heldBack(%q, %q) = %d, want %d", tc.s, tc.stop, got, tc.held)
-		}
-	}
+	return Config{Model: ckpt.Config(), Tokenizer: tok, Generation: gen, Name: "tiny", Engines: engines}
 }
 
 // TestValidate checks every refusal of a Generate request: the gRPC code is
 // INVALID_ARGUMENT and the message names the field; and what a valid
 // request turns into.
 func TestValidate(t *testing.T) {
-	ckpt, tok := openTestModel(t, testModel(t))
+	dir := testModel(t)
+	ckpt, tok := openTestModel(t, dir)
 	cfg := ckpt.Config()
-	s := New(cfg, tok, nil)
+	s := New(testConfig(t, dir, ckpt, tok, nil))
 	for _, tc := range []struct {
 		name string
 		req  *tandemv1.GenerateRequest
@@ -148,12 +80,12 @@ func TestValidate(t *testing.T) {
 		{"bad utf8 stop", &tandemv1.GenerateRequest{Prompt: "x", Stop: []string{"\xff"}}, "stop[0]"},
 		{"stop id", &tandemv1.GenerateRequest{Prompt: "x", StopTokenIds: []int32{1, -1}}, "stop_token_ids[1]"},
 		{"too many stop ids", &tandemv1.GenerateRequest{Prompt: "x", StopTokenIds: make([]int32, 65)}, "65 stop token ids"},
-		{"inf temperature", &tandemv1.GenerateRequest{Prompt: "x", Temperature: float32(math.Inf(1))}, "temperature"},
-		{"negative temperature", &tandemv1.GenerateRequest{Prompt: "x", Temperature: -0.5}, "temperature"},
-		{"NaN top_p", &tandemv1.GenerateRequest{Prompt: "x", TopP: float32(math.NaN())}, "top_p"},
-		{"top_p", &tandemv1.GenerateRequest{Prompt: "x", TopP: -0.1}, "top_p"},
-		{"top_k", &tandemv1.GenerateRequest{Prompt: "x", TopK: -1}, "top_k -1"},
-		{"top_k past vocab", &tandemv1.GenerateRequest{Prompt: "x", TopK: int32(cfg.VocabSize + 1)}, "larger than the vocabulary"},
+		{"inf temperature", &tandemv1.GenerateRequest{Prompt: "x", Temperature: proto.Float32(float32(math.Inf(1)))}, "temperature"},
+		{"negative temperature", &tandemv1.GenerateRequest{Prompt: "x", Temperature: proto.Float32(-0.5)}, "temperature"},
+		{"NaN top_p", &tandemv1.GenerateRequest{Prompt: "x", TopP: proto.Float32(float32(math.NaN()))}, "top_p"},
+		{"top_p", &tandemv1.GenerateRequest{Prompt: "x", TopP: proto.Float32(-0.1)}, "top_p"},
+		{"top_k", &tandemv1.GenerateRequest{Prompt: "x", TopK: proto.Int32(-1)}, "top_k -1"},
+		{"top_k past vocab", &tandemv1.GenerateRequest{Prompt: "x", TopK: proto.Int32(int32(cfg.VocabSize + 1))}, "larger than the vocabulary"},
 		{"logprobs", &tandemv1.GenerateRequest{Prompt: "x", Logprobs: proto.Uint32(21)}, "logprobs 21"},
 	} {
 		_, err := s.validate(tc.req)
@@ -162,7 +94,7 @@ func TestValidate(t *testing.T) {
 			t.Errorf("%s: %v, want INVALID_ARGUMENT mentioning %q", tc.name, err, tc.want)
 		}
 	}
-	g, err := s.validate(&tandemv1.GenerateRequest{Prompt: "Hello", StopTokenIds: []int32{7}, Temperature: 0.5, TopK: 3, Seed: 9, Logprobs: proto.Uint32(0)})
+	g, err := s.validate(&tandemv1.GenerateRequest{Prompt: "Hello", StopTokenIds: []int32{7}, Temperature: proto.Float32(0.5), TopK: proto.Int32(3), Seed: 9, Logprobs: proto.Uint32(0)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -179,25 +111,45 @@ func TestValidate(t *testing.T) {
 	if !slices.Equal(g.req.StopTokens, wantStops) {
 		t.Errorf("stop tokens %v, want %v (the request's, then EOS)", g.req.StopTokens, wantStops)
 	}
+	if sp := g.req.Sampling; sp.Temperature != 0.5 || sp.TopP != float32(randinit.GenTopP) {
+		t.Errorf("sampling %+v: want the request's temperature 0.5, top-k 3, and the checkpoint's top-p %v", sp, randinit.GenTopP)
+	}
 	g, err = s.validate(&tandemv1.GenerateRequest{PromptTokenIds: []int32{4}, IgnoreEos: true})
 	if err != nil || len(g.req.StopTokens) != 0 || g.logprobs {
 		t.Errorf("ignore_eos: stops %v, logprobs %t, err %v; want no stops, no logprobs", g.req.StopTokens, g.logprobs, err)
+	}
+	// Unset sampling fields take generation_config.json's values; set
+	// ones, zeros included, win.
+	if sp := g.req.Sampling; sp.Temperature != float32(randinit.GenTemperature) || sp.TopP != float32(randinit.GenTopP) || sp.TopK != randinit.GenTopK {
+		t.Errorf("unset sampling: %+v, want the checkpoint's defaults", sp)
+	}
+	g, err = s.validate(&tandemv1.GenerateRequest{PromptTokenIds: []int32{4}, Temperature: proto.Float32(0), TopP: proto.Float32(0), TopK: proto.Int32(0)})
+	if sp := g.req.Sampling; err != nil || sp.Temperature != 0 || sp.TopP != 0 || sp.TopK != 0 {
+		t.Errorf("explicit zeros: %+v, %v; want greedy decoding, no filters", sp, err)
+	}
+	// Without a generation_config.json, unset means greedy.
+	noGen := testConfig(t, dir, ckpt, tok, nil)
+	noGen.Generation = nil
+	g, err = New(noGen).validate(&tandemv1.GenerateRequest{PromptTokenIds: []int32{4}})
+	if sp := g.req.Sampling; err != nil || sp.Temperature != 0 || sp.TopP != 0 || sp.TopK != 0 {
+		t.Errorf("no defaults: %+v, %v; want greedy decoding, no filters", sp, err)
 	}
 }
 
 // FuzzGenerateRequest feeds arbitrary prompts, token ids and stop strings
 // (what a client controls) to the request validation and, for requests it
-// accepts, streams the prompt's tokens back through the stop-string
-// filter: nothing panics, refusals are INVALID_ARGUMENT, and the text
+// accepts, streams the prompt's tokens back through the request's output
+// processor: nothing panics, refusals are INVALID_ARGUMENT, and the text
 // released is valid UTF-8 and a prefix of the tokenizer's decode.
 func FuzzGenerateRequest(f *testing.F) {
-	ckpt, tok := openTestModel(f, testModel(f))
-	s := New(ckpt.Config(), tok, nil)
+	dir := testModel(f)
+	ckpt, tok := openTestModel(f, dir)
+	s := New(testConfig(f, dir, ckpt, tok, nil))
 	f.Add("Hello, world", []byte{1, 2, 3}, "wor", float32(0.5), uint32(4))
 	f.Add("", []byte{}, "", float32(-1), uint32(0))
 	f.Add("héllo ✓ 日本", []byte{255, 0, 7}, "日", float32(1), uint32(3000))
 	f.Fuzz(func(t *testing.T, prompt string, ids []byte, stop string, temp float32, maxTokens uint32) {
-		req := &tandemv1.GenerateRequest{Prompt: prompt, Stop: []string{stop}, Temperature: temp, MaxTokens: maxTokens}
+		req := &tandemv1.GenerateRequest{Prompt: prompt, Stop: []string{stop}, Temperature: &temp, MaxTokens: maxTokens}
 		for i := 0; i+1 < len(ids); i += 2 {
 			req.PromptTokenIds = append(req.PromptTokenIds, int32(int16(uint16(ids[i])<<8|uint16(ids[i+1]))))
 		}
@@ -208,7 +160,16 @@ func FuzzGenerateRequest(f *testing.F) {
 			}
 			return
 		}
-		got, _ := streamText(tok, g.req.Prompt, g.stop)
+		text := textout.New(tok, textout.Config{Stop: g.stop})
+		var got string
+		for _, id := range g.req.Prompt {
+			d := text.Add(id)
+			got += d.Text
+			if d.Stopped {
+				break
+			}
+		}
+		got += text.Finish()
 		if full := tok.Decode(g.req.Prompt, true); !strings.HasPrefix(full, got) || !utf8.ValidString(got) {
 			t.Fatalf("streamed %q, not a valid prefix of %q", got, full)
 		}

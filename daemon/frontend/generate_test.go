@@ -127,15 +127,16 @@ func referenceRun(t *testing.T, ckpt *model.Checkpoint, prompt []int32, maxToken
 // their tokens, and a stop string ends a request on the token that
 // completes it, freeing it on every stage.
 func TestGenerateHandler(t *testing.T) {
-	ckpt, tok := openTestModel(t, testModel(t))
+	dir := testModel(t)
+	ckpt, tok := openTestModel(t, dir)
 	e, recs := startEngine(t, ckpt)
-	s := New(ckpt.Config(), tok, e)
+	s := New(testConfig(t, dir, ckpt, tok, e))
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	reqs := []*tandemv1.GenerateRequest{
-		{Prompt: "Hello there, general", MaxTokens: 9, IgnoreEos: true, Logprobs: proto.Uint32(3)},
-		{PromptTokenIds: []int32{7, 8, 9, 200, 300, 301, 302, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 9}, MaxTokens: 12, Temperature: 0.8, TopK: 50, Seed: 3, IgnoreEos: true, Logprobs: proto.Uint32(1)},
-		{Prompt: "x", MaxTokens: 5, Temperature: 1.5, TopP: 0.9, Seed: 8, IgnoreEos: true, Logprobs: proto.Uint32(0)},
+		{Prompt: "Hello there, general", MaxTokens: 9, Temperature: proto.Float32(0), IgnoreEos: true, Logprobs: proto.Uint32(3)},
+		{PromptTokenIds: []int32{7, 8, 9, 200, 300, 301, 302, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 9}, MaxTokens: 12, Temperature: proto.Float32(0.8), TopK: proto.Int32(50), Seed: 3, IgnoreEos: true, Logprobs: proto.Uint32(1)},
+		{Prompt: "x", MaxTokens: 5, Temperature: proto.Float32(1.5), TopP: proto.Float32(0.9), Seed: 8, IgnoreEos: true, Logprobs: proto.Uint32(0)},
 	}
 	got := make([]*tandemv1.GenerateResponse, len(reqs))
 	errs := make([]error, len(reqs))
@@ -167,8 +168,8 @@ func TestGenerateHandler(t *testing.T) {
 	// Stop on a piece of the first request's text: the text ends before
 	// it, the tokens end with the one completing it.
 	full := got[0]
-	cut := len(full.GetText()) / 2
-	stop := string([]rune(full.GetText()[cut:])[:2])
+	runes := []rune(full.GetText())
+	stop := string(runes[len(runes)/2 : len(runes)/2+2])
 	r := proto.Clone(reqs[0]).(*tandemv1.GenerateRequest)
 	r.Stop = []string{stop}
 	res, _, err := collectGenerate(ctx, s, r)
@@ -195,9 +196,10 @@ func TestGenerateHandler(t *testing.T) {
 // TestCancelFrees checks that a client leaving mid-stream cancels its
 // request: the stages free it and the scheduler holds nothing.
 func TestCancelFrees(t *testing.T) {
-	ckpt, tok := openTestModel(t, testModel(t))
+	dir := testModel(t)
+	ckpt, tok := openTestModel(t, dir)
 	e, recs := startEngine(t, ckpt)
-	s := New(ckpt.Config(), tok, e)
+	s := New(testConfig(t, dir, ckpt, tok, e))
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	errGone := errors.New("client gone")

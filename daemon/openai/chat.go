@@ -6,6 +6,7 @@ import (
 	"net/http"
 
 	"github.com/tandem-llm/tandem/model/chat"
+	"github.com/tandem-llm/tandem/stage"
 )
 
 // chatRequest is POST /v1/chat/completions.
@@ -101,8 +102,8 @@ func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request) {
 		writeError(w, badRequest("top_logprobs", "top_logprobs needs logprobs set to true"))
 		return
 	}
-	if top > MaxLogprobs || top < -1 {
-		writeError(w, badRequest("top_logprobs", "top_logprobs %d: want 0 to %d", top, MaxLogprobs))
+	if top > stage.MaxLogprobs || top < -1 {
+		writeError(w, badRequest("top_logprobs", "top_logprobs %d: want 0 to %d", top, stage.MaxLogprobs))
 		return
 	}
 	p, err := req.resolve(m, top)
@@ -124,7 +125,7 @@ func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ctx := r.Context()
-	run, err := s.start(ctx, m, p)
+	run, err := s.start(ctx, p)
 	if err != nil {
 		writeError(w, err)
 		return

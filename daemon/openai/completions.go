@@ -6,6 +6,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/tandem-llm/tandem/model/chat"
+	"github.com/tandem-llm/tandem/stage"
 )
 
 // defaultCompletionTokens is max_tokens of a text completion that sets
@@ -82,8 +83,8 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 	}
 	top := -1
 	if req.Logprobs != nil {
-		if top = *req.Logprobs; top < 0 || top > MaxLogprobs {
-			writeError(w, badRequest("logprobs", "logprobs %d: want 0 to %d", top, MaxLogprobs))
+		if top = *req.Logprobs; top < 0 || top > stage.MaxLogprobs {
+			writeError(w, badRequest("logprobs", "logprobs %d: want 0 to %d", top, stage.MaxLogprobs))
 			return
 		}
 	}
@@ -102,7 +103,7 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ctx := r.Context()
-	run, err := s.start(ctx, m, p)
+	run, err := s.start(ctx, p)
 	if err != nil {
 		writeError(w, err)
 		return

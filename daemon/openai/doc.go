@@ -25,18 +25,21 @@
 // (temperature 1, top_p 1, no top-k); the request always wins. A seed left
 // unset is drawn at random.
 //
-// Text comes out through daemon/textout: incremental detokenisation, stop
-// strings (the text ends before the first to appear; the generation is
-// cancelled at once), text that may begin a stop held back. finish_reason
-// is "stop" (a stop token or string) or "length"; usage counts every
-// generated token, a stop token included, as vLLM does.
+// The engine owns the output's text (the request frontend, through
+// daemon/textout, for every API): incremental detokenisation, stop strings
+// (the text ends before the first to appear; the generation is cancelled
+// at once), text that may begin a stop held back; each Token carries the
+// text it releases. finish_reason is "stop" (a stop token or string) or
+// "length"; usage counts every generated token, a stop token included, as
+// vLLM does. logprobs and top_logprobs go up to stage.MaxLogprobs.
 //
 // Errors use OpenAI's shape, {"error": {"message", "type", "param",
 // "code"}}: 400 for a bad field (param names it) or a chat template that
 // fails, 404 for an unknown model, 429 when the engine's queue is full
 // (ErrOverloaded), 503 when no pipeline serves or the node drains
 // (ErrUnavailable). A client that disconnects cancels its generation at
-// once: the request's context is the generation's.
+// once: the request's context is the generation's, and a handler that
+// returns closes its Stream.
 //
 // # Usage
 //

@@ -52,29 +52,44 @@ type Generation struct {
 	Prompt    []int32
 	MaxTokens int
 	// StopTokens end the generation when sampled (EOS unless ignore_eos,
-	// and the request's stop_token_ids); the scheduler reports them with
-	// finish "stop".
+	// and the request's stop_token_ids); their text is not part of the
+	// output.
 	StopTokens []int32
-	Sampling   stage.Sampling
+	// Stop strings end the output before the first of them to appear
+	// (textout.Config.Stop).
+	Stop []string
+	// KeepSpecial keeps special tokens in the text (skip_special_tokens
+	// false).
+	KeepSpecial bool
+	Sampling    stage.Sampling
 }
 
-// Stream is the tokens of one generation, in order.
+// Stream is the tokens of one generation, in order, with their text: the
+// engine owns the output's text (incremental detokenisation, stop strings,
+// text held back while it may begin one).
 type Stream interface {
 	// Recv waits for the next token. The last one has Finish set. An
-	// error ends the stream: ctx's when it is cancelled, else the
-	// generation failed.
+	// error ends the stream: ctx's when it is cancelled, else why the
+	// generation failed (wrapping ErrUnavailable when it may succeed
+	// later; anything else is an internal error).
 	Recv(ctx context.Context) (Token, error)
+	// Close ends the generation: an unfinished one is cancelled and frees
+	// what it holds at once. It may be called more than once.
+	Close()
 }
 
 // Token is one generated token.
 type Token struct {
 	stage.Sampled
-	// Finish is set on the last token: FinishStop (a stop token) or
-	// FinishLength (MaxTokens reached).
+	// Text is the output's text this token releases ("" while text is
+	// held back; on the last token, whatever was held).
+	Text string
+	// Finish is set on the last token: FinishStop (a stop token or stop
+	// string) or FinishLength (MaxTokens reached).
 	Finish string
 }
 
-// Finish reasons of a Token (the scheduler's).
+// Finish reasons of a Token.
 const (
 	FinishStop   = "stop"
 	FinishLength = "length"

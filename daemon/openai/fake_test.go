@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tandem-llm/tandem/daemon/textout"
 	"github.com/tandem-llm/tandem/model"
 	"github.com/tandem-llm/tandem/model/chat"
 	"github.com/tandem-llm/tandem/model/randinit"
@@ -93,6 +94,7 @@ func (f *fakeEngine) Submit(ctx context.Context, g Generation) (Stream, error) {
 		return nil, f.submitErr
 	}
 	f.got = append(f.got, g)
+	ctx, cancel := context.WithCancel(ctx)
 	go func() {
 		<-ctx.Done()
 		f.mu.Lock()
@@ -103,7 +105,8 @@ func (f *fakeEngine) Submit(ctx context.Context, g Generation) (Stream, error) {
 			close(f.cancelled)
 		}
 	}()
-	return &fakeStream{f: f, g: g, block: f.block, fail: f.fail}, nil
+	text := textout.New(f.model.Tokenizer, textout.Config{Stop: g.Stop, KeepSpecial: g.KeepSpecial})
+	return &fakeStream{f: f, g: g, ctx: ctx, cancel: cancel, text: text, block: f.block, fail: f.fail}, nil
 }
 
 func (f *fakeEngine) last(t *testing.T) Generation {
@@ -126,23 +129,33 @@ func (f *fakeEngine) awaitCancel(t *testing.T) {
 	}
 }
 
+// fakeStream applies the request's stop tokens, stop strings and
+// MaxTokens as the request frontend does, with textout.
 type fakeStream struct {
 	f           *fakeEngine
 	g           Generation
+	ctx         context.Context // the generation's: Close cancels it
+	cancel      context.CancelFunc
+	text        *textout.Processor
 	n           int
 	block, fail bool
 }
 
+func (s *fakeStream) Close() { s.cancel() }
+
 func (s *fakeStream) Recv(ctx context.Context) (Token, error) {
 	if s.block && s.n > 0 {
-		<-ctx.Done()
-		return Token{}, ctx.Err()
+		select {
+		case <-ctx.Done():
+		case <-s.ctx.Done():
+		}
+		return Token{}, context.Canceled
 	}
 	if err := ctx.Err(); err != nil {
 		return Token{}, err
 	}
 	if s.fail && s.n > 0 {
-		return Token{}, fmt.Errorf("stage 1 is lost")
+		return Token{}, fmt.Errorf("%w: the generation failed: stage 1 is lost", ErrUnavailable)
 	}
 	if s.n >= len(s.f.reply) {
 		return Token{}, fmt.Errorf("stream read after its end")
@@ -153,10 +166,17 @@ func (s *fakeStream) Recv(ctx context.Context) (Token, error) {
 	for k := range s.g.Sampling.Logprobs {
 		tok.Top = append(tok.Top, stage.TokenLogprob{Token: int32(k), Logprob: -float32(k + 1)})
 	}
+	if containsID(s.g.StopTokens, id) {
+		tok.Text, tok.Finish = s.text.Finish(), FinishStop
+		return tok, nil
+	}
+	d := s.text.Add(id)
+	tok.Text = d.Text
 	switch {
-	case containsID(s.g.StopTokens, id):
+	case d.Stopped:
 		tok.Finish = FinishStop
 	case s.n == s.g.MaxTokens:
+		tok.Text += s.text.Finish()
 		tok.Finish = FinishLength
 	}
 	return tok, nil

@@ -15,9 +15,6 @@ import (
 	"github.com/tandem-llm/tandem/stage"
 )
 
-// MaxLogprobs is the most top alternatives a request may ask for per token.
-const MaxLogprobs = 20
-
 // commonRequest holds the fields chat and text completions share.
 type commonRequest struct {
 	Model         string          `json:"model"`
@@ -43,8 +40,6 @@ type commonRequest struct {
 // params is a validated request, ready to generate.
 type params struct {
 	gen          Generation
-	stop         []string
-	keepSpecial  bool
 	logprobs     bool // report the sampled tokens' log-probabilities
 	stream       bool
 	includeUsage bool
@@ -136,7 +131,7 @@ func (c *commonRequest) resolve(m *Model, topLogprobs int) (*params, error) {
 	} else {
 		s.Seed = rand.Uint64()
 	}
-	if err := s.Validate(MaxLogprobs); err != nil {
+	if err := s.Validate(stage.MaxLogprobs); err != nil {
 		return nil, badRequest("", "%v", err)
 	}
 	p.gen.Sampling = s
@@ -144,7 +139,7 @@ func (c *commonRequest) resolve(m *Model, topLogprobs int) (*params, error) {
 	if err != nil {
 		return nil, err
 	}
-	p.stop = stop
+	p.gen.Stop = stop
 	if !c.IgnoreEOS {
 		for _, id := range m.EOS {
 			p.gen.StopTokens = append(p.gen.StopTokens, int32(id))
@@ -156,7 +151,7 @@ func (c *commonRequest) resolve(m *Model, topLogprobs int) (*params, error) {
 		}
 		p.gen.StopTokens = append(p.gen.StopTokens, int32(id))
 	}
-	p.keepSpecial = c.SkipSpecialTokens != nil && !*c.SkipSpecialTokens
+	p.gen.KeepSpecial = c.SkipSpecialTokens != nil && !*c.SkipSpecialTokens
 	return p, nil
 }
 

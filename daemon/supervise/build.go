@@ -59,7 +59,10 @@ type BuilderConfig struct {
 	// StepTimeout fails a step whose result does not come within it (0:
 	// none); see pipeline.DriverOptions.
 	StepTimeout time.Duration
-	Log         *slog.Logger
+	// Counters are given to every pipeline's scheduler configuration
+	// (sched.Config.Counters): counts for the life of the process.
+	Counters *sched.Counters
+	Log      *slog.Logger
 }
 
 // Builder builds pipelines: it has every stage node of a plan load its
@@ -321,6 +324,7 @@ func (b *build) run(ctx context.Context, members []membership.Member) (*Pipeline
 		MaxConcurrentBatches: p.MaxInFlight,
 		MaxModelLen:          maxSeqLen,
 		OnDeviceHandoff:      p.Handoff,
+		Counters:             cfg.Counters,
 	}
 	p.ex = &stepExecutor{Driver: p.drv, epoch: b.epoch, dispatch: p.Graphs.Dispatch, stats: p.Steps}
 	wired = true

@@ -2,6 +2,7 @@ package supervise
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"time"
 
@@ -66,10 +67,10 @@ func (e *Engine) Submit(ctx context.Context, r sched.Request) (*sched.Stream, er
 		return nil, ctx.Err()
 	case loop.Err() != nil:
 		return nil, apierr.Unavailablef("the scheduler stopped: %v", loop.Err())
+	case errors.Is(err, sched.ErrTooLarge):
+		return nil, apierr.Exhaustedf("%v", err)
 	}
-	// Validation caught every other refusal: what is left is a request
-	// larger than the pipeline's KV capacity.
-	return nil, apierr.Exhaustedf("%v", err)
+	return nil, err
 }
 
 // Stats is the scheduler's snapshot (zero before the first pipeline).

@@ -6,6 +6,8 @@ import (
 	"io/fs"
 	"sort"
 	"strings"
+
+	"github.com/tandem-llm/tandem/stage"
 )
 
 //go:embed kernels/*.cu
@@ -44,7 +46,7 @@ const (
 	addThreads       = 256
 	handoffThreads   = 256
 	// MaxLogprobs is the most top alternatives one sampled token reports.
-	MaxLogprobs = 20
+	MaxLogprobs = stage.MaxLogprobs
 )
 
 // kernelSource is the NVRTC program: every kernels/*.cu file, in name order

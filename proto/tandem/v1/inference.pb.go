@@ -91,13 +91,15 @@ type GenerateRequest struct {
 	// ignore_eos keeps generating past the model's end-of-sequence tokens
 	// (benchmarks).
 	IgnoreEos bool `protobuf:"varint,6,opt,name=ignore_eos,json=ignoreEos,proto3" json:"ignore_eos,omitempty"`
-	// Sampling. temperature 0 (the default) is greedy decoding; top_p 0 or 1
-	// and top_k 0 turn those filters off. With the same seed, a request
-	// samples the same tokens however it is batched.
-	Temperature float32 `protobuf:"fixed32,7,opt,name=temperature,proto3" json:"temperature,omitempty"`
-	TopP        float32 `protobuf:"fixed32,8,opt,name=top_p,json=topP,proto3" json:"top_p,omitempty"`
-	TopK        int32   `protobuf:"varint,9,opt,name=top_k,json=topK,proto3" json:"top_k,omitempty"`
-	Seed        uint64  `protobuf:"varint,10,opt,name=seed,proto3" json:"seed,omitempty"`
+	// Sampling. temperature 0 is greedy decoding; top_p 0 or 1 and top_k 0
+	// turn those filters off. Each left unset takes the model's default from
+	// its generation_config.json, else greedy decoding with no filter. With
+	// the same seed, a request samples the same tokens however it is
+	// batched.
+	Temperature *float32 `protobuf:"fixed32,7,opt,name=temperature,proto3,oneof" json:"temperature,omitempty"`
+	TopP        *float32 `protobuf:"fixed32,8,opt,name=top_p,json=topP,proto3,oneof" json:"top_p,omitempty"`
+	TopK        *int32   `protobuf:"varint,9,opt,name=top_k,json=topK,proto3,oneof" json:"top_k,omitempty"`
+	Seed        uint64   `protobuf:"varint,10,opt,name=seed,proto3" json:"seed,omitempty"`
 	// When set, every generated token comes with its log-probability and the
 	// logprobs (0 to 20) most likely alternatives at its position.
 	Logprobs      *uint32 `protobuf:"varint,11,opt,name=logprobs,proto3,oneof" json:"logprobs,omitempty"`
@@ -178,22 +180,22 @@ func (x *GenerateRequest) GetIgnoreEos() bool {
 }
 
 func (x *GenerateRequest) GetTemperature() float32 {
-	if x != nil {
-		return x.Temperature
+	if x != nil && x.Temperature != nil {
+		return *x.Temperature
 	}
 	return 0
 }
 
 func (x *GenerateRequest) GetTopP() float32 {
-	if x != nil {
-		return x.TopP
+	if x != nil && x.TopP != nil {
+		return *x.TopP
 	}
 	return 0
 }
 
 func (x *GenerateRequest) GetTopK() int32 {
-	if x != nil {
-		return x.TopK
+	if x != nil && x.TopK != nil {
+		return *x.TopK
 	}
 	return 0
 }
@@ -464,7 +466,7 @@ var File_tandem_v1_inference_proto protoreflect.FileDescriptor
 
 const file_tandem_v1_inference_proto_rawDesc = "" +
 	"\n" +
-	"\x19tandem/v1/inference.proto\x12\ttandem.v1\"\xd9\x02\n" +
+	"\x19tandem/v1/inference.proto\x12\ttandem.v1\"\x8c\x03\n" +
 	"\x0fGenerateRequest\x12\x16\n" +
 	"\x06prompt\x18\x01 \x01(\tR\x06prompt\x12(\n" +
 	"\x10prompt_token_ids\x18\x02 \x03(\x05R\x0epromptTokenIds\x12\x1d\n" +
@@ -473,13 +475,16 @@ const file_tandem_v1_inference_proto_rawDesc = "" +
 	"\x04stop\x18\x04 \x03(\tR\x04stop\x12$\n" +
 	"\x0estop_token_ids\x18\x05 \x03(\x05R\fstopTokenIds\x12\x1d\n" +
 	"\n" +
-	"ignore_eos\x18\x06 \x01(\bR\tignoreEos\x12 \n" +
-	"\vtemperature\x18\a \x01(\x02R\vtemperature\x12\x13\n" +
-	"\x05top_p\x18\b \x01(\x02R\x04topP\x12\x13\n" +
-	"\x05top_k\x18\t \x01(\x05R\x04topK\x12\x12\n" +
+	"ignore_eos\x18\x06 \x01(\bR\tignoreEos\x12%\n" +
+	"\vtemperature\x18\a \x01(\x02H\x00R\vtemperature\x88\x01\x01\x12\x18\n" +
+	"\x05top_p\x18\b \x01(\x02H\x01R\x04topP\x88\x01\x01\x12\x18\n" +
+	"\x05top_k\x18\t \x01(\x05H\x02R\x04topK\x88\x01\x01\x12\x12\n" +
 	"\x04seed\x18\n" +
 	" \x01(\x04R\x04seed\x12\x1f\n" +
-	"\blogprobs\x18\v \x01(\rH\x00R\blogprobs\x88\x01\x01B\v\n" +
+	"\blogprobs\x18\v \x01(\rH\x03R\blogprobs\x88\x01\x01B\x0e\n" +
+	"\f_temperatureB\b\n" +
+	"\x06_top_pB\b\n" +
+	"\x06_top_kB\v\n" +
 	"\t_logprobs\"\xdf\x01\n" +
 	"\x10GenerateResponse\x12\x12\n" +
 	"\x04text\x18\x01 \x01(\tR\x04text\x12\x1b\n" +

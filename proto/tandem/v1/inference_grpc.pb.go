@@ -36,9 +36,9 @@ type InferenceClient interface {
 	//
 	// Errors: INVALID_ARGUMENT for a bad request (the message says which
 	// field and why), RESOURCE_EXHAUSTED when the request can never fit the
-	// pipeline's KV capacity, UNAVAILABLE when no pipeline is ready, this
-	// node is not the leader (the message names the leader) or the node is
-	// draining.
+	// pipeline (its context length or KV capacity), UNAVAILABLE when no
+	// pipeline is ready, this node is not the leader (the message names the
+	// leader) or the node is draining.
 	Generate(ctx context.Context, in *GenerateRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[GenerateResponse], error)
 }
 
@@ -83,9 +83,9 @@ type InferenceServer interface {
 	//
 	// Errors: INVALID_ARGUMENT for a bad request (the message says which
 	// field and why), RESOURCE_EXHAUSTED when the request can never fit the
-	// pipeline's KV capacity, UNAVAILABLE when no pipeline is ready, this
-	// node is not the leader (the message names the leader) or the node is
-	// draining.
+	// pipeline (its context length or KV capacity), UNAVAILABLE when no
+	// pipeline is ready, this node is not the leader (the message names the
+	// leader) or the node is draining.
 	Generate(*GenerateRequest, grpc.ServerStreamingServer[GenerateResponse]) error
 	mustEmbedUnimplementedInferenceServer()
 }
