@@ -439,3 +439,18 @@ func (d *Daemon) Engine() (frontend.Engine, error) {
 	}
 	return d.sup.Engine(), nil
 }
+
+// Ready implements frontend.Engines: nil while a pipeline this node leads
+// serves (gRPC health SERVING), else why not.
+func (d *Daemon) Ready() error {
+	if _, err := d.Engine(); err != nil {
+		return err
+	}
+	d.mu.Lock()
+	serving := d.serving
+	d.mu.Unlock()
+	if !serving {
+		return apierr.Unavailablef("no pipeline is ready: %s", d.sup.Snapshot().Reason)
+	}
+	return nil
+}

@@ -63,9 +63,20 @@
 // tandem.v1.Admin (Status) services, with gRPC health (NOT_SERVING until a
 // pipeline is ready and while draining) and server reflection. Domain
 // errors become gRPC codes in one place (package apierr): INVALID_ARGUMENT for
-// bad requests, UNAVAILABLE when no pipeline can serve. When an admin
-// token is configured, Admin and Node calls must carry it; TLS is served
-// when a certificate is configured.
+// bad requests, RESOURCE_EXHAUSTED for a request that can never fit the
+// pipeline (sched.ErrNeverFits), UNAVAILABLE when no pipeline can serve.
+// When an admin token is configured, Admin and Node calls must carry it;
+// TLS is served when a certificate is configured.
+//
+// With listen.http set (default off) the daemon also serves the
+// OpenAI-compatible HTTP API (package openai) and /metrics on that
+// listener. Both APIs go through one request frontend (package frontend),
+// which owns the text (detokenisation, stop strings), applies the
+// checkpoint's generation_config.json defaults, records the request
+// metrics, and maps the domain errors onto the HTTP statuses in one place
+// (400 bad request or never fits, 503 no pipeline or draining). A node
+// that does not lead answers 503 naming the leader. The model's name in
+// the API is model_name, else the model directory's name.
 //
 // A lost stage costs no request. When a stage node dies, hangs (a step
 // past cluster.step_timeout) or its link breaks, the leader rebuilds a
@@ -87,17 +98,43 @@
 // # Metrics
 //
 // With listen.metrics set (default off), Run serves Prometheus metrics
-// over HTTP at /metrics from a private registry (metrics.go): the Go and
-// process collectors, and a collector that reads, at each scrape, what
-// Admin.Status and Admin.Graphs report. The leader exports its
-// scheduler's figures (tandem_requests_running, tandem_kv_blocks_used,
-// tandem_steps_total, tandem_step_seconds, ...), its CUDA-graph dispatch
-// counts (tandem_graph_steps_total{mode, padded_tokens, unpadded_tokens})
-// and each stage's graph memory (tandem_graph_memory_bytes{stage, node});
-// the scheduler's counters run since the node became leader, the
-// dispatch counts are the current pipeline's.
-// Every node exports its serving state (tandem_pipeline_serving,
-// tandem_leader). No secret is exported.
+// over HTTP at /metrics from a private registry (metrics.go), and on
+// listen.http too: the Go and process collectors; a collector that reads,
+// at each scrape, what Admin.Status and Admin.Graphs report (on the leader
+// tandem_kv_blocks_used and _total, tandem_steps_total,
+// tandem_step_seconds, the CUDA-graph dispatch counts
+// tandem_graph_steps_total{mode, padded_tokens, unpadded_tokens} and each
+// stage's graph memory tandem_graph_memory_bytes{stage, node}; the
+// scheduler's counters run since the node became leader, the dispatch
+// counts are the current pipeline's; on every node tandem_pipeline_serving and
+// tandem_leader); and the frontend's request-level metrics, vLLM's set
+// with vLLM's meaning and buckets, which count for the life of the
+// process whatever pipelines come and go. metrics.vllm_names also exports
+// them under vLLM's names, with vLLM's labels model_name (model_name) and
+// engine ("0"), for the dashboards and routers that only read those:
+//
+//	tandem                               vLLM                                  what
+//	tandem_time_to_first_token_seconds   vllm:time_to_first_token_seconds      histogram: arrival to first token
+//	tandem_inter_token_latency_seconds   vllm:inter_token_latency_seconds      histogram: between two tokens of a request
+//	tandem_request_latency_seconds       vllm:e2e_request_latency_seconds      histogram: arrival to last token
+//	tandem_request_queue_seconds         vllm:request_queue_time_seconds       histogram: arrival to first scheduled
+//	tandem_request_prefill_seconds       vllm:request_prefill_time_seconds     histogram: first scheduled to first token
+//	tandem_request_decode_seconds        vllm:request_decode_time_seconds      histogram: first token to last
+//	tandem_request_inference_seconds     vllm:request_inference_time_seconds   histogram: first scheduled to last token
+//	tandem_prompt_tokens_total           vllm:prompt_tokens_total              counter: prompt tokens (at first token)
+//	tandem_generation_tokens_total       vllm:generation_tokens_total          counter: tokens generated
+//	tandem_requests_finished_total       vllm:request_success_total            counter by reason (finished_reason): stop, length, abort
+//	tandem_requests_running              vllm:num_requests_running             gauge: admitted, holding KV blocks
+//	tandem_requests_waiting              vllm:num_requests_waiting             gauge: waiting for admission or preempted
+//	tandem_kv_cache_usage_ratio          vllm:kv_cache_usage_perc              gauge: fraction of KV blocks in use, 0 to 1
+//	tandem_preemptions_total             vllm:num_preemptions_total            counter: requests sent back to waiting
+//
+// Buckets (vLLM's): time to first token 0.001 to 2560 s (22), inter-token
+// latency 0.01 to 80 s (19), the request times 0.3 to 7680 s (21). The
+// latency, queue, prefill, decode and inference histograms count the
+// requests that finished with a reason; abort counts requests that ended
+// without (the client left, the pipeline failed). Token times are when
+// the token's step came back to the scheduler. No secret is exported.
 //
 // # Usage
 //
@@ -112,14 +149,15 @@
 // # Concurrency
 //
 // New starts nothing. Run owns the daemon: it starts the gRPC server, the
-// metrics HTTP server (scrapes read the supervisor's snapshot and the
-// state under Daemon.mu), the membership, the supervisor (its loop alone
-// decides leadership and builds, switches and closes pipelines; its
-// engine's sched.Loop is the only user of the current pipeline's driver;
-// Generate calls submit requests to it and read their token streams, so
-// it never waits on a client; see package supervise), and the stage slot
-// (per assigned stage one goroutine; see package stagehost). A stage's
-// GPU is driven through its gpu.Device goroutine. Daemon.mu guards the
-// state shared with RPC handlers. When Run returns, every goroutine it
-// started has ended.
+// HTTP servers of listen.metrics and listen.http (scrapes read the
+// supervisor's snapshot and the state under Daemon.mu; each API request
+// runs on its handler's goroutine), the membership, the supervisor (its
+// loop alone decides leadership and builds, switches and closes
+// pipelines; its engine's sched.Loop is the only user of the current
+// pipeline's driver; Generate calls and API requests submit requests to
+// it and read their token streams, so it never waits on a client; see
+// package supervise), and the stage slot (per assigned stage one
+// goroutine; see package stagehost). A stage's GPU is driven through its
+// gpu.Device goroutine. Daemon.mu guards the state shared with RPC
+// handlers. When Run returns, every goroutine it started has ended.
 package daemon

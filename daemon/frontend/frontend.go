@@ -26,6 +26,11 @@ type Engine interface {
 // the node is draining).
 type Engines interface {
 	Engine() (Engine, error)
+	// Ready is nil while a pipeline serves requests here (the node's
+	// health is SERVING), else a domain error saying why not. The engine
+	// may still take requests while it is not ready: they wait for a
+	// pipeline being rebuilt.
+	Ready() error
 }
 
 // Config is what a Server serves and runs requests on.

@@ -46,6 +46,7 @@ const testBlocks = 256
 type loopEngine struct{ *sched.Loop }
 
 func (e loopEngine) Engine() (Engine, error) { return e.Loop, nil }
+func (e loopEngine) Ready() error            { return nil }
 
 func startEngine(t *testing.T, ckpt *model.Checkpoint) (loopEngine, []*freeRecorder) {
 	t.Helper()

@@ -20,10 +20,7 @@ func (e openaiEngine) Model() *openai.Model { return e.s.openai }
 
 // Ready implements openai.Engine: nil while a pipeline serves requests
 // here.
-func (e openaiEngine) Ready() error {
-	_, err := e.s.engines.Engine()
-	return openaiError(err)
-}
+func (e openaiEngine) Ready() error { return openaiError(e.s.engines.Ready()) }
 
 // Submit implements openai.Engine.
 func (e openaiEngine) Submit(ctx context.Context, g openai.Generation) (openai.Stream, error) {
