@@ -96,6 +96,24 @@ func TestRenderTemplateErrors(t *testing.T) {
 	if !errors.As(err, &terr) || !terr.Raised || terr.Message != "no system role, 1" {
 		t.Errorf("raise_exception: %v", err)
 	}
+	// "+" joins two strings only, as in Jinja2 (Python); "~" joins any.
+	for _, c := range []struct{ content, want string }{
+		{`"hi"`, ""},
+		{`[{"type": "text", "text": "hi"}]`, `can only concatenate str (not "list") to str`},
+		{`null`, `can only concatenate str (not "NoneType") to str`},
+	} {
+		msgs := []byte(`[{"role": "user", "content": ` + c.content + `}]`)
+		out, err := New("plus", "{{ '[' + messages[0]['content'] + ']' }}", nil).Render(Request{Messages: msgs})
+		if c.want == "" && (err != nil || out != "[hi]") || c.want != "" && (err == nil || !strings.Contains(err.Error(), c.want)) {
+			t.Errorf("'[' + %s + ']': %q, %v; want error %q", c.content, out, err, c.want)
+		}
+		if _, err := New("tilde", "{{ '[' ~ messages[0]['content'] ~ ']' }}", nil).Render(Request{Messages: msgs}); err != nil {
+			t.Errorf("'[' ~ %s ~ ']': %v", c.content, err)
+		}
+	}
+	if _, err := New("undef", "{{ 'x' + messages[0]['nope'] }}", nil).Render(Request{Messages: []byte(`[{"role": "user"}]`)}); err == nil || !strings.Contains(err.Error(), "undefined") {
+		t.Errorf("'x' + an undefined key: %v, want an error", err)
+	}
 }
 
 func TestContinueFinalMessage(t *testing.T) {

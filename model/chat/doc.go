@@ -15,7 +15,10 @@
 // ...). continue_final_message cuts the output after the final message as
 // Hugging Face does.
 //
-// The Jinja engine is github.com/ardanlabs/jinja, made for chat templates.
+// The Jinja engine is github.com/ardanlabs/jinja, made for chat templates:
+// v1.8.0 with one change, vendored in third_party/jinja (see its
+// README.tandem.md), so that "+" of a string and another type fails as in
+// Jinja2.
 // The package supplies what the engine does differently from Jinja2 in
 // Hugging Face's environment: messages and tools keep the key order of the
 // client's JSON, tojson is replaced (the template's uses are renamed to
