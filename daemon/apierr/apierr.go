@@ -15,8 +15,8 @@ type Kind int
 const (
 	// Invalid: the request is malformed (INVALID_ARGUMENT).
 	Invalid Kind = iota + 1
-	// Exhausted: the request can never fit, or too many wait
-	// (RESOURCE_EXHAUSTED).
+	// Exhausted: the request can never fit the pipeline
+	// (RESOURCE_EXHAUSTED; HTTP 400).
 	Exhausted
 	// Unavailable: no pipeline is ready, this node is not the leader, it
 	// is draining, or no pipeline could serve the request in time
@@ -27,6 +27,9 @@ const (
 	Precondition
 	// Unauthenticated: a missing or wrong admin token (UNAUTHENTICATED).
 	Unauthenticated
+	// Overloaded: too many requests wait; the client should retry later
+	// (RESOURCE_EXHAUSTED; HTTP 429).
+	Overloaded
 )
 
 // kindError is an error of a kind; its message is the error's.
@@ -56,6 +59,9 @@ func Unavailablef(format string, args ...any) error { return New(Unavailable, fo
 // Preconditionf is a Precondition error.
 func Preconditionf(format string, args ...any) error { return New(Precondition, format, args...) }
 
+// Overloadedf is an Overloaded error.
+func Overloadedf(format string, args ...any) error { return New(Overloaded, format, args...) }
+
 // Unauthenticatedf is an Unauthenticated error.
 func Unauthenticatedf(format string, args ...any) error {
 	return New(Unauthenticated, format, args...)
@@ -76,6 +82,7 @@ var grpcCodes = map[Kind]codes.Code{
 	Unavailable:     codes.Unavailable,
 	Precondition:    codes.FailedPrecondition,
 	Unauthenticated: codes.Unauthenticated,
+	Overloaded:      codes.ResourceExhausted,
 }
 
 // GRPC turns an error of the daemon into the gRPC status a client gets:

@@ -21,6 +21,7 @@ func TestGRPC(t *testing.T) {
 		{Unavailablef("none"), codes.Unavailable},
 		{Preconditionf("stale"), codes.FailedPrecondition},
 		{Unauthenticatedf("token"), codes.Unauthenticated},
+		{Overloadedf("1024 waiting"), codes.ResourceExhausted},
 		{fmt.Errorf("call: %w", context.Canceled), codes.Canceled},
 		{context.DeadlineExceeded, codes.DeadlineExceeded},
 		{status.Error(codes.NotFound, "x"), codes.NotFound},

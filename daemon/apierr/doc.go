@@ -1,10 +1,11 @@
 // Package apierr classifies the daemon's domain errors and maps them to
 // the codes clients see: the one place where that happens for every API
-// the daemon serves (gRPC today; HTTP maps the same kinds).
+// the daemon serves: GRPC here, and the request frontend maps the same
+// kinds onto the OpenAI HTTP API's statuses.
 //
 // Code that refuses something builds its error with the constructor of
 // its kind (Invalidf, Exhaustedf, Unavailablef, Preconditionf,
-// Unauthenticatedf); wrapping keeps the kind. GRPC turns any error into
+// Unauthenticatedf, Overloadedf); wrapping keeps the kind. GRPC turns any error into
 // the gRPC status a client gets.
 //
 // # Usage

@@ -27,14 +27,16 @@ func streamError(err error) error {
 // openaiError maps the frontend's domain errors onto the kinds the OpenAI
 // API answers with (the one place this is decided; package openai turns
 // them into HTTP statuses): a malformed request or one that can never fit
-// the pipeline is ErrInvalid (400), a refusal that may pass later
-// ErrUnavailable (503). Context errors and errors of no kind (500) pass
+// the pipeline is ErrInvalid (400), a full queue ErrOverloaded (429), a
+// refusal that may pass later ErrUnavailable (503). Context errors and errors of no kind (500) pass
 // unchanged.
 func openaiError(err error) error {
 	var kind error
 	switch apierr.KindOf(err) {
 	case apierr.Invalid, apierr.Exhausted:
 		kind = openai.ErrInvalid
+	case apierr.Overloaded:
+		kind = openai.ErrOverloaded
 	case apierr.Unavailable, apierr.Precondition:
 		kind = openai.ErrUnavailable
 	}

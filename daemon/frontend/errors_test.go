@@ -20,6 +20,7 @@ func TestOpenAIError(t *testing.T) {
 	}{
 		{apierr.Invalidf("prompt is empty"), openai.ErrInvalid},
 		{apierr.Exhaustedf("too large to ever run: 9000 positions"), openai.ErrInvalid},
+		{apierr.Overloadedf("1024 requests wait"), openai.ErrOverloaded},
 		{apierr.Unavailablef("node a is draining"), openai.ErrUnavailable},
 		{NotLeader("b", "10.0.0.2:7400"), openai.ErrUnavailable},
 		{apierr.Preconditionf("stale epoch"), openai.ErrUnavailable},
