@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"google.golang.org/protobuf/proto"
 
 	tandemv1 "github.com/tandem-llm/tandem/proto/tandem/v1"
 )
@@ -180,7 +181,7 @@ func benchPrompt(o benchOptions, i int) []int32 {
 func benchRequest(ctx context.Context, client tandemv1.InferenceClient, prompt []int32, maxTokens uint32) (requestTiming, error) {
 	var t requestTiming
 	start := time.Now()
-	stream, err := client.Generate(ctx, &tandemv1.GenerateRequest{PromptTokenIds: prompt, MaxTokens: maxTokens, IgnoreEos: true})
+	stream, err := client.Generate(ctx, &tandemv1.GenerateRequest{PromptTokenIds: prompt, MaxTokens: maxTokens, IgnoreEos: true, Temperature: proto.Float32(0)})
 	if err != nil {
 		return t, err
 	}
