@@ -155,7 +155,7 @@ prompts() {
 	local tag=$1 n
 	: >"$WORK/runs/$tag.prompts"
 	for n in 7 33 100 250; do
-		ctl generate --timeout 120s --ids "$(prompt_ids "$n" "$n")" --max-tokens 32 --ignore-eos --logprobs 5 --json |
+		ctl generate --timeout 120s --ids "$(prompt_ids "$n" "$n")" --max-tokens 32 --temperature 0 --ignore-eos --logprobs 5 --json |
 			python3 -c 'import json,sys; print(json.dumps(json.load(sys.stdin)))' >>"$WORK/runs/$tag.prompts" || return 1
 	done
 	echo "cluster $tag: 4 greedy prompts done" | tee -a "$LOG"
