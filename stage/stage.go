@@ -205,6 +205,11 @@ type Sampled struct {
 	Token   int32
 	Logprob float32
 	Top     []TokenLogprob // the Sampling.Logprobs most likely tokens
+	// Err, when not empty, says why no token could be sampled for the
+	// sequence (its logits row holds NaN or an infinity): Token is then 0
+	// and meaningless, and the request fails while the rest of the batch
+	// goes on. The message names the stage.
+	Err string
 }
 
 // TokenLogprob is a token with its log-probability.

@@ -51,7 +51,10 @@
 // PCG generator seeded from Sampling.Seed and Seq.Index only, so a seed gives
 // the same tokens however requests are batched. The reported Logprob of the
 // chosen token and the Top alternatives are log-probabilities of the raw,
-// untempered and unfiltered distribution.
+// untempered and unfiltered distribution (at least the lowest finite
+// float32). A row holding NaN or an infinity is not sampled: the
+// sequence's Sampled.Err says so, naming the stage and the sequence, its
+// hand-off row carries token 0, and the rest of the batch is unaffected.
 //
 // # Usage
 //

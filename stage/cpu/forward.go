@@ -342,7 +342,11 @@ func (s *Stage) head(b *stage.Batch, out *stage.Output) {
 			k++
 		}
 		if q.Sample {
-			smp := s.sampler.sample(lastRow, &q.Sampling, q.Index)
+			smp, err := s.sampler.sample(lastRow, &q.Sampling, q.Index)
+			if err != nil {
+				// Only this sequence fails; its hand-off row carries token 0.
+				smp.Err = fmt.Sprintf("cpu stage [%d,%d): sequence %d: %v", s.lo, s.hi, q.ID, err)
+			}
 			smp.Seq = q.ID
 			out.Sampled = append(out.Sampled, smp)
 		}

@@ -2,6 +2,7 @@ package cpu
 
 import (
 	"cmp"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -28,8 +29,12 @@ func newSampler(vocab int) sampler {
 
 // sample draws a token from one row of logits (one value per token) with the
 // parameters p; index is the number of tokens the sequence sampled before.
-// The parameters must have passed stage.Sampling.Validate.
-func (sp *sampler) sample(logits []float32, p *stage.Sampling, index int) stage.Sampled {
+// The parameters must have passed stage.Sampling.Validate. A row holding
+// NaN or an infinity has no distribution to draw from: it is an error.
+func (sp *sampler) sample(logits []float32, p *stage.Sampling, index int) (stage.Sampled, error) {
+	if err := checkFinite(logits); err != nil {
+		return stage.Sampled{}, err
+	}
 	// log-softmax normaliser of the raw logits, in float64
 	m := math.Inf(-1)
 	for _, v := range logits {
@@ -42,15 +47,42 @@ func (sp *sampler) sample(logits []float32, p *stage.Sampling, index int) stage.
 	lse := m + math.Log(sum)
 
 	tok := sp.choose(logits, p, index)
-	out := stage.Sampled{Token: tok, Logprob: float32(float64(logits[tok]) - lse)}
+	out := stage.Sampled{Token: tok, Logprob: logprob(logits[tok], lse)}
 	if p.Logprobs > 0 {
 		ids := topN(logits, p.Logprobs, sp.heap)
 		out.Top = make([]stage.TokenLogprob, len(ids))
 		for i, id := range ids {
-			out.Top[i] = stage.TokenLogprob{Token: id, Logprob: float32(float64(logits[id]) - lse)}
+			out.Top[i] = stage.TokenLogprob{Token: id, Logprob: logprob(logits[id], lse)}
 		}
 	}
-	return out
+	return out, nil
+}
+
+// logprob is the log-probability of a token of logit v given the row's
+// log-sum-exp lse, kept within the float32 range: with finite logits so far
+// apart that it underflows (below -3.4e38), it is the lowest finite
+// float32 rather than -Inf, which JSON cannot carry.
+func logprob(v float32, lse float64) float32 {
+	return float32(max(float64(v)-lse, -math.MaxFloat32))
+}
+
+// checkFinite fails for a logits row holding NaN or an infinity, saying how
+// many values are bad and where the first is.
+func checkFinite(logits []float32) error {
+	bad, first := 0, -1
+	for i, v := range logits {
+		// v-v is 0 for a finite v, NaN for NaN and ±Inf.
+		if v-v != 0 {
+			if bad == 0 {
+				first = i
+			}
+			bad++
+		}
+	}
+	if bad == 0 {
+		return nil
+	}
+	return fmt.Errorf("non-finite logits: %d of %d values are NaN or infinite (the first, token %d, is %v)", bad, len(logits), first, logits[first])
 }
 
 // choose picks the token: the arg-max for temperature 0, otherwise a draw

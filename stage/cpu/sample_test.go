@@ -2,13 +2,26 @@ package cpu
 
 import (
 	"cmp"
+	"encoding/binary"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/tandem-llm/tandem/stage"
 )
+
+// mustSample samples a row of finite logits.
+func mustSample(t *testing.T, sp *sampler, logits []float32, p *stage.Sampling, index int) stage.Sampled {
+	t.Helper()
+	got, err := sp.sample(logits, p, index)
+	if err != nil {
+		t.Fatalf("sample(%v, %+v, %d): %v", logits, *p, index, err)
+	}
+	return got
+}
 
 func TestGreedy(t *testing.T) {
 	cases := []struct {
@@ -34,7 +47,7 @@ func TestGreedy(t *testing.T) {
 				{TopP: 1e-6, Temperature: 0.3, Seed: 9},
 			} {
 				for index := range 5 {
-					got := sp.sample(tc.logits, &p, index)
+					got := mustSample(t, &sp, tc.logits, &p, index)
 					if got.Token != tc.want {
 						t.Errorf("%+v index %d: token %d, want %d", p, index, got.Token, tc.want)
 					}
@@ -52,7 +65,7 @@ func TestLogprobs(t *testing.T) {
 	}
 	lse = math.Log(lse)
 	sp := newSampler(len(logits))
-	got := sp.sample(logits, &stage.Sampling{Logprobs: 4}, 0)
+	got := mustSample(t, &sp, logits, &stage.Sampling{Logprobs: 4}, 0)
 	wantTop := []int32{1, 3, 5, 0} // descending, the tie 1/3 by id
 	if got.Token != 1 {
 		t.Fatalf("token %d, want 1", got.Token)
@@ -70,7 +83,7 @@ func TestLogprobs(t *testing.T) {
 		}
 	}
 	// A tempered draw still reports the raw log-probability.
-	hot := sp.sample(logits, &stage.Sampling{Temperature: 2, Seed: 1}, 0)
+	hot := mustSample(t, &sp, logits, &stage.Sampling{Temperature: 2, Seed: 1}, 0)
 	if want := float64(logits[hot.Token]) - lse; math.Abs(float64(hot.Logprob)-want) > 1e-6 {
 		t.Errorf("tempered draw of %d: logprob %v, want the raw %v", hot.Token, hot.Logprob, want)
 	}
@@ -122,7 +135,7 @@ func TestDistribution(t *testing.T) {
 				if i%2 == 1 {
 					p.Seed, index = 12345, i
 				}
-				count[sp.sample(logits, &p, index).Token]++
+				count[mustSample(t, &sp, logits, &p, index).Token]++
 			}
 			for id := range int32(len(logits)) {
 				got := float64(count[id]) / n
@@ -147,12 +160,12 @@ func TestSeedDeterminism(t *testing.T) {
 	sp := newSampler(len(logits))
 	var first []int32
 	for index := range 64 {
-		first = append(first, sp.sample(logits, &p, index).Token)
+		first = append(first, mustSample(t, &sp, logits, &p, index).Token)
 	}
 	// Same seed and index, fresh sampler, reverse order: same tokens.
 	other := newSampler(len(logits))
 	for index := 63; index >= 0; index-- {
-		if got := other.sample(logits, &p, index).Token; got != first[index] {
+		if got := mustSample(t, &other, logits, &p, index).Token; got != first[index] {
 			t.Errorf("index %d: token %d, first run gave %d", index, got, first[index])
 		}
 	}
@@ -160,7 +173,7 @@ func TestSeedDeterminism(t *testing.T) {
 	p.Seed = 78
 	same := 0
 	for index := range 64 {
-		if sp.sample(logits, &p, index).Token == first[index] {
+		if mustSample(t, &sp, logits, &p, index).Token == first[index] {
 			same++
 		}
 	}
@@ -259,4 +272,105 @@ func TestNucleus(t *testing.T) {
 			t.Fatalf("trial %d (top-p %v): nucleus kept %d tokens (total %v), want %d (total %v)", trial, topP, len(got), gotTotal, len(want), cum)
 		}
 	}
+}
+
+// TestNonFinite: a row holding NaN or an infinity is refused with an error
+// naming the first bad token, under every kind of sampling (at temperature
+// 0.8 and top-p 0.9 a NaN row once panicked with index out of range [-1];
+// greedily it gave token 0 with log-probability NaN).
+func TestNonFinite(t *testing.T) {
+	nan, inf := float32(math.NaN()), float32(math.Inf(1))
+	rows := []struct {
+		name   string
+		logits []float32
+		first  int
+	}{
+		{"all NaN", []float32{nan, nan, nan, nan}, 0},
+		{"one NaN", []float32{1, 2, nan, 0}, 2},
+		{"+Inf", []float32{1, inf, 2, 0}, 1},
+		{"-Inf", []float32{1, 2, -inf, 0}, 2},
+		{"+Inf and -Inf", []float32{-inf, inf, 0, 0}, 0},
+		{"all +Inf", []float32{inf, inf, inf, inf}, 0},
+	}
+	params := []stage.Sampling{
+		{},
+		{Logprobs: 3},
+		{Temperature: 0.8, TopP: 0.9},
+		{Temperature: 0.8, TopP: 0.9, TopK: 2, Logprobs: 2},
+		{Temperature: 1, TopK: 3},
+		{Temperature: 1.5},
+	}
+	sp := newSampler(4)
+	for _, r := range rows {
+		for _, p := range params {
+			got, err := sp.sample(r.logits, &p, 0)
+			if err == nil {
+				t.Errorf("%s, %+v: sampled %+v, want an error", r.name, p, got)
+				continue
+			}
+			if want := fmt.Sprintf("token %d", r.first); !strings.Contains(err.Error(), want) {
+				t.Errorf("%s, %+v: error %q does not name %s", r.name, p, err, want)
+			}
+		}
+	}
+}
+
+// FuzzSample feeds the sampler rows of arbitrary float32 bit patterns (NaN,
+// ±Inf, subnormals, extremes) with arbitrary valid parameters: it must
+// never panic; a row with a non-finite value is refused, and any other row
+// gives a token in the vocabulary with a finite log-probability ≤ 0 and
+// alternatives in order.
+func FuzzSample(f *testing.F) {
+	row := func(v ...float32) []byte {
+		b := make([]byte, 4*len(v))
+		for i, x := range v {
+			binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(x))
+		}
+		return b
+	}
+	nan, inf := float32(math.NaN()), float32(math.Inf(1))
+	f.Add(row(nan, nan, nan), float32(0.8), 0, float32(0.9), uint64(1), 0, 0)
+	f.Add(row(1, inf, 2), float32(0), 0, float32(0), uint64(0), 0, 2)
+	f.Add(row(-inf, -inf, 3), float32(1), 2, float32(0.5), uint64(5), 3, 1)
+	f.Add(row(3e38, -3e38, 1e-45, 0), float32(1e-30), 0, float32(0.99), uint64(7), 1, 4)
+	f.Add(row(1, 2, 3, 4, 5), float32(2), 3, float32(1), uint64(9), 9, 5)
+	f.Fuzz(func(t *testing.T, raw []byte, temp float32, topK int, topP float32, seed uint64, index, logprobs int) {
+		n := len(raw) / 4
+		if n == 0 || n > 4096 {
+			return
+		}
+		logits := make([]float32, n)
+		finite := true
+		for i := range logits {
+			logits[i] = math.Float32frombits(binary.LittleEndian.Uint32(raw[4*i:]))
+			finite = finite && !math.IsNaN(float64(logits[i])) && !math.IsInf(float64(logits[i]), 0)
+		}
+		p := stage.Sampling{Temperature: temp, TopK: topK, TopP: topP, Seed: seed, Logprobs: logprobs}
+		if p.Validate(n) != nil {
+			return
+		}
+		sp := newSampler(n)
+		got, err := sp.sample(logits, &p, index)
+		if !finite {
+			if err == nil {
+				t.Fatalf("row %v: sampled %+v, want an error", logits, got)
+			}
+			return
+		}
+		if err != nil {
+			t.Fatalf("finite row %v: %v", logits, err)
+		}
+		okLP := func(lp float32) bool { return !math.IsNaN(float64(lp)) && !math.IsInf(float64(lp), 0) && lp <= 1e-6 }
+		if got.Token < 0 || int(got.Token) >= n || !okLP(got.Logprob) {
+			t.Fatalf("row %v, %+v: token %d logprob %v", logits, p, got.Token, got.Logprob)
+		}
+		if len(got.Top) != p.Logprobs {
+			t.Fatalf("row %v: %d alternatives, want %d", logits, len(got.Top), p.Logprobs)
+		}
+		for i, tl := range got.Top {
+			if tl.Token < 0 || int(tl.Token) >= n || !okLP(tl.Logprob) || i > 0 && tl.Logprob > got.Top[i-1].Logprob {
+				t.Fatalf("row %v: alternatives %+v", logits, got.Top)
+			}
+		}
+	})
 }

@@ -130,7 +130,10 @@
 // and the token is drawn with the Gumbel-max trick, its noise a hash of
 // (Sampling.Seed, Seq.Index, token id): the same seed and index give the
 // same token whatever the batch. The CPU backend draws differently, so the
-// two agree on distributions, not on individual seeded draws.
+// two agree on distributions, not on individual seeded draws. A row holding
+// NaN or an infinity is not sampled: the kernel reports token -1 with the
+// count of such values (and hands off token 0), and the sequence's
+// Sampled.Err says so; the rest of the batch is unaffected.
 //
 // # Usage
 //

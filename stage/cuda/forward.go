@@ -296,6 +296,11 @@ func (s *Stage) output(b *stage.Batch) *stage.Output {
 		}
 		w := s.hostSample[k*stride:]
 		k++
+		if w[0] < 0 { // the sampler found NaN or infinite logits (sample.cu)
+			o.Sampled = append(o.Sampled, stage.Sampled{Seq: sq.ID, Err: fmt.Sprintf(
+				"cuda stage [%d,%d): sequence %d: non-finite logits: %d of %d values are NaN or infinite", s.lo, s.hi, sq.ID, w[1], V)})
+			continue
+		}
 		smp := stage.Sampled{Seq: sq.ID, Token: w[0], Logprob: math.Float32frombits(uint32(w[1]))}
 		for t := 0; t < sq.Sampling.Logprobs; t++ {
 			smp.Top = append(smp.Top, stage.TokenLogprob{Token: w[2+2*t], Logprob: math.Float32frombits(uint32(w[3+2*t]))})

@@ -111,8 +111,12 @@ func runSampleKernel(t *testing.T, logits [][]float32, reqs []sampleReq) []sampl
 			r.topLP = append(r.topLP, math.Float32frombits(uint32(w[3+2*k])))
 		}
 		res[i] = r
-		if slot, tok := handoff[2*i], handoff[2*i+1]; slot != int32(7+i) || tok != r.token {
-			t.Errorf("request %d: hand-off row (%d, %d), want (%d, %d)", i, slot, tok, 7+i, r.token)
+		want := r.token
+		if want < 0 { // non-finite logits: the hand-off carries token 0
+			want = 0
+		}
+		if slot, tok := handoff[2*i], handoff[2*i+1]; slot != int32(7+i) || tok != want {
+			t.Errorf("request %d: hand-off row (%d, %d), want (%d, %d)", i, slot, tok, 7+i, want)
 		}
 	}
 	return res
@@ -188,6 +192,38 @@ func TestSampleKernelGreedyAndLogprobs(t *testing.T) {
 	}
 	if res[2].token != 900 || res[2].top[1] != 70000 {
 		t.Errorf("tie: token %d, second %d; want 900 then 70000", res[2].token, res[2].top[1])
+	}
+}
+
+// TestSampleKernelNonFinite: a row holding NaN or an infinity reports token
+// -1 and the count of bad values (hand-off token 0) under every kind of
+// sampling, and a finite row sampled in the same launch is unaffected.
+func TestSampleKernelNonFinite(t *testing.T) {
+	nan, inf := float32(math.NaN()), float32(math.Inf(1))
+	rows := [][]float32{
+		{1, 2, 3, 4, 5, 6, 7, 8},
+		{nan, nan, nan, nan, nan, nan, nan, nan},
+		{1, inf, 3, 4, 5, 6, 7, 8},
+		{1, 2, -inf, 4, nan, 6, 7, 8},
+	}
+	var reqs []sampleReq
+	for _, sp := range []sampleReq{{}, {temperature: 0.8, topP: 0.9, seed: 1, logprobs: 2}, {temperature: 1, topK: 3, seed: 2}} {
+		for row := range rows {
+			q := sp
+			q.row = row
+			reqs = append(reqs, q)
+		}
+	}
+	res := runSampleKernel(t, rows, reqs)
+	wantBad := []int32{0, 8, 1, 2}
+	for i, q := range reqs {
+		r := res[i]
+		switch {
+		case wantBad[q.row] > 0 && (r.token != -1 || math.Float32bits(r.logprob) != uint32(wantBad[q.row])):
+			t.Errorf("request %d (row %d): token %d, word %d; want -1 and %d bad values", i, q.row, r.token, math.Float32bits(r.logprob), wantBad[q.row])
+		case wantBad[q.row] == 0 && (r.token < 0 || r.token >= 8 || math.IsNaN(float64(r.logprob))):
+			t.Errorf("request %d (finite row): token %d logprob %v", i, r.token, r.logprob)
+		}
 	}
 }
 

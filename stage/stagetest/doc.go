@@ -34,7 +34,12 @@
 // chunked against whole prefill; a model split over 2, 3 and 4 stages
 // against one stage (logits and greedy tokens); batch validation (every
 // malformed batch is refused, names the sequence at fault and leaves the
-// caches unchanged); Free; Info and Input; Forward after Close; and, for a
+// caches unchanged); Free; Info and Input; Forward after Close; sequences
+// whose logits are NaN or infinite (a checkpoint with a NaN and an infinite
+// embedding row) failing alone, in their stage.Sampled.Err, under greedy,
+// tempered and nucleus sampling, while the rest of the batch gets the
+// reference's tokens, hand-off rows stay valid and the stage goes on
+// serving; and, for a
 // backend with a paged KV cache (Backend.Paged), block-table validation,
 // blocks scattered over the pool, a capacity of exactly the blocks in use
 // and blocks reused after Free; and, for a backend with on-device hand-off

@@ -68,6 +68,7 @@ func Run(t *testing.T, b Backend) {
 	t.Run("free", func(t *testing.T) { testFree(t, b) })
 	t.Run("info", func(t *testing.T) { testInfo(t, b) })
 	t.Run("close", func(t *testing.T) { testClose(t, b) })
+	t.Run("nonfinite", func(t *testing.T) { testNonFinite(t, b) })
 	if b.Paged {
 		t.Run("paged", func(t *testing.T) { testPaged(t, b) })
 	}

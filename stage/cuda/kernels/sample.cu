@@ -8,7 +8,11 @@
 //   [8] hand-off slot
 // out (2 + 2 * maxlp ints per sequence):
 //   [0] token   [1] log-probability (float bits)   then (token, logprob) pairs.
-// handoff (null: none) gets one (slot, token) row per sequence.
+//   A row holding NaN or an infinity has no distribution to draw from: then
+//   [0] is -1 and [1] the number of such values, and nothing else is set.
+// handoff (null: none) gets one (slot, token) row per sequence; token 0 for
+// a row that could not be sampled, so that the first stage accepts the
+// message (the leader fails that sequence's request).
 //
 // Log-probabilities are the log-softmax of the raw logits (temperature does
 // not apply). Temperature 0 (or top_k 1) is greedy, ties to the lowest id.
@@ -80,15 +84,30 @@ extern "C" __global__ void sample(const float* logits, int vocab, const int* par
     int nlp = min(p[7], maxlp);
     int* o = out + blockIdx.x * (2 + 2 * maxlp);
 
-    // Maximum (and greedy token), then the log partition function.
+    // Maximum (and greedy token), then the log partition function; and how
+    // many values are NaN or infinite (all exponent bits set).
     float bv = NEG_INF;
     int bi = 0x7fffffff;
+    float bad = 0.f;
     for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
         float v = l[i];
+        bad += (__float_as_uint(v) & 0x7f800000u) == 0x7f800000u ? 1.f : 0.f;
         if (better(v, i, bv, bi)) {
             bv = v;
             bi = i;
         }
+    }
+    bad = block_sum(bad, sh); // every thread gets it: they all return below
+    if (bad > 0.f) {
+        if (threadIdx.x == 0) {
+            o[0] = -1;
+            o[1] = (int)bad;
+            if (handoff) {
+                handoff[2 * blockIdx.x] = p[8];
+                handoff[2 * blockIdx.x + 1] = 0;
+            }
+        }
+        return;
     }
     block_argmax(&bv, &bi, shv, shi);
     float m = bv;
