@@ -3,6 +3,7 @@ package sched_test
 import (
 	"context"
 	"fmt"
+	"math"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -375,4 +376,162 @@ func BenchmarkPipelineInFlightCPU(b *testing.B) {
 			})
 		}
 	}
+}
+
+// kvWorkload is the KV-pressure workload of issue 13: requests that each
+// grow to promptLen+maxTokens positions, a KV cache holding only a few of
+// them whole, and closed-loop clients that keep concurrency requests
+// submitted (a new one as soon as one ends).
+type kvWorkload struct {
+	stages, requests, promptLen, maxTokens int
+	blocks, blockSize                      int
+	// stepCost is one stage's time for a step: a fixed cost, a cost per
+	// token and a cost per position attended to (a CPU stage's shape).
+	fixed, perToken, perPosition time.Duration
+}
+
+// kvPressure is the workload the issue measured on a CPU cluster: 16
+// requests of 1,500 positions, a KV cache of 5 such requests, 2 stages.
+var kvPressure = kvWorkload{stages: 2, requests: 16, promptLen: 64, maxTokens: 1436, blocks: 5 * 1500 / 16, blockSize: 16,
+	fixed: 200 * time.Microsecond, perToken: 40 * time.Microsecond, perPosition: 20 * time.Nanosecond}
+
+// kvResult is what one simulated run measured.
+type kvResult struct {
+	elapsed       time.Duration // simulated
+	preemptions   uint64
+	maxPreempted  int // the most times one request was preempted
+	peakRunning   int
+	tokens        int
+	recomputedPos int // positions prefilled again after a preemption
+}
+
+// simulateKV runs the workload through the scheduler core against a model
+// of a pipeline of w.stages stages, each taking w.stepCost per step and
+// passing a step on as soon as the next stage is free, with concurrency
+// clients. It is deterministic (simulated time).
+func simulateKV(tb testing.TB, w kvWorkload, concurrency int, tune func(*sched.Config)) kvResult {
+	tb.Helper()
+	var now time.Duration
+	start := time.Unix(0, 0)
+	cfg := sched.Config{MaxNumBatchedTokens: 512, MaxNumSeqs: 64, NumBlocks: w.blocks, BlockSize: w.blockSize, MaxConcurrentBatches: w.stages}
+	if tune != nil {
+		tune(&cfg)
+	}
+	sc, err := sched.New(cfg, func() time.Time { return start.Add(now) })
+	if err != nil {
+		tb.Fatal(err)
+	}
+	var res kvResult
+	submitted, done := 0, 0
+	submit := func() {
+		submitted++
+		r := sched.Request{ID: uint64(submitted), Prompt: make([]int32, w.promptLen), MaxTokens: w.maxTokens}
+		for i := range r.Prompt {
+			r.Prompt[i] = int32(submitted*7+i) % 1000
+		}
+		if err := sc.Add(r); err != nil {
+			tb.Fatal(err)
+		}
+	}
+	for range min(concurrency, w.requests) {
+		submit()
+	}
+	type flying struct {
+		st   *pipeline.Step
+		done time.Duration
+	}
+	var (
+		queue     []flying
+		free      = make([]time.Duration, w.stages)
+		preempted = map[uint64]int{}
+		fed       = map[uint64]int{} // positions fed per request, ever
+	)
+	for done < w.requests {
+		for {
+			before := sc.Stats().Preemptions
+			st, ok := sc.Schedule()
+			if !ok {
+				break
+			}
+			if n := sc.Stats().Preemptions - before; n > 0 {
+				for _, id := range st.Free {
+					preempted[id]++
+					res.maxPreempted = max(res.maxPreempted, preempted[id])
+				}
+			}
+			if len(st.Batch.Seqs) == 0 {
+				continue
+			}
+			cost := w.fixed
+			for _, q := range st.Batch.Seqs {
+				cost += time.Duration(len(q.Tokens))*w.perToken + time.Duration(len(q.Tokens)*(q.Pos+len(q.Tokens)))*w.perPosition
+				if q.Pos < fed[q.ID] {
+					res.recomputedPos += min(fed[q.ID], q.Pos+len(q.Tokens)) - q.Pos
+				}
+				fed[q.ID] = max(fed[q.ID], q.Pos+len(q.Tokens))
+			}
+			t := now
+			for k := range free {
+				t = max(t, free[k]) + cost
+				free[k] = t
+			}
+			queue = append(queue, flying{st, t})
+			res.peakRunning = max(res.peakRunning, sc.Stats().Running)
+		}
+		if len(queue) == 0 {
+			tb.Fatalf("concurrency %d: nothing in flight with %d of %d requests done", concurrency, done, w.requests)
+		}
+		f := queue[0]
+		queue = queue[1:]
+		now = f.done
+		r := &pipeline.Result{Batch: f.st.Batch.ID}
+		for _, q := range f.st.Batch.Seqs {
+			if q.Sample {
+				r.Sampled = append(r.Sampled, stage.Sampled{Seq: q.ID, Token: 1})
+			}
+		}
+		outs, err := sc.Complete(r)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		for _, o := range outs {
+			res.tokens++
+			if o.Finish != "" {
+				done++
+				if submitted < w.requests {
+					submit()
+				}
+			}
+		}
+	}
+	res.elapsed = now
+	res.preemptions = sc.Stats().Preemptions
+	return res
+}
+
+// BenchmarkKVPressure reports the simulated time of the KV-pressure
+// workload at concurrency 16 and at each fixed concurrency from 1 to 16,
+// and the ratio of the first to the best of the others (the issue's
+// target: at most 1.3).
+func BenchmarkKVPressure(b *testing.B) {
+	w := kvPressure
+	best := time.Duration(math.MaxInt64)
+	bestC := 0
+	for c := 1; c <= 16; c++ {
+		r := simulateKV(b, w, c, func(cfg *sched.Config) { cfg.MaxNumSeqs = c })
+		if r.elapsed < best {
+			best, bestC = r.elapsed, c
+		}
+	}
+	var r kvResult
+	for b.Loop() {
+		r = simulateKV(b, w, 16, nil)
+	}
+	b.ReportMetric(r.elapsed.Seconds(), "simsec")
+	b.ReportMetric(best.Seconds(), "best-fixed-simsec")
+	b.ReportMetric(float64(bestC), "best-concurrency")
+	b.ReportMetric(r.elapsed.Seconds()/best.Seconds(), "ratio")
+	b.ReportMetric(float64(r.preemptions), "preemptions")
+	b.ReportMetric(float64(r.maxPreempted), "max-preempted")
+	b.ReportMetric(float64(r.recomputedPos), "recomputed-pos")
 }

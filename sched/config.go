@@ -34,6 +34,23 @@ type Config struct {
 	// MaxModelLen bounds a request's prompt plus the tokens it may generate
 	// (0: only the KV capacity bounds it).
 	MaxModelLen int
+	// MaxNumWaiting bounds the requests waiting for admission (preempted
+	// ones included): Add refuses more with ErrQueueFull (0:
+	// DefaultMaxNumWaiting; -1: no bound). It bounds the leader's memory
+	// and the time a request can wait under overload.
+	MaxNumWaiting int
+	// GrowthReserve is the growth, in positions, that admitting a new
+	// request must leave room for in every running request (the new one
+	// included), so that admissions do not soon force preemptions (0:
+	// BlockSize, one block each; -1: none, admit whatever fits now). A
+	// preempted request is admitted again only when every running
+	// request, itself included, can grow to its last position.
+	GrowthReserve int
+	// MaxPreemptions is how often one request may be preempted while
+	// another running request can be preempted in its place (0:
+	// DefaultMaxPreemptions); past it a request is preempted only when
+	// every other candidate has reached it too.
+	MaxPreemptions int
 	// OnDeviceHandoff lets a sequence's next decode be scheduled before its
 	// previous token is known, with stage.Placeholder as its input, which
 	// the first stage fills on the device from the hand-off of the step
@@ -57,10 +74,37 @@ type Counters struct {
 // KV blocks by every scheduler given these Counters.
 func (c *Counters) Preemptions() uint64 { return c.preemptions.Load() }
 
+// DefaultMaxNumWaiting is the bound on waiting requests when
+// Config.MaxNumWaiting is 0.
+const DefaultMaxNumWaiting = 1024
+
+// DefaultMaxPreemptions is Config.MaxPreemptions when it is 0.
+const DefaultMaxPreemptions = 1
+
+// ErrQueueFull is the error of a request refused because MaxNumWaiting
+// requests already wait: the caller should retry later (gRPC
+// RESOURCE_EXHAUSTED, HTTP 429).
+var ErrQueueFull = errors.New("too many requests waiting")
+
+// ErrRequestFailed is wrapped by the error that ends a request a stage
+// could not serve while the pipeline went on (a sampled row of non-finite
+// logits, stage.Sampled.Err): an internal error for that request alone
+// (gRPC INTERNAL, HTTP 500).
+var ErrRequestFailed = errors.New("request failed on a stage")
+
 // withDefaults checks c and fills its defaults.
 func (c Config) withDefaults() (Config, error) {
 	if c.BlockSize == 0 {
 		c.BlockSize = DefaultBlockSize
+	}
+	if c.MaxNumWaiting == 0 {
+		c.MaxNumWaiting = DefaultMaxNumWaiting
+	}
+	if c.GrowthReserve == 0 {
+		c.GrowthReserve = c.BlockSize
+	}
+	if c.MaxPreemptions == 0 {
+		c.MaxPreemptions = DefaultMaxPreemptions
 	}
 	if c.MaxConcurrentBatches == 0 {
 		c.MaxConcurrentBatches = 1
@@ -80,6 +124,12 @@ func (c Config) withDefaults() (Config, error) {
 		return c, fmt.Errorf("max concurrent batches %d is negative", c.MaxConcurrentBatches)
 	case c.MaxModelLen < 0:
 		return c, fmt.Errorf("max model len %d is negative", c.MaxModelLen)
+	case c.MaxNumWaiting < -1:
+		return c, fmt.Errorf("max num waiting %d is below -1 (no bound)", c.MaxNumWaiting)
+	case c.GrowthReserve < -1:
+		return c, fmt.Errorf("growth reserve %d is below -1 (none)", c.GrowthReserve)
+	case c.MaxPreemptions < 0:
+		return c, fmt.Errorf("max preemptions %d is negative", c.MaxPreemptions)
 	}
 	return c, nil
 }
@@ -121,6 +171,9 @@ type Output struct {
 	// scheduler first put the request in a step, which ends its time in
 	// the queue.
 	Scheduled time.Time
+	// Err, when set, ends the request without a token: a stage could not
+	// serve it (it wraps ErrRequestFailed and names the stage).
+	Err error
 }
 
 // Stats is a snapshot of the scheduler, for status reports.
@@ -137,11 +190,13 @@ type Stats struct {
 	Discarded uint64
 	Finished  uint64 // requests that ended with a finish reason
 	Cancelled uint64
-	// Failed counts requests ended by Fail (no pipeline served them in
-	// time); Reprefilled the running requests Replace sent back to
-	// prefill again on a new pipeline.
-	Failed, Reprefilled uint64
-	Steps               uint64 // steps completed (results received)
+	// Failed counts requests that ended in an error: by Fail (no pipeline
+	// served them in time), or because a stage could not serve them
+	// (ErrRequestFailed). Reprefilled counts the running requests Replace
+	// sent back to prefill again on a new pipeline; Refused those Add
+	// turned away because the queue was full.
+	Failed, Reprefilled, Refused uint64
+	Steps                        uint64 // steps completed (results received)
 	// LastStepTime is the time from scheduling the last completed step to
 	// its result; StepTime is a moving average of it.
 	LastStepTime, StepTime time.Duration

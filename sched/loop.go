@@ -280,6 +280,12 @@ func (l *Loop) run(ctx context.Context, sc *Scheduler, cur *attachment) (err err
 			}
 			for _, o := range outs {
 				r := reqs[o.ID]
+				if o.Err != nil {
+					r.stop()
+					delete(reqs, o.ID)
+					r.s.end(o.Err)
+					continue
+				}
 				r.s.push(o)
 				if o.Finish != "" {
 					r.stop()
@@ -296,7 +302,8 @@ func (l *Loop) run(ctx context.Context, sc *Scheduler, cur *attachment) (err err
 // Submit queues a request and returns the stream of its tokens. The loop
 // assigns r.ID (Stream.ID tells it). Cancelling ctx cancels the request:
 // its stream then ends with ctx's cause. Submit fails for a request the
-// scheduler refuses (see Scheduler.Add) and once the loop has stopped.
+// scheduler refuses (see Scheduler.Add; ErrQueueFull when too many wait)
+// and once the loop has stopped.
 func (l *Loop) Submit(ctx context.Context, r Request) (*Stream, error) {
 	reply := make(chan addReply, 1)
 	select {
@@ -396,9 +403,10 @@ func newStream(id uint64) *Stream { return &Stream{id: id, ready: make(chan stru
 func (s *Stream) ID() uint64 { return s.id }
 
 // Recv returns the next token. After the token with a finish reason it
-// returns io.EOF; a request cancelled, or cut short by the loop stopping,
-// returns its cause (context.Canceled, ErrClosed, a pipeline error) once
-// the tokens delivered before are read.
+// returns io.EOF; a request cancelled, cut short by the loop stopping or
+// failed on a stage returns its cause (context.Canceled, ErrClosed, a
+// pipeline error, an error wrapping ErrRequestFailed) once the tokens
+// delivered before are read.
 func (s *Stream) Recv(ctx context.Context) (Output, error) {
 	for {
 		s.mu.Lock()

@@ -2,6 +2,7 @@ package sched
 
 import (
 	"fmt"
+	"math"
 	"slices"
 	"time"
 
@@ -76,6 +77,8 @@ type seq struct {
 	// one that samples for the sequence: the first stage has the token a
 	// placeholder of the sequence stands for once it has applied that many.
 	handoff int
+	// preempted counts the sequence's preemptions.
+	preempted int
 }
 
 func (s *seq) generated() int { return len(s.tokens) - len(s.req.Prompt) }
@@ -135,13 +138,18 @@ func (sc *Scheduler) Config() Config { return sc.cfg }
 
 // Add queues a request. It fails, changing nothing, for an empty prompt,
 // MaxTokens below 1, a request longer than MaxModelLen or than the whole KV
-// capacity, or the id of a live request.
+// capacity, or the id of a live request; and with an error wrapping
+// ErrQueueFull when MaxNumWaiting requests wait already.
 func (sc *Scheduler) Add(r Request) error {
 	if sc.seqs[r.ID] != nil {
 		return fmt.Errorf("request %d: id already in use", r.ID)
 	}
 	if err := sc.cfg.check(&r); err != nil {
 		return fmt.Errorf("request %d: %w", r.ID, err)
+	}
+	if n := sc.cfg.MaxNumWaiting; n >= 0 && len(sc.waiting) >= n {
+		sc.stats.Refused++
+		return fmt.Errorf("request %d: %w: %d wait for admission, the most the leader queues (%d run)", r.ID, ErrQueueFull, len(sc.waiting), len(sc.running))
 	}
 	// Room for the tokens to generate, up to a bound, saves regrowing.
 	tokens := make([]int32, len(r.Prompt), len(r.Prompt)+min(r.MaxTokens, 1024))
@@ -249,7 +257,7 @@ func (sc *Scheduler) Schedule() (*pipeline.Step, bool) {
 			continue
 		}
 		n, ok := sc.chunk(s, &p)
-		if !ok || !sc.place(&p, s, n, false) {
+		if !ok || !sc.admissible(s, n) || !sc.place(&p, s, n, false) {
 			break
 		}
 		sc.waiting = slices.Delete(sc.waiting, i, i+1)
@@ -385,13 +393,57 @@ func (sc *Scheduler) place(p *plan, s *seq, n int, preempt bool) bool {
 	return true
 }
 
-// victim is the newest running request not in step id.
-func (sc *Scheduler) victim(id uint64) *seq {
-	for i := len(sc.running) - 1; ; i-- {
-		if sc.running[i].batch != id {
-			return sc.running[i]
+// admissible reports whether waiting request s, starting with a chunk of n
+// positions, leaves the KV headroom the running requests need to grow, so
+// that admitting it does not soon preempt another: the blocks each running
+// request (s included) needs for its next GrowthReserve positions for a
+// request never preempted; the blocks every one needs to reach its last
+// position for a request that was preempted, so that it is not preempted
+// again and is not the cause of another's preemption. Alone, a request is
+// always admissible (Add checked that it fits the capacity).
+func (sc *Scheduler) admissible(s *seq, n int) bool {
+	if len(sc.running) == 0 {
+		return true
+	}
+	horizon := max(sc.cfg.GrowthReserve, 0)
+	if s.preempted > 0 {
+		horizon = math.MaxInt / 2
+	}
+	bs := sc.cfg.BlockSize
+	need := blocksFor(s.computed+n, bs) - len(s.blocks)
+	need += blocksFor(min(s.last(), s.computed+n+horizon), bs) - blocksFor(s.computed+n, bs)
+	for _, r := range sc.running {
+		need += max(0, blocksFor(min(r.last(), r.computed+horizon), bs)-len(r.blocks))
+		if need > len(sc.free) {
+			return false
 		}
 	}
+	return need <= len(sc.free)
+}
+
+// last is the number of positions the sequence holds in the KV cache at
+// most: its prompt and every generated token but the last, which is never
+// fed back.
+func (s *seq) last() int { return len(s.req.Prompt) + s.req.MaxTokens - 1 }
+
+// victim is the request to preempt when step id needs blocks: the newest
+// running request not in the step that has been preempted fewer than
+// MaxPreemptions times, else the newest not in the step.
+func (sc *Scheduler) victim(id uint64) *seq {
+	var newest *seq
+	for i := len(sc.running) - 1; i >= 0; i-- {
+		s := sc.running[i]
+		if s.batch == id {
+			continue
+		}
+		if s.preempted < sc.cfg.MaxPreemptions {
+			return s
+		}
+		if newest == nil {
+			newest = s
+		}
+	}
+	return newest
 }
 
 // preempt sends a running request back to waiting, by recompute: its blocks
@@ -401,6 +453,7 @@ func (sc *Scheduler) preempt(s *seq) {
 	sc.release(s)
 	s.computed, s.pending = 0, 0
 	s.epoch++
+	s.preempted++
 	s.state = waiting
 	sc.running = removeSeq(sc.running, s)
 	sc.waiting = insertByArrival(sc.waiting, s)
@@ -492,6 +545,14 @@ func (sc *Scheduler) Complete(r *pipeline.Result) ([]Output, error) {
 		k++
 		if s.epoch != e.epoch {
 			sc.stats.Discarded++
+			continue
+		}
+		if t.Err != "" {
+			// The stage could not sample it (non-finite logits): this
+			// request fails, the others go on.
+			sc.end(s)
+			sc.stats.Failed++
+			outs = append(outs, Output{ID: s.req.ID, Index: s.generated(), Err: fmt.Errorf("%w: stage %d: %s", ErrRequestFailed, r.Stage, t.Err)})
 			continue
 		}
 		s.pending--

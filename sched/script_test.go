@@ -22,13 +22,15 @@ var update = flag.Bool("update", false, "rewrite the expected output of testdata
 // two spaces after a command are what it must print. # starts a comment.
 //
 //	config tokens=N seqs=N block=N blocks=N batches=N maxlen=N handoff=0|1
+//	       reserve=N waiting=N preemptions=N
 //	add ID prompt=N max=N [stop=T,T] [check=repeat] [seed=N]
 //	    (the prompt is ID·100, ID·100+1, ...)
 //	schedule           print the next step, or "none"; with handoff=1
 //	                   also whether it asks for a hand-off, its
 //	                   AwaitHandoff and each sequence's slot
 //	complete [ID=T...] return the oldest step's result: the given tokens,
-//	                   and token 1 for sampled sequences not named
+//	                   and token 1 for sampled sequences not named; T "nan"
+//	                   is a sample the stage failed (non-finite logits)
 //	cancel ID
 //	fail ID            end the request for a reason of the caller's
 //	replace tokens=N seqs=N block=N blocks=N batches=N maxlen=N handoff=0|1
@@ -109,7 +111,8 @@ func runScript(t *testing.T, script string) string {
 			return sched.Config{
 				MaxNumBatchedTokens: num("tokens"), MaxNumSeqs: num("seqs"), BlockSize: num("block"),
 				NumBlocks: num("blocks"), MaxConcurrentBatches: num("batches"), MaxModelLen: num("maxlen"),
-				OnDeviceHandoff: args["handoff"] == "1",
+				OnDeviceHandoff: args["handoff"] == "1", GrowthReserve: num("reserve"), MaxNumWaiting: num("waiting"),
+				MaxPreemptions: num("preemptions"),
 			}
 		}
 		switch f[0] {
@@ -182,7 +185,12 @@ func runScript(t *testing.T, script string) string {
 				for _, q := range last[0].Batch.Seqs {
 					if q.Sample {
 						tok := 1
-						if v, ok := args[strconv.FormatUint(q.ID, 10)]; ok {
+						v, ok := args[strconv.FormatUint(q.ID, 10)]
+						if ok && v == "nan" {
+							r.Sampled = append(r.Sampled, stage.Sampled{Seq: q.ID, Err: "non-finite logits"})
+							continue
+						}
+						if ok {
 							tok, _ = strconv.Atoi(v)
 						}
 						r.Sampled = append(r.Sampled, stage.Sampled{Seq: q.ID, Token: int32(tok)})
@@ -199,6 +207,10 @@ func runScript(t *testing.T, script string) string {
 				print("nothing")
 			}
 			for _, o := range outs {
+				if o.Err != nil {
+					print("out %d #%d error: %v", o.ID, o.Index, o.Err)
+					continue
+				}
 				s := fmt.Sprintf("out %d #%d token %d", o.ID, o.Index, o.Token.Token)
 				if o.Finish != "" {
 					s += " " + o.Finish
@@ -223,6 +235,9 @@ func runScript(t *testing.T, script string) string {
 				s.Running, s.Waiting, s.InFlight, s.KVBlocksUsed, s.KVBlocks, s.Preemptions, s.Discarded, s.Finished, s.Cancelled, s.Steps, s.LastStepTime, s.StepTime)
 			if s.Failed+s.Reprefilled > 0 {
 				line += fmt.Sprintf(" failed %d reprefilled %d", s.Failed, s.Reprefilled)
+			}
+			if s.Refused > 0 {
+				line += fmt.Sprintf(" refused %d", s.Refused)
 			}
 			print("%s", line)
 		default:
