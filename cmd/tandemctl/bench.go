@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -40,6 +41,16 @@ type benchResult struct {
 	TTFTP99Ms       float64 `json:"ttft_p99_ms"`
 	ITLP50Ms        float64 `json:"itl_p50_ms"`
 	ITLP99Ms        float64 `json:"itl_p99_ms"`
+	// Failed requests are left out of every figure above but Requests
+	// and WallS; Failures groups their errors, most frequent first.
+	Failed   int            `json:"failed"`
+	Failures []benchFailure `json:"failures,omitempty"`
+}
+
+// benchFailure is one error and how many requests failed with it.
+type benchFailure struct {
+	Count int    `json:"count"`
+	Error string `json:"error"`
 }
 
 // requestTiming is what one streamed request measured.
@@ -66,7 +77,9 @@ gRPC connection. Each prompt is --prompt-tokens random token ids below
 exactly --max-tokens tokens, greedy and past end-of-sequence tokens. Prints
 the requests, the tokens generated, the wall time, tokens/s, and the p50
 and p99 of the time to first token and of the inter-token latency (--json:
-one JSON object).`,
+one JSON object). A failed request does not stop the others: the figures
+are those of the requests that succeeded, the failures are counted and
+their errors listed, and the command then exits with an error.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if o.concurrency < 1 || o.requests < 1 || o.promptTokens < 1 || o.maxTokens < 1 || o.vocab < 1 {
@@ -77,25 +90,13 @@ one JSON object).`,
 				return err
 			}
 			defer done()
-			res, err := runBench(ctx, tandemv1.NewInferenceClient(conn), o)
-			if err != nil {
+			res := runBench(ctx, tandemv1.NewInferenceClient(conn), o)
+			if err := printBench(cmd.OutOrStdout(), res, o.asJSON); err != nil {
 				return err
 			}
-			out := cmd.OutOrStdout()
-			if o.asJSON {
-				b, err := json.Marshal(res)
-				if err != nil {
-					return err
-				}
-				_, err = fmt.Fprintln(out, string(b))
-				return err
+			if res.Failed > 0 {
+				return fmt.Errorf("bench: %d of %d requests failed (%d× %s)", res.Failed, res.Requests, res.Failures[0].Count, res.Failures[0].Error)
 			}
-			fmt.Fprintf(out, "requests:          %d (%d at a time, %d prompt tokens each)\n", res.Requests, res.Concurrency, res.PromptTokens)
-			fmt.Fprintf(out, "generated tokens:  %d\n", res.GeneratedTokens)
-			fmt.Fprintf(out, "wall time:         %.3f s\n", res.WallS)
-			fmt.Fprintf(out, "throughput:        %.1f tokens/s\n", res.TokensPerS)
-			fmt.Fprintf(out, "time to 1st token: p50 %.2f ms, p99 %.2f ms\n", res.TTFTP50Ms, res.TTFTP99Ms)
-			fmt.Fprintf(out, "inter-token:       p50 %.2f ms, p99 %.2f ms\n", res.ITLP50Ms, res.ITLP99Ms)
 			return nil
 		},
 	}
@@ -116,52 +117,76 @@ one JSON object).`,
 	return cmd
 }
 
+// printBench prints the figures as a table or as one JSON object.
+func printBench(out io.Writer, res benchResult, asJSON bool) error {
+	if asJSON {
+		b, err := json.Marshal(res)
+		if err != nil {
+			return err
+		}
+		_, err = fmt.Fprintln(out, string(b))
+		return err
+	}
+	fmt.Fprintf(out, "requests:          %d (%d at a time, %d prompt tokens each)\n", res.Requests, res.Concurrency, res.PromptTokens)
+	if res.Failed > 0 {
+		fmt.Fprintf(out, "failed:            %d (the figures below are the other %d's)\n", res.Failed, res.Requests-res.Failed)
+		for _, f := range res.Failures {
+			fmt.Fprintf(out, "  %d× %s\n", f.Count, f.Error)
+		}
+	}
+	fmt.Fprintf(out, "generated tokens:  %d\n", res.GeneratedTokens)
+	fmt.Fprintf(out, "wall time:         %.3f s\n", res.WallS)
+	fmt.Fprintf(out, "throughput:        %.1f tokens/s\n", res.TokensPerS)
+	fmt.Fprintf(out, "time to 1st token: p50 %.2f ms, p99 %.2f ms\n", res.TTFTP50Ms, res.TTFTP99Ms)
+	_, err := fmt.Fprintf(out, "inter-token:       p50 %.2f ms, p99 %.2f ms\n", res.ITLP50Ms, res.ITLP99Ms)
+	return err
+}
+
 // runBench sends o.requests requests, o.concurrency at a time, and sums up
-// their timings. The first failed request cancels the others.
-func runBench(ctx context.Context, client tandemv1.InferenceClient, o benchOptions) (benchResult, error) {
-	ctx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
+// the timings of those that succeed; a failed request is counted with its
+// error and the others go on.
+func runBench(ctx context.Context, client tandemv1.InferenceClient, o benchOptions) benchResult {
 	next := make(chan int)
 	timings := make([]requestTiming, o.requests)
+	errs := make([]error, o.requests)
 	var wg sync.WaitGroup
 	start := time.Now()
 	for range min(o.concurrency, o.requests) {
 		wg.Go(func() {
 			for i := range next {
-				t, err := benchRequest(ctx, client, benchPrompt(o, i), o.maxTokens)
-				if err != nil {
-					cancel(fmt.Errorf("request %d: %w", i, err))
-					continue
-				}
-				timings[i] = t
+				timings[i], errs[i] = benchRequest(ctx, client, benchPrompt(o, i), o.maxTokens)
 			}
 		})
 	}
-feed:
 	for i := range o.requests {
-		select {
-		case next <- i:
-		case <-ctx.Done():
-			break feed
-		}
+		next <- i
 	}
 	close(next)
 	wg.Wait()
 	wall := time.Since(start)
-	if err := context.Cause(ctx); err != nil {
-		return benchResult{}, fmt.Errorf("bench: %w", err)
-	}
 	res := benchResult{Concurrency: o.concurrency, Requests: o.requests, PromptTokens: o.promptTokens, WallS: wall.Seconds()}
 	var ttft, itl []time.Duration
-	for _, t := range timings {
+	counts := map[string]int{}
+	for i, t := range timings {
+		if errs[i] != nil {
+			res.Failed++
+			counts[errs[i].Error()]++
+			continue
+		}
 		res.GeneratedTokens += t.tokens
 		ttft = append(ttft, t.ttft)
 		itl = append(itl, t.itl...)
 	}
+	for msg, n := range counts {
+		res.Failures = append(res.Failures, benchFailure{Count: n, Error: msg})
+	}
+	slices.SortFunc(res.Failures, func(a, b benchFailure) int {
+		return cmp.Or(cmp.Compare(b.Count, a.Count), cmp.Compare(a.Error, b.Error))
+	})
 	res.TokensPerS = float64(res.GeneratedTokens) / wall.Seconds()
 	res.TTFTP50Ms, res.TTFTP99Ms = percentileMs(ttft, 50), percentileMs(ttft, 99)
 	res.ITLP50Ms, res.ITLP99Ms = percentileMs(itl, 50), percentileMs(itl, 99)
-	return res, nil
+	return res
 }
 
 // benchPrompt is request i's prompt: o.promptTokens ids below o.vocab,

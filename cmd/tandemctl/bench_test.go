@@ -1,12 +1,21 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
+	"io"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	tandemv1 "github.com/tandem-llm/tandem/proto/tandem/v1"
 )
 
 // TestBench runs bench against a one-node daemon: 8 requests of 8 tokens,
@@ -89,6 +98,60 @@ func TestBenchPrompt(t *testing.T) {
 	for _, id := range append(a, b...) {
 		if id < 0 || id >= 7 {
 			t.Errorf("id %d outside the vocabulary of 7", id)
+		}
+	}
+}
+
+// fakeInference answers Generate with maxTokens tokens in one message, but
+// refuses every third call with RESOURCE_EXHAUSTED.
+type fakeInference struct {
+	mu    sync.Mutex
+	calls int
+}
+
+func (f *fakeInference) Generate(ctx context.Context, in *tandemv1.GenerateRequest, _ ...grpc.CallOption) (grpc.ServerStreamingClient[tandemv1.GenerateResponse], error) {
+	f.mu.Lock()
+	f.calls++
+	n := f.calls
+	f.mu.Unlock()
+	if n%3 == 0 {
+		return nil, status.Error(codes.ResourceExhausted, "too many requests waiting")
+	}
+	ids := make([]int32, in.GetMaxTokens())
+	return &fakeStream{msgs: []*tandemv1.GenerateResponse{{TokenIds: ids, Usage: &tandemv1.Usage{CompletionTokens: uint32(len(ids))}}}}, nil
+}
+
+type fakeStream struct {
+	grpc.ClientStream
+	msgs []*tandemv1.GenerateResponse
+}
+
+func (s *fakeStream) Recv() (*tandemv1.GenerateResponse, error) {
+	if len(s.msgs) == 0 {
+		return nil, io.EOF
+	}
+	m := s.msgs[0]
+	s.msgs = s.msgs[1:]
+	return m, nil
+}
+
+// TestBenchPartial: failed requests no longer stop bench; the figures are
+// those of the requests that succeeded, and the failures are counted and
+// grouped by error.
+func TestBenchPartial(t *testing.T) {
+	o := benchOptions{concurrency: 3, requests: 9, promptTokens: 4, maxTokens: 5, vocab: 10}
+	res := runBench(context.Background(), &fakeInference{}, o)
+	if res.Failed != 3 || res.GeneratedTokens != 6*5 || len(res.Failures) != 1 || res.Failures[0].Count != 3 ||
+		!strings.Contains(res.Failures[0].Error, "ResourceExhausted") || res.TokensPerS <= 0 {
+		t.Fatalf("bench with 3 of 9 requests refused: %+v", res)
+	}
+	var b strings.Builder
+	if err := printBench(&b, res, false); err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range []string{"failed:            3 (the figures below are the other 6's)", "3× rpc error: code = ResourceExhausted", "generated tokens:  30"} {
+		if !strings.Contains(b.String(), w) {
+			t.Errorf("bench table lacks %q:\n%s", w, b.String())
 		}
 	}
 }

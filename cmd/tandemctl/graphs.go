@@ -43,11 +43,17 @@ func printGraphs(w io.Writer, g *tandemv1.GraphsResponse) error {
 	for _, d := range g.GetDowngrades() {
 		fmt.Fprintf(w, "  downgraded: %s\n", d)
 	}
-	sizes := make([]string, len(g.GetCaptureSizes()))
-	for i, s := range g.GetCaptureSizes() {
-		sizes[i] = fmt.Sprint(s)
+	if m, err := graphs.ParseMode(g.GetMode()); err == nil && m == graphs.None {
+		// Nothing is captured: the sizes a mode with graphs would capture
+		// are noise here.
+		fmt.Fprintf(w, "capture sizes: none (mode %s captures no graphs)\n", g.GetMode())
+	} else {
+		sizes := make([]string, len(g.GetCaptureSizes()))
+		for i, s := range g.GetCaptureSizes() {
+			sizes[i] = fmt.Sprint(s)
+		}
+		fmt.Fprintf(w, "capture sizes: %s\n", strings.Join(sizes, " "))
 	}
-	fmt.Fprintf(w, "capture sizes: %s\n", strings.Join(sizes, " "))
 	rows := make([]graphs.Row, len(g.GetSteps()))
 	for i, s := range g.GetSteps() {
 		m, err := graphs.ParseMode(s.GetMode())

@@ -74,6 +74,9 @@ gRPC address is printed as "leader: HOST:PORT" and the API's base URL as
 }
 
 func runDemo(ctx context.Context, o demoOptions, stdout, stderr io.Writer) (err error) {
+	if o.stages < 1 {
+		return fmt.Errorf("--stages %d: the cluster needs at least 1 stage daemon", o.stages)
+	}
 	dir := o.model
 	if dir == "" {
 		tmp, err := os.MkdirTemp("", "tandem-demo-")
@@ -129,19 +132,24 @@ func runDemo(ctx context.Context, o demoOptions, stdout, stderr io.Writer) (err 
 	if err != nil {
 		return fmt.Errorf("generate: %w", err)
 	}
-	fmt.Fprintf(stdout, "\n%s", o.prompt)
 	start = time.Now()
 	var (
 		usage  *tandemv1.Usage
 		finish tandemv1.FinishReason
 	)
-	for {
+	for printed := false; ; printed = true {
 		msg, err := stream.Recv()
 		if errors.Is(err, io.EOF) {
 			break
 		}
 		if err != nil {
+			if printed { // end the completion's line before the error
+				fmt.Fprintln(stdout)
+			}
 			return fmt.Errorf("generate: %w", err)
+		}
+		if !printed { // the prompt, once the request was accepted
+			fmt.Fprintf(stdout, "\n%s", o.prompt)
 		}
 		io.WriteString(stdout, msg.GetText())
 		if msg.GetUsage() != nil {

@@ -741,3 +741,25 @@ func TestDemoKeep(t *testing.T) {
 		t.Fatalf("demo after Ctrl-C: %v\nlogs:\n%s", err, logs)
 	}
 }
+
+// TestDemoRefusals: --stages 0 is refused at once (it used to fail 60 s
+// later), and a refused request's error is not printed glued to the prompt
+// text (the prompt is printed once the request is accepted).
+func TestDemoRefusals(t *testing.T) {
+	start := time.Now()
+	if err := runDemo(context.Background(), demoOptions{stages: 0}, io.Discard, io.Discard); err == nil || !strings.Contains(err.Error(), "--stages 0") || time.Since(start) > 5*time.Second {
+		t.Errorf("demo --stages 0: %v after %v, want an error at once", err, time.Since(start))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var out bytes.Buffer
+	logs := &logBuffer{}
+	o := demoOptions{stages: 1, prompt: "Hello there", maxTokens: 5000, seed: 1, logLevel: "warn", exe: os.Args[0], env: []string{asDaemonEnv + "=1"}}
+	err := runDemo(ctx, o, &out, logs)
+	if status.Code(errors.Unwrap(err)) != codes.InvalidArgument && !strings.Contains(fmt.Sprint(err), "InvalidArgument") {
+		t.Fatalf("demo --max-tokens 5000: %v, want InvalidArgument\nlogs:\n%s", err, logs)
+	}
+	if s := out.String(); strings.Contains(s, "Hello there") || !strings.HasSuffix(s, "\n") {
+		t.Errorf("demo --max-tokens 5000 printed %q: the error would follow the prompt on its line", s)
+	}
+}
