@@ -49,6 +49,7 @@ func Open(dir string) (*Checkpoint, error) {
 		return nil, fmt.Errorf("open checkpoint %s: %s: %w", dir, ConfigName, err)
 	}
 	c := &Checkpoint{dir: dir, config: cfg}
+	cache := hashCacheDir()
 	h := sha256.New()
 	writeField(h.Write, cfgBytes)
 
@@ -59,7 +60,12 @@ func Open(dir string) (*Checkpoint, error) {
 			return nil, fmt.Errorf("open checkpoint %s: %w", dir, err)
 		}
 		c.single, c.src = f, f
-		writeField(h.Write, f.Header().Raw)
+		d, err := fileDigest(single, cache)
+		if err != nil {
+			f.Close()
+			return nil, fmt.Errorf("open checkpoint %s: %w", dir, err)
+		}
+		writeField(h.Write, d)
 	} else if errors.Is(err, os.ErrNotExist) {
 		indexPath := filepath.Join(dir, safetensors.IndexName)
 		indexBytes, err := os.ReadFile(indexPath)
@@ -73,8 +79,13 @@ func Open(dir string) (*Checkpoint, error) {
 		c.set, c.src = s, s
 		writeField(h.Write, indexBytes)
 		for _, shard := range s.Shards() {
+			d, err := fileDigest(filepath.Join(dir, shard), cache)
+			if err != nil {
+				s.Close()
+				return nil, fmt.Errorf("open checkpoint %s: %w", dir, err)
+			}
 			writeField(h.Write, []byte(shard))
-			writeField(h.Write, binary.LittleEndian.AppendUint64(nil, uint64(s.ShardSize(shard))))
+			writeField(h.Write, d)
 		}
 	} else {
 		return nil, fmt.Errorf("open checkpoint %s: %w", dir, err)
@@ -96,10 +107,15 @@ func (c *Checkpoint) Dir() string { return c.dir }
 // Config is the parsed configuration. It must not be modified.
 func (c *Checkpoint) Config() *Config { return c.config }
 
-// Identity is a hex SHA-256 over config.json and the weights' layout (the
-// single file's header, or the index plus each shard's name and size), so
-// hosts holding the same files agree on it without reading the weights. It
-// does not hash tensor contents.
+// Identity is a hex SHA-256 over config.json and the weights: the bytes of
+// model.safetensors, or the index and each shard's name and bytes. Hosts
+// holding the same files agree on it; another fine-tune, another random
+// init or a corrupted byte gives another identity. Each weight file is read
+// once to hash it (several cores at a time, see BenchmarkFileDigest) and
+// its digest cached by absolute path, size and modification time under
+// $TANDEM_CACHE_DIR/weights (else the user cache directory's
+// tandem/weights), so later opens read nothing: a file rewritten in place
+// with the same size and modification time would keep its old digest.
 func (c *Checkpoint) Identity() string { return c.identity }
 
 // Names lists every tensor of the checkpoint in sorted order.

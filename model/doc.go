@@ -15,7 +15,7 @@
 //	cfg := ck.Config()
 //	err = ck.CheckLayers(8, 16, false, true) // what a stage needs is there
 //	t, err := ck.Tensor(model.LayerTensor(8, model.QProj))
-//	id := ck.Identity()                  // same files ⇒ same id on every host
+//	id := ck.Identity()                  // same bytes ⇒ same id on every host
 //	n, err := ck.StageBytes(8, 16, false, true) // what loading those layers reads
 //	w := ck.Counted(report)              // Tensor as ck, reporting bytes gone through
 //	ck.Close()
