@@ -2,11 +2,13 @@ package membership
 
 import (
 	"bytes"
+	"log"
 	"log/slog"
 	"net"
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 )
 
 func TestParseLine(t *testing.T) {
@@ -59,5 +61,70 @@ func TestStdLoggerBridge(t *testing.T) {
 	}
 	if !strings.Contains(out, `level=ERROR msg="Failed to send gossip: other"`) {
 		t.Errorf("other errors while stopping must stay errors: %q", out)
+	}
+}
+
+// TestPeerLinesRateLimited: warnings and errors naming a peer ("from=")
+// pass at 1 a second in bursts of 10; the next that passes after drops is
+// preceded by a count of them; other lines are never dropped.
+func TestPeerLinesRateLimited(t *testing.T) {
+	var buf bytes.Buffer
+	var stopping atomic.Bool
+	now := time.Unix(1000, 0)
+	w := &slogWriter{l: slog.New(slog.NewTextHandler(&buf, nil)), stopping: &stopping, now: func() time.Time { return now }}
+	l := log.New(w, "", 0)
+	for i := range 100 {
+		l.Printf("[ERR] memberlist: msg type (%d) not supported from=127.0.0.1:%d", i, 40000+i)
+		l.Printf("[ERR] memberlist: Failed to send gossip to 10.0.0.%d: other", i)
+	}
+	out := buf.String()
+	if n := strings.Count(out, "not supported"); n != 10 {
+		t.Errorf("%d of 100 peer lines in one instant passed, want the burst of 10", n)
+	}
+	if n := strings.Count(out, "Failed to send gossip"); n != 100 {
+		t.Errorf("%d of 100 lines not about a peer's packet passed, want all", n)
+	}
+	buf.Reset()
+	now = now.Add(3 * time.Second)
+	for range 5 {
+		l.Printf("[WARN] memberlist: Got ping for unexpected node x from=127.0.0.1:1")
+	}
+	out = buf.String()
+	if n := strings.Count(out, "unexpected node"); n != 3 {
+		t.Errorf("%d peer lines passed 3 s later, want 3", n)
+	}
+	if !strings.Contains(out, "suppressed=90") {
+		t.Errorf("no count of the 90 dropped lines:\n%s", out)
+	}
+}
+
+// TestGossipGarbageFlood floods a node's gossip port with garbage UDP
+// datagrams: the log gets at most the burst plus one error line a second
+// (it got one ERROR line per datagram), and the node still serves its
+// cluster.
+func TestGossipGarbageFlood(t *testing.T) {
+	var logs lockedBuffer
+	log := slog.New(slog.NewTextHandler(&logs, nil))
+	a := startNode(t, "a", 0, nil, log)
+	b := startNode(t, "b", 1, nil, nil, a.LocalAddr())
+	conn, err := net.Dial("udp", a.LocalAddr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	start := time.Now()
+	const flood = 3000
+	for i := range flood {
+		conn.Write([]byte{0xf0 | byte(i%16), byte(i), 1, 2, 3})
+	}
+	eventually(t, 5*time.Second, "the flood reaches the log", func() bool {
+		return strings.Count(logs.String(), "level=ERROR") >= peerLineBurst
+	})
+	eventually(t, 5*time.Second, "the pair forms", func() bool {
+		return sees(a, "b", Alive, withName(testMeta("b", 1), "b")) && sees(b, "a", Alive, withName(testMeta("a", 0), "a"))
+	})
+	bound := peerLineBurst + int(time.Since(start).Seconds()*peerLineRate) + 1
+	if n := strings.Count(logs.String(), "level=ERROR"); n > bound {
+		t.Errorf("%d ERROR lines for %d garbage datagrams in %v, want at most %d", n, flood, time.Since(start), bound)
 	}
 }
