@@ -26,6 +26,7 @@ func TestImportDirection(t *testing.T) {
 		"model":      {"stage", "collective", "pipeline", "gpu", "graphs", "sched", "daemon", "proto", "cmd"},
 		"gpu":        {"model", "stage", "collective", "pipeline", "graphs", "sched", "daemon", "proto", "cmd"},
 		"pipeline":   {"daemon", "cmd"},
+		"linkauth":   {"model", "stage", "collective", "pipeline", "gpu", "graphs", "sched", "daemon", "proto", "cmd"},
 	}
 	dec := json.NewDecoder(strings.NewReader(string(out)))
 	checked := 0

@@ -11,7 +11,20 @@
 // Two wirings exist: StartLocal runs all stages in this process over
 // in-memory pipes; for separate processes, each stage process serves a
 // ControlListener and TCP data links (package collective) and the leader
-// connects with DialLink.
+// connects with DialLink (ControlConfig.Listen and Dial with a link name,
+// the leader epoch and the cluster credential).
+//
+// The control protocol between processes (netctl.go, wire.go) is
+// length-prefixed protobuf (proto/tandem/control/v1/control.proto, Go code
+// in controlpb), each message bounded (MaxStepBytes, MaxResultBytes) before
+// it is read. A link opens with a handshake: the leader's hello (protocol
+// version ControlVersion, link, epoch, nonce), the stage's challenge (its
+// nonce and proof), the leader's proof, the stage's accept (package
+// linkauth). Another protocol version, link or epoch, a missing or wrong
+// proof, or a credential on one end only is refused, the message naming
+// both sides' values; a stage's Accept logs the refused connection and
+// waits for the next, so a forged connection cannot take the leader's
+// place.
 //
 // On-device hand-off (stage.HandoffReceiver, stage.Batch.Handoff,
 // Step.AwaitHandoff) lets the leader schedule a sequence's next decode

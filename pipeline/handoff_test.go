@@ -433,13 +433,21 @@ func TestTCPHandoff(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer cl.Close()
+		accepted := make(chan *pipeline.NetControl, 1)
+		go func() {
+			nc, err := cl.Accept(ctx)
+			if err != nil {
+				t.Error(err)
+			}
+			accepted <- nc
+		}()
 		link, err := pipeline.DialLink(ctx, cl.Addr())
 		if err != nil {
 			t.Fatal(err)
 		}
-		nc, err := cl.Accept(ctx)
-		if err != nil {
-			t.Fatal(err)
+		nc := <-accepted
+		if nc == nil {
+			t.FailNow()
 		}
 		w.Ctl = nc
 		links = append(links, link)

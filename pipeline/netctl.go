@@ -3,31 +3,81 @@ package pipeline
 import (
 	"bufio"
 	"context"
-	"encoding/gob"
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"sync"
 	"time"
+
+	"github.com/tandem-llm/tandem/linkauth"
 )
 
-// The control plane between separate processes: gob-encoded Steps from the
-// leader, Results back, over one TCP connection per stage. The leader ends
-// the pipeline by closing its write side; the stage sees io.EOF.
+// The control plane between separate processes: one TCP connection per
+// stage, opened by the leader with a handshake (protocol version, link
+// name, leader epoch, and a challenge-response on the cluster credential
+// when one is configured; see linkauth), then Steps from the leader and
+// Results back, each a length-prefixed protobuf message
+// (proto/tandem/control/v1/control.proto, wire.go). The leader ends the
+// pipeline by closing its write side; the stage sees io.EOF.
+
+// ControlConfig configures both ends of a control link: the leader's Dial
+// and the stage's Listen. The two ends must agree on all of it.
+type ControlConfig struct {
+	// Link names the link (for example "control->stage2"); it is bound
+	// into the handshake's proofs. Epoch is the leader epoch the link
+	// serves; the stage refuses a leader of another epoch.
+	Link  string
+	Epoch uint64
+	// Credential is the cluster credential (nil: none). With one, each end
+	// proves it holds it and checks the other's proof; with none on one end
+	// only, the handshake fails saying so.
+	Credential *linkauth.Credential
+	// HandshakeTimeout bounds the handshake (default 10s), so that a
+	// connection that sends nothing holds a stage's Accept up for at most
+	// this long.
+	HandshakeTimeout time.Duration
+	// Logger receives a warning for each connection a stage's Accept
+	// refuses (default slog.Default()).
+	Logger *slog.Logger
+}
+
+const defaultControlHandshakeTimeout = 10 * time.Second
+
+func (c ControlConfig) withDefaults() ControlConfig {
+	if c.HandshakeTimeout <= 0 {
+		c.HandshakeTimeout = defaultControlHandshakeTimeout
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c
+}
 
 // ControlListener accepts the leader's control connection on a stage.
 type ControlListener struct {
-	ln net.Listener
+	ln  net.Listener
+	cfg ControlConfig
 }
 
-// ListenControl listens for the leader on addr ("127.0.0.1:0" picks a port).
+// ListenControl listens for the leader on addr ("127.0.0.1:0" picks a
+// port) with the zero ControlConfig: no credential, the empty link name,
+// epoch 0.
 func ListenControl(addr string) (*ControlListener, error) {
+	return ControlConfig{}.Listen(addr)
+}
+
+// Listen listens for the leader's control connection on addr.
+func (c ControlConfig) Listen(addr string) (*ControlListener, error) {
+	if len(c.Link) > maxLinkName {
+		return nil, fmt.Errorf("listen for control on %s: link name of %d bytes, at most %d", addr, len(c.Link), maxLinkName)
+	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("listen for control on %s: %w", addr, err)
 	}
-	return &ControlListener{ln: ln}, nil
+	return &ControlListener{ln: ln, cfg: c.withDefaults()}, nil
 }
 
 // Addr is the address the listener is bound to.
@@ -36,35 +86,103 @@ func (l *ControlListener) Addr() string { return l.ln.Addr().String() }
 // Close stops listening.
 func (l *ControlListener) Close() error { return l.ln.Close() }
 
-// Accept waits for the leader's connection.
+// Accept waits for the leader's connection: the first that completes the
+// handshake. A connection that fails it (another protocol version, link or
+// epoch, a wrong or missing proof, garbage, silence past the handshake
+// timeout) is told why where possible, closed and logged, and Accept waits
+// for the next.
 func (l *ControlListener) Accept(ctx context.Context) (*NetControl, error) {
 	stop := context.AfterFunc(ctx, func() { l.ln.Close() })
 	defer stop()
-	c, err := l.ln.Accept()
-	if err != nil {
+	for {
+		c, err := l.ln.Accept()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+			return nil, fmt.Errorf("accept control connection: %w", err)
+		}
+		nc, err := l.handshake(ctx, c)
+		if err == nil {
+			return nc, nil
+		}
+		c.Close()
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
-		return nil, fmt.Errorf("accept control connection: %w", err)
+		l.cfg.Logger.Warn("control: refused connection", "link", l.cfg.Link, "listener", l.Addr(), "peer", c.RemoteAddr().String(), "err", err)
 	}
-	bw := bufio.NewWriter(c)
-	return &NetControl{conn: c, dec: gob.NewDecoder(bufio.NewReader(c)), bw: bw, enc: gob.NewEncoder(bw)}, nil
+}
+
+// handshake runs the stage's side of the handshake on c.
+func (l *ControlListener) handshake(ctx context.Context, c net.Conn) (*NetControl, error) {
+	cfg := l.cfg
+	ctx, cancel := context.WithTimeout(ctx, cfg.HandshakeTimeout)
+	defer cancel()
+	stop := context.AfterFunc(ctx, func() { c.SetDeadline(time.Unix(1, 0)) })
+	defer stop()
+	br, bw := bufio.NewReader(c), bufio.NewWriter(c)
+	fail := func(err error) (*NetControl, error) {
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("control handshake not done within %v: %w", cfg.HandshakeTimeout, err)
+		}
+		return nil, err
+	}
+	hello, err := readHello(br)
+	if err != nil {
+		return fail(err)
+	}
+	refuse := func(reason string) (*NetControl, error) {
+		_ = writeMsg(bw, challengeMsg(nil, nil, reason)) // best effort
+		return nil, errors.New(reason)
+	}
+	switch {
+	case hello.version != ControlVersion:
+		return refuse(fmt.Sprintf("the leader speaks control protocol version %d, this stage version %d", hello.version, ControlVersion))
+	case hello.link != cfg.Link:
+		return refuse(fmt.Sprintf("the leader asks for control link %q, this stage serves %q", hello.link, cfg.Link))
+	case hello.epoch != cfg.Epoch:
+		return refuse(fmt.Sprintf("the leader is of epoch %d, this stage was assigned in epoch %d", hello.epoch, cfg.Epoch))
+	case len(hello.nonce) != linkauth.NonceSize:
+		return refuse(fmt.Sprintf("the leader's nonce is %d bytes, want %d", len(hello.nonce), linkauth.NonceSize))
+	}
+	nonce := linkauth.NewNonce()
+	if err := writeMsg(bw, challengeMsg(nonce, cfg.Credential.ProveIf(linkauth.Listener, cfg.Link, cfg.Epoch, hello.nonce, nonce), "")); err != nil {
+		return fail(fmt.Errorf("send control challenge: %w", err))
+	}
+	proof, err := readProof(br)
+	if err != nil {
+		return fail(err)
+	}
+	if err := cfg.Credential.Check(linkauth.Dialer, cfg.Link, cfg.Epoch, hello.nonce, nonce, proof); err != nil {
+		_ = writeMsg(bw, acceptMsg(err.Error()))
+		return nil, fmt.Errorf("leader authentication: %w", err)
+	}
+	if err := writeMsg(bw, acceptMsg("")); err != nil {
+		return fail(fmt.Errorf("send control accept: %w", err))
+	}
+	stop()
+	if err := c.SetDeadline(time.Time{}); err != nil {
+		return nil, fmt.Errorf("clear handshake deadline: %w", err)
+	}
+	return &NetControl{conn: c, br: br, bw: bw}, nil
 }
 
 // NetControl is a stage's Control over TCP.
 type NetControl struct {
 	conn net.Conn
-	dec  *gob.Decoder
+	br   *bufio.Reader
 	bw   *bufio.Writer
-	enc  *gob.Encoder
+	buf  []byte // the last step's encoding, reused
 }
 
-// Next implements Control.
+// Next implements Control. A step larger than MaxStepBytes, or one that
+// does not decode, is an error.
 func (c *NetControl) Next(ctx context.Context) (*Step, error) {
 	stop := context.AfterFunc(ctx, func() { c.conn.SetReadDeadline(time.Unix(1, 0)) })
 	defer stop()
-	var s Step
-	if err := c.dec.Decode(&s); err != nil {
+	b, err := readFrame(c.br, MaxStepBytes, c.buf)
+	if err != nil {
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
@@ -73,17 +191,19 @@ func (c *NetControl) Next(ctx context.Context) (*Step, error) {
 		}
 		return nil, fmt.Errorf("read step from leader %s: %w", c.conn.RemoteAddr(), err)
 	}
-	return &s, nil
+	c.buf = b
+	s, err := decodeStep(b)
+	if err != nil {
+		return nil, fmt.Errorf("step from leader %s: %w", c.conn.RemoteAddr(), err)
+	}
+	return s, nil
 }
 
 // Report implements Control.
 func (c *NetControl) Report(ctx context.Context, r *Result) error {
 	stop := context.AfterFunc(ctx, func() { c.conn.SetWriteDeadline(time.Unix(1, 0)) })
 	defer stop()
-	if err := c.enc.Encode(r); err != nil {
-		return fmt.Errorf("send result to leader %s: %w", c.conn.RemoteAddr(), err)
-	}
-	if err := c.bw.Flush(); err != nil {
+	if err := writeMsg(c.bw, resultMsg(r)); err != nil {
 		return fmt.Errorf("send result to leader %s: %w", c.conn.RemoteAddr(), err)
 	}
 	return nil
@@ -102,7 +222,6 @@ type netLink struct {
 
 	wmu sync.Mutex
 	bw  *bufio.Writer
-	enc *gob.Encoder
 
 	mu     sync.Mutex
 	err    error
@@ -110,34 +229,100 @@ type netLink struct {
 }
 
 // DialLink connects the leader to the stage whose control listener is at
-// addr. It starts one goroutine that reads the stage's reports; Close ends
-// it.
+// addr with the zero ControlConfig.
 func DialLink(ctx context.Context, addr string) (Link, error) {
+	return ControlConfig{}.Dial(ctx, addr)
+}
+
+// Dial connects the leader to the stage whose control listener is at addr
+// and runs the handshake. It starts one goroutine that reads the stage's
+// reports; Close ends it.
+func (c ControlConfig) Dial(ctx context.Context, addr string) (Link, error) {
+	c = c.withDefaults()
 	var d net.Dialer
-	c, err := d.DialContext(ctx, "tcp", addr)
+	conn, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("dial stage control %s: %w", addr, err)
 	}
-	bw := bufio.NewWriter(c)
+	br, bw := bufio.NewReader(conn), bufio.NewWriter(conn)
+	if err := c.handshake(ctx, conn, br, bw); err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("stage control %s: %w", addr, err)
+	}
 	l := &netLink{
-		conn:    c.(*net.TCPConn),
+		conn:    conn.(*net.TCPConn),
 		addr:    addr,
 		results: make(chan *Result, 8),
 		stop:    make(chan struct{}),
 		done:    make(chan struct{}),
 		bw:      bw,
-		enc:     gob.NewEncoder(bw),
 	}
-	go l.read(gob.NewDecoder(bufio.NewReader(c)))
+	go l.read(br)
 	return l, nil
 }
 
-func (l *netLink) read(dec *gob.Decoder) {
+// handshake runs the leader's side of the handshake on conn.
+func (c ControlConfig) handshake(ctx context.Context, conn net.Conn, br *bufio.Reader, bw *bufio.Writer) error {
+	ctx, cancel := context.WithTimeout(ctx, c.HandshakeTimeout)
+	defer cancel()
+	stop := context.AfterFunc(ctx, func() { conn.SetDeadline(time.Unix(1, 0)) })
+	defer stop()
+	fail := func(err error) error {
+		if ctx.Err() != nil {
+			return fmt.Errorf("handshake not done within %v: %w", c.HandshakeTimeout, err)
+		}
+		return err
+	}
+	nonce := linkauth.NewNonce()
+	if err := writeHello(bw, c.Link, c.Epoch, nonce); err != nil {
+		return fail(fmt.Errorf("send control hello: %w", err))
+	}
+	ch, err := readChallenge(br)
+	if err != nil {
+		return fail(err)
+	}
+	switch {
+	case ch.refused != "":
+		return fmt.Errorf("the stage refused the control link: %s", ch.refused)
+	case ch.version != ControlVersion:
+		return fmt.Errorf("the stage speaks control protocol version %d, this leader version %d", ch.version, ControlVersion)
+	}
+	if err := c.Credential.Check(linkauth.Listener, c.Link, c.Epoch, nonce, ch.nonce, ch.proof); err != nil {
+		_ = writeMsg(bw, proofMsg(nil, err.Error()))
+		return fmt.Errorf("stage authentication: %w", err)
+	}
+	if err := writeMsg(bw, proofMsg(c.Credential.ProveIf(linkauth.Dialer, c.Link, c.Epoch, nonce, ch.nonce), "")); err != nil {
+		return fail(fmt.Errorf("send control proof: %w", err))
+	}
+	refused, err := readAccept(br)
+	if err != nil {
+		return fail(err)
+	}
+	if refused != "" {
+		return fmt.Errorf("the stage refused the control link: %s", refused)
+	}
+	stop()
+	if err := conn.SetDeadline(time.Time{}); err != nil {
+		return fmt.Errorf("clear handshake deadline: %w", err)
+	}
+	return nil
+}
+
+func (l *netLink) read(br *bufio.Reader) {
 	defer close(l.done)
 	defer close(l.results)
+	var buf []byte
 	for {
-		var r Result
-		if err := dec.Decode(&r); err != nil {
+		b, err := readFrame(br, MaxResultBytes, buf)
+		var r *Result
+		if err == nil {
+			buf = b
+			r, err = decodeResult(b)
+			if err != nil {
+				err = fmt.Errorf("result: %w", err)
+			}
+		}
+		if err != nil {
 			l.mu.Lock()
 			if !(l.closed && errors.Is(err, io.EOF)) {
 				if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
@@ -151,7 +336,7 @@ func (l *netLink) read(dec *gob.Decoder) {
 			return
 		}
 		select {
-		case l.results <- &r:
+		case l.results <- r:
 		case <-l.stop:
 		}
 	}
@@ -163,10 +348,7 @@ func (l *netLink) Send(ctx context.Context, s *Step) error {
 	defer l.wmu.Unlock()
 	stop := context.AfterFunc(ctx, func() { l.conn.SetWriteDeadline(time.Unix(1, 0)) })
 	defer stop()
-	if err := l.enc.Encode(s); err != nil {
-		return fmt.Errorf("send step to stage at %s: %w", l.addr, err)
-	}
-	if err := l.bw.Flush(); err != nil {
+	if err := writeMsg(l.bw, stepMsg(s)); err != nil {
 		return fmt.Errorf("send step to stage at %s: %w", l.addr, err)
 	}
 	return nil

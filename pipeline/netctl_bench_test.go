@@ -32,7 +32,7 @@ func (s *noopStage) Forward(_ context.Context, b *stage.Batch) (*stage.Output, e
 
 // BenchmarkControlPlaneStep measures the control plane's cost per step: a
 // decode step of 32 sequences sent to a stage over the TCP control link
-// (ListenControl/DialLink, gob) on loopback, and its 32 sampled tokens back,
+// (ListenControl/DialLink, length-prefixed protobuf) on loopback, and its 32 sampled tokens back,
 // with a stage that computes nothing.
 func BenchmarkControlPlaneStep(b *testing.B) {
 	ctx := context.Background()

@@ -1,7 +1,10 @@
 // Package proto holds the protobuf definitions of tandem's gRPC API
-// (package tandem.v1, in tandem/v1/*.proto) and regenerates their Go code
-// (package tandemv1, in tandem/v1), which is committed so that building
-// needs no protoc.
+// (package tandem.v1, in tandem/v1/*.proto) and of the internal control
+// protocol between the leader and its stages (package tandem.control.v1,
+// in tandem/control/v1/control.proto), and regenerates their Go code
+// (package tandemv1, in tandem/v1; package controlpb, in
+// pipeline/controlpb, below proto in the import layering), which is
+// committed so that building needs no protoc.
 //
 // # Usage
 //
