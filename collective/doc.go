@@ -15,7 +15,10 @@
 //     buffer is free as soon as Send returns.
 //   - Listen/Accept and Dial link processes over TCP, one connection per
 //     link. A handshake checks the protocol version and a link name both
-//     ends agree on, so a stray or misdirected connection is rejected. Each
+//     ends agree on, so a stray or misdirected connection is rejected, and,
+//     with a cluster credential (ListenConfig and DialConfig Credential and
+//     Epoch), runs a mutual challenge-response bound to the link name and
+//     epoch (package linkauth), so only a cluster member can open it. Each
 //     message travels as a frame (header, payload, CRC-32C) that the
 //     receiver checks against the header it expects before it reads the
 //     payload into the caller's buffer; see frame.go for the wire format.

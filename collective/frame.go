@@ -6,11 +6,13 @@ import (
 	"fmt"
 	"hash/crc32"
 	"io"
+	"slices"
 )
 
 // ProtocolVersion is the version of the TCP wire protocol. Both ends of a
-// link must speak the same one.
-const ProtocolVersion = 1
+// link must speak the same one. Version 2 added the challenge-response of
+// the cluster credential to the handshake.
+const ProtocolVersion = 2
 
 // Wire format of the TCP transport; all integers are little-endian.
 //
@@ -28,12 +30,23 @@ const ProtocolVersion = 1
 //	 32    n payload
 //	32+n   4 CRC-32C of bytes [0, 32+n)
 //
-// The handshake is two messages of one layout: the dialer's hello, whose
-// text is the link name, then the listener's answer, whose text is empty
-// when it accepts the link and says why when it rejects it:
+// The handshake is four messages of one layout, a mutual challenge-response
+// on the cluster credential (package linkauth):
+//
+//  1. the dialer's hello, whose text is its nonce (linkauth.NonceSize
+//     bytes) then the link name;
+//  2. the listener's challenge, whose text is its nonce then its proof
+//     (empty without a credential), or, when it rejects the link at once
+//     (another name), its answer saying why;
+//  3. the dialer's proof (empty without a credential);
+//  4. the listener's answer, whose text is empty when it accepts the link
+//     and says why when it rejects it.
+//
+// Each message:
 //
 //	off size field
-//	  0    4 magic "TNDH" (hello) or "TNDA" (answer)
+//	  0    4 magic "TNDH" (hello), "TNDC" (challenge), "TNDP" (proof) or
+//	         "TNDA" (answer)
 //	  4    2 protocol version
 //	  6    2 text length n (at most maxHandshakeText)
 //	  8    n text
@@ -44,6 +57,8 @@ const (
 	frameMagic      = 'T' | 'N'<<8 | 'D'<<16 | 'F'<<24
 	helloMagic      = 'T' | 'N'<<8 | 'D'<<16 | 'H'<<24
 	answerMagic     = 'T' | 'N'<<8 | 'D'<<16 | 'A'<<24
+	challengeMagic  = 'T' | 'N'<<8 | 'D'<<16 | 'C'<<24
+	proofMagic      = 'T' | 'N'<<8 | 'D'<<16 | 'P'<<24
 
 	handshakeHeaderSize = 8
 	// maxHandshakeText bounds a handshake message's text; a rejection
@@ -168,29 +183,37 @@ func writeHandshake(w io.Writer, magic uint32, text string) error {
 // what in errors) and returns its text. A message of another protocol
 // version is an error; its text is not read.
 func readHandshake(r io.Reader, magic uint32, what string) (string, error) {
+	_, text, err := readHandshakeOf(r, what, magic)
+	return text, err
+}
+
+// readHandshakeOf reads a handshake message carrying one of magics and
+// returns its magic and text.
+func readHandshakeOf(r io.Reader, what string, magics ...uint32) (uint32, string, error) {
 	var hdr [handshakeHeaderSize]byte
 	if n, err := io.ReadFull(r, hdr[:]); err != nil {
-		return "", fmt.Errorf("read %s: got %d of %d header bytes: %w", what, n, len(hdr), err)
+		return 0, "", fmt.Errorf("read %s: got %d of %d header bytes: %w", what, n, len(hdr), err)
 	}
 	le := binary.LittleEndian
-	if m := le.Uint32(hdr[0:]); m != magic {
-		return "", fmt.Errorf("bad %s magic: got %#08x, want %#08x (not a tandem peer?)", what, m, magic)
+	m := le.Uint32(hdr[0:])
+	if !slices.Contains(magics, m) {
+		return 0, "", fmt.Errorf("bad %s magic: got %#08x, want %#08x (not a tandem peer?)", what, m, magics[0])
 	}
 	if v := le.Uint16(hdr[4:]); v != ProtocolVersion {
-		return "", fmt.Errorf("%s protocol version: got %d, want %d", what, v, ProtocolVersion)
+		return 0, "", fmt.Errorf("%s protocol version: got %d, want %d (the peer runs another tandem version)", what, v, ProtocolVersion)
 	}
 	n := int(le.Uint16(hdr[6:]))
 	if n > maxHandshakeText {
-		return "", fmt.Errorf("%s text length: got %d, want at most %d", what, n, maxHandshakeText)
+		return 0, "", fmt.Errorf("%s text length: got %d, want at most %d", what, n, maxHandshakeText)
 	}
 	body := make([]byte, n+frameTrailer)
-	if m, err := io.ReadFull(r, body); err != nil {
-		return "", fmt.Errorf("read %s: got %d of %d bytes after the header: %w", what, m, len(body), err)
+	if k, err := io.ReadFull(r, body); err != nil {
+		return 0, "", fmt.Errorf("read %s: got %d of %d bytes after the header: %w", what, k, len(body), err)
 	}
 	text := body[:n]
 	sum := crc32.Update(crc32.Checksum(hdr[:], castagnoli), castagnoli, text)
 	if got := le.Uint32(body[n:]); got != sum {
-		return "", fmt.Errorf("%s checksum mismatch: got %#08x, computed %#08x", what, got, sum)
+		return 0, "", fmt.Errorf("%s checksum mismatch: got %#08x, computed %#08x", what, got, sum)
 	}
-	return string(text), nil
+	return m, string(text), nil
 }

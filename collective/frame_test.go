@@ -44,7 +44,7 @@ func TestFrameGolden(t *testing.T) {
 	payload := []byte{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}
 	want := []byte{
 		'T', 'N', 'D', 'F',
-		1, 0, // version
+		ProtocolVersion, 0, // version
 		2, 0, // dtype bf16
 		8, 7, 6, 5, 4, 3, 2, 1, // batch
 		2, 0, 0, 0, // rows
@@ -76,7 +76,7 @@ func TestReadFrame(t *testing.T) {
 		{"ok", func(f []byte) []byte { return f }, total, "", false},
 		{"next frame follows", func(f []byte) []byte { return append(f, good...) }, total, "", false},
 		{"bad magic", func(f []byte) []byte { f[0] = 'X'; return f }, 32, "bad frame magic: got 0x46444e58, want 0x46444e54", false},
-		{"bad version", func(f []byte) []byte { f[4] = 2; return f }, 32, "frame protocol version: got 2, want 1", false},
+		{"bad version", func(f []byte) []byte { f[4] = 1; return f }, 32, "frame protocol version: got 1, want 2", false},
 		{"dtype field out of range", func(f []byte) []byte { f[7] = 1; return f }, 32, "frame dtype field: got 258, want 2", false},
 		{"other batch", func(f []byte) []byte { f[8] = 8; return f }, 32, "frame header mismatch: got batch 8, want 7", false},
 		{"other rows and cols", func(f []byte) []byte { return put32(20, 3)(put32(16, 4)(f)) }, 32, "got rows 4, want 3; cols 3, want 4", false},
@@ -217,13 +217,13 @@ func TestWriteHandshake(t *testing.T) {
 	if err := writeHandshake(&buf, helloMagic, "s0->s1"); err != nil {
 		t.Fatal(err)
 	}
-	if want := handshakeMsg("TNDH", 1, "s0->s1"); !bytes.Equal(buf.Bytes(), want) {
+	if want := handshakeMsg("TNDH", ProtocolVersion, "s0->s1"); !bytes.Equal(buf.Bytes(), want) {
 		t.Fatalf("hello\n got %x\nwant %x", buf.Bytes(), want)
 	}
 }
 
 func TestReadHandshake(t *testing.T) {
-	good := handshakeMsg("TNDH", 1, "s0->s1")
+	good := handshakeMsg("TNDH", ProtocolVersion, "s0->s1")
 	long := strings.Repeat("x", maxHandshakeText+1)
 	tests := []struct {
 		name string
@@ -232,11 +232,11 @@ func TestReadHandshake(t *testing.T) {
 		err  string
 	}{
 		{"ok", good, "s0->s1", ""},
-		{"empty text", handshakeMsg("TNDH", 1, ""), "", ""},
-		{"answer magic", handshakeMsg("TNDA", 1, "s0->s1"), "", "bad hello magic: got 0x41444e54, want 0x48444e54"},
+		{"empty text", handshakeMsg("TNDH", ProtocolVersion, ""), "", ""},
+		{"answer magic", handshakeMsg("TNDA", ProtocolVersion, "s0->s1"), "", "bad hello magic: got 0x41444e54, want 0x48444e54"},
 		{"http", []byte("GET / HTTP/1.1\r\n\r\n"), "", "bad hello magic"},
-		{"version", handshakeMsg("TNDH", 9, "s0->s1"), "", "hello protocol version: got 9, want 1"},
-		{"text too long", handshakeMsg("TNDH", 1, long), "", "hello text length: got 1025, want at most 1024"},
+		{"version", handshakeMsg("TNDH", 9, "s0->s1"), "", "hello protocol version: got 9, want 2"},
+		{"text too long", handshakeMsg("TNDH", ProtocolVersion, long), "", "hello text length: got 1025, want at most 1024"},
 		{"short header", good[:5], "", "read hello: got 5 of 8 header bytes"},
 		{"short text", good[:10], "", "read hello: got 2 of 10 bytes after the header"},
 		{"checksum", append(bytes.Clone(good[:len(good)-1]), good[len(good)-1]^1), "", "hello checksum mismatch"},
@@ -259,10 +259,10 @@ func TestReadHandshake(t *testing.T) {
 }
 
 func FuzzReadHandshake(f *testing.F) {
-	f.Add(handshakeMsg("TNDH", 1, "s0->s1"))
-	f.Add(handshakeMsg("TNDH", 1, ""))
-	f.Add(handshakeMsg("TNDH", 2, "x"))
-	f.Add([]byte("TNDH\x01\x00\xff\xff"))
+	f.Add(handshakeMsg("TNDH", ProtocolVersion, "s0->s1"))
+	f.Add(handshakeMsg("TNDH", ProtocolVersion, ""))
+	f.Add(handshakeMsg("TNDH", 1, "x"))
+	f.Add([]byte("TNDH\x02\x00\xff\xff"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		r := bytes.NewReader(data)
 		text, err := readHandshake(r, helloMagic, "hello")

@@ -14,6 +14,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/tandem-llm/tandem/linkauth"
 )
 
 const (
@@ -40,6 +42,12 @@ type ListenConfig struct {
 	// Logger receives a warning for each connection Accept rejects
 	// (default slog.Default()).
 	Logger *slog.Logger
+	// Epoch and Credential authenticate the dialer: with a credential (the
+	// cluster's, see package linkauth), each end proves it holds it for
+	// this link name and epoch and checks the other's proof; without one
+	// no proof is exchanged. The dialer must be configured alike.
+	Epoch      uint64
+	Credential *linkauth.Credential
 }
 
 // DialConfig configures Dial.
@@ -50,6 +58,9 @@ type DialConfig struct {
 	// HandshakeTimeout bounds the hello exchange with the listener
 	// (default 10s); the context passed to Dial bounds it too.
 	HandshakeTimeout time.Duration
+	// Epoch and Credential authenticate the link as ListenConfig's do.
+	Epoch      uint64
+	Credential *linkauth.Credential
 }
 
 // Listen listens on addr for the link with the empty name.
@@ -178,9 +189,17 @@ func (l *Listener) handshake(ctx context.Context, conn *net.TCPConn) (Receiver, 
 	}
 	defer disarm()
 	br := bufio.NewReaderSize(conn, recvBufferSize)
-	link, err := readHandshake(br, helloMagic, "hello")
-	if err == nil && link != l.cfg.Link {
-		err = fmt.Errorf("link name: dialer presented %q, listener expects %q", link, l.cfg.Link)
+	text, err := readHandshake(br, helloMagic, "hello")
+	var dialerNonce []byte
+	if err == nil {
+		if len(text) < linkauth.NonceSize {
+			err = fmt.Errorf("hello of %d bytes: shorter than the dialer's nonce (%d bytes)", len(text), linkauth.NonceSize)
+		} else if dialerNonce, text = []byte(text[:linkauth.NonceSize]), text[linkauth.NonceSize:]; text != l.cfg.Link {
+			err = fmt.Errorf("link name: dialer presented %q, listener expects %q", text, l.cfg.Link)
+		}
+	}
+	if err == nil {
+		err = l.challenge(br, conn, dialerNonce)
 	}
 	if err != nil {
 		if ctxCause(ctx, err) != nil {
@@ -207,6 +226,25 @@ func (l *Listener) handshake(ctx context.Context, conn *net.TCPConn) (Receiver, 
 		peer: conn.RemoteAddr().String(),
 		link: l.cfg.Link,
 	}, nil
+}
+
+// challenge sends the listener's nonce and proof and checks the dialer's
+// proof (the handshake's messages 2 and 3).
+func (l *Listener) challenge(br *bufio.Reader, conn net.Conn, dialerNonce []byte) error {
+	c := &l.cfg
+	nonce := linkauth.NewNonce()
+	proof := c.Credential.ProveIf(linkauth.Listener, c.Link, c.Epoch, dialerNonce, nonce)
+	if err := writeHandshake(conn, challengeMagic, string(nonce)+string(proof)); err != nil {
+		return fmt.Errorf("write challenge: %w", err)
+	}
+	theirs, err := readHandshake(br, proofMagic, "proof")
+	if err != nil {
+		return err
+	}
+	if err := c.Credential.Check(linkauth.Dialer, c.Link, c.Epoch, dialerNonce, nonce, []byte(theirs)); err != nil {
+		return fmt.Errorf("dialer authentication: %w", err)
+	}
+	return nil
 }
 
 // Dial connects to the listener at addr, presents the link name and returns
@@ -245,19 +283,39 @@ func (c DialConfig) handshake(ctx context.Context, conn *net.TCPConn) (Sender, e
 		return nil, err
 	}
 	defer disarm()
-	if err := writeHandshake(conn, helloMagic, c.Link); err != nil {
+	wait := func(err error) error {
+		if cerr := ctxCause(ctx, err); cerr != nil {
+			return fmt.Errorf("wait for the listener (handshake timeout %v): %w", c.HandshakeTimeout, cerr)
+		}
+		return err
+	}
+	nonce := linkauth.NewNonce()
+	if err := writeHandshake(conn, helloMagic, string(nonce)+c.Link); err != nil {
 		if cerr := ctxCause(ctx, err); cerr != nil {
 			err = cerr
 		}
 		return nil, fmt.Errorf("write hello: %w", err)
 	}
 	br := bufio.NewReader(conn)
-	reason, err := readHandshake(br, answerMagic, "handshake answer")
+	magic, text, err := readHandshakeOf(br, "handshake challenge", challengeMagic, answerMagic)
 	if err != nil {
-		if cerr := ctxCause(ctx, err); cerr != nil {
-			return nil, fmt.Errorf("wait for the handshake answer (timeout %v): %w", c.HandshakeTimeout, cerr)
+		return nil, wait(err)
+	}
+	reason := text
+	if magic == challengeMagic {
+		if len(text) < linkauth.NonceSize {
+			return nil, fmt.Errorf("challenge of %d bytes: shorter than the listener's nonce (%d bytes)", len(text), linkauth.NonceSize)
 		}
-		return nil, err
+		theirs, proof := []byte(text[:linkauth.NonceSize]), []byte(text[linkauth.NonceSize:])
+		if err := c.Credential.Check(linkauth.Listener, c.Link, c.Epoch, nonce, theirs, proof); err != nil {
+			return nil, fmt.Errorf("listener %s: authentication: %w", conn.RemoteAddr(), err)
+		}
+		if err := writeHandshake(conn, proofMagic, string(c.Credential.ProveIf(linkauth.Dialer, c.Link, c.Epoch, nonce, theirs))); err != nil {
+			return nil, wait(fmt.Errorf("write proof: %w", err))
+		}
+		if reason, err = readHandshake(br, answerMagic, "handshake answer"); err != nil {
+			return nil, wait(err)
+		}
 	}
 	if reason != "" {
 		return nil, fmt.Errorf("listener %s: %s", conn.RemoteAddr(), reason)

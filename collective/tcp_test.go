@@ -15,6 +15,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/tandem-llm/tandem/linkauth"
 )
 
 // acceptOne runs Accept on ln in the background; the returned function
@@ -62,12 +64,21 @@ func rawPeer(t *testing.T, ln *Listener, link string) net.Conn {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() })
-	if _, err := c.Write(handshakeMsg("TNDH", 1, link)); err != nil {
+	// Without a credential: a nonce before the link name, then the
+	// listener's challenge (its nonce, no proof), an empty proof, and the
+	// empty answer.
+	if _, err := c.Write(handshakeMsg("TNDH", ProtocolVersion, strings.Repeat("n", linkauth.NonceSize)+link)); err != nil {
 		t.Fatal(err)
 	}
-	want := handshakeMsg("TNDA", 1, "")
-	got := make([]byte, len(want))
 	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if ch, err := readHandshake(c, challengeMagic, "challenge"); err != nil || len(ch) != linkauth.NonceSize {
+		t.Fatalf("handshake challenge %x, %v; want a nonce and no proof", ch, err)
+	}
+	if _, err := c.Write(handshakeMsg("TNDP", ProtocolVersion, "")); err != nil {
+		t.Fatal(err)
+	}
+	want := handshakeMsg("TNDA", ProtocolVersion, "")
+	got := make([]byte, len(want))
 	if _, err := io.ReadFull(c, got); err != nil || !bytes.Equal(got, want) {
 		t.Fatalf("handshake answer %x, %v; want %x", got, err, want)
 	}
@@ -201,7 +212,7 @@ func TestStrayConnections(t *testing.T) {
 		answer string // in the rejection the stray reads back, "" for none
 	}{
 		{"http", []byte("GET / HTTP/1.1\r\nHost: x\r\n\r\n"), "bad hello magic: got 0x20544547"},
-		{"version", handshakeMsg("TNDH", 2, "l"), "hello protocol version: got 2, want 1"},
+		{"version", handshakeMsg("TNDH", 1, "l"), "hello protocol version: got 1, want 2"},
 		{"silent", nil, ""},
 		{"gone", nil, ""},
 	}
@@ -472,5 +483,95 @@ func TestKilledPeerProcess(t *testing.T) {
 	wantErr(t, err, nil, fmt.Sprintf("truncated frame: got %d of %d bytes", total/2, total))
 	if errors.Is(err, ErrClosed) {
 		t.Fatalf("a cut frame reported as a clean close: %v", err)
+	}
+}
+
+func credential(t *testing.T, secret string) *linkauth.Credential {
+	t.Helper()
+	c, err := linkauth.NewCredential([]byte(secret))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// TestAuthenticatedLink: with a cluster credential the listener accepts
+// only a dialer proving the same credential for the same link and epoch.
+// A hello naming the guessable link without a proof (as a forged peer
+// would send), another secret, another epoch, or a credential on one end
+// only are rejected with a reason, and the right dialer is accepted after
+// them.
+func TestAuthenticatedLink(t *testing.T) {
+	secret := "0123456789abcdef0123456789abcdef"
+	const link = "activations->layer3"
+	var log syncBuffer
+	ln, err := ListenConfig{Link: link, Epoch: 4, Credential: credential(t, secret), HandshakeTimeout: 2 * time.Second,
+		Logger: slog.New(slog.NewTextHandler(&log, nil))}.Listen("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	ctx := within(t, 20*time.Second)
+	wait := acceptOne(t, ln, ctx)
+	addr := ln.Addr().String()
+
+	// A forged peer: the right link name, no proof.
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	c.Write(handshakeMsg("TNDH", ProtocolVersion, strings.Repeat("n", linkauth.NonceSize)+link))
+	if ch, err := readHandshake(c, challengeMagic, "challenge"); err != nil || len(ch) != linkauth.NonceSize+linkauth.ProofSize {
+		t.Fatalf("challenge %x, %v: want a nonce and a proof", ch, err)
+	}
+	c.Write(handshakeMsg("TNDP", ProtocolVersion, ""))
+	if reason, err := readHandshake(c, answerMagic, "answer"); err != nil || !strings.Contains(reason, "rejected: dialer authentication: the peer sent no proof") {
+		t.Errorf("forged peer: answer %q, %v", reason, err)
+	}
+
+	good := DialConfig{Link: link, Epoch: 4, Credential: credential(t, secret), HandshakeTimeout: 2 * time.Second}
+	for _, tc := range []struct {
+		name string
+		mod  func(*DialConfig)
+		want error
+	}{
+		{"another secret", func(d *DialConfig) { d.Credential = credential(t, "fedcba9876543210fedcba9876543210") }, linkauth.ErrBadProof},
+		{"another epoch", func(d *DialConfig) { d.Epoch = 5 }, linkauth.ErrBadProof},
+		{"no credential", func(d *DialConfig) { d.Credential = nil }, linkauth.ErrUnexpectedProof},
+	} {
+		d := good
+		tc.mod(&d)
+		if _, err := d.Dial(ctx, addr); !errors.Is(err, tc.want) {
+			t.Errorf("%s: %v, want %v", tc.name, err, tc.want)
+		}
+	}
+	s, err := good.Dial(ctx, addr)
+	if err != nil {
+		t.Fatalf("the right dialer: %v", err)
+	}
+	defer s.Close()
+	r, err := wait()
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := Header{Batch: 1, Rows: 1, Cols: 2, DType: I32}
+	if err := s.Send(ctx, h, Host("abcdefgh")); err != nil {
+		t.Fatal(err)
+	}
+	got := make(Host, 8)
+	if err := r.Recv(ctx, h, got); err != nil || string(got) != "abcdefgh" {
+		t.Fatalf("Recv = %q, %v", got, err)
+	}
+	if !strings.Contains(log.String(), "dialer authentication") {
+		t.Errorf("rejections not logged:\n%s", log.String())
+	}
+
+	// A credential on the dialer only.
+	plain := listen(t, link, io.Discard)
+	acceptOne(t, plain, within(t, 5*time.Second))
+	if _, err := good.Dial(ctx, plain.Addr().String()); !errors.Is(err, linkauth.ErrNoProof) {
+		t.Errorf("dialer with a credential, listener without: %v, want %v", err, linkauth.ErrNoProof)
 	}
 }
