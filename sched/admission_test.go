@@ -40,6 +40,22 @@ func TestKVPressureNoThrash(t *testing.T) {
 	}
 }
 
+// TestAdmissionLearnsLengths: requests that stop long before their
+// MaxTokens (150 of 1,436 tokens) are admitted conservatively at first, as
+// if they ran to MaxTokens (4 fit), and then, as finished ones show how
+// short they are, many more at once: all 16 clients' requests run
+// together, with few preemptions and none of a request twice.
+func TestAdmissionLearnsLengths(t *testing.T) {
+	w := kvPressure
+	w.requests, w.stopAfter = 96, 150
+	r := simulateKV(t, w, 16, nil)
+	t.Logf("%d requests stopping after %d tokens: %.3f simulated s, %d running at most, %d preemptions (at most %d of one request)",
+		w.requests, w.stopAfter, r.elapsed.Seconds(), r.peakRunning, r.preemptions, r.maxPreempted)
+	if r.peakRunning < 16 || r.maxPreempted > 1 {
+		t.Errorf("%d running at most, a request preempted %d times; want all 16 running at once and at most 1 preemption each", r.peakRunning, r.maxPreempted)
+	}
+}
+
 // TestQueueBound: past MaxNumWaiting waiting requests Submit fails with
 // ErrQueueFull, and takes requests again once the queue drains; the
 // scheduler counts the refusals.

@@ -388,6 +388,9 @@ type kvWorkload struct {
 	// stepCost is one stage's time for a step: a fixed cost, a cost per
 	// token and a cost per position attended to (a CPU stage's shape).
 	fixed, perToken, perPosition time.Duration
+	// stopAfter, when not 0, ends every request on its stopAfter-th token
+	// (a stop token), well before its maxTokens.
+	stopAfter int
 }
 
 // kvPressure is the workload the issue measured on a CPU cluster: 16
@@ -425,7 +428,7 @@ func simulateKV(tb testing.TB, w kvWorkload, concurrency int, tune func(*sched.C
 	submitted, done := 0, 0
 	submit := func() {
 		submitted++
-		r := sched.Request{ID: uint64(submitted), Prompt: make([]int32, w.promptLen), MaxTokens: w.maxTokens}
+		r := sched.Request{ID: uint64(submitted), Prompt: make([]int32, w.promptLen), MaxTokens: w.maxTokens, StopTokens: []int32{2}}
 		for i := range r.Prompt {
 			r.Prompt[i] = int32(submitted*7+i) % 1000
 		}
@@ -487,7 +490,11 @@ func simulateKV(tb testing.TB, w kvWorkload, concurrency int, tune func(*sched.C
 		r := &pipeline.Result{Batch: f.st.Batch.ID}
 		for _, q := range f.st.Batch.Seqs {
 			if q.Sample {
-				r.Sampled = append(r.Sampled, stage.Sampled{Seq: q.ID, Token: 1})
+				tok := int32(1)
+				if w.stopAfter > 0 && q.Index == w.stopAfter-1 {
+					tok = 2
+				}
+				r.Sampled = append(r.Sampled, stage.Sampled{Seq: q.ID, Token: tok})
 			}
 		}
 		outs, err := sc.Complete(r)

@@ -108,9 +108,12 @@ func TestCPUCluster(t *testing.T) {
 		c      sched.Config
 		splits []int
 	}{
-		{sched.Config{MaxNumBatchedTokens: 16, MaxNumSeqs: 4, BlockSize: 4, NumBlocks: 10, MaxConcurrentBatches: 2}, []int{2}},
+		// The 10-block pipelines admit whatever fits now (GrowthReserve
+		// -1), so that requests preempt each other: what preemption must
+		// preserve is part of the check.
+		{sched.Config{MaxNumBatchedTokens: 16, MaxNumSeqs: 4, BlockSize: 4, NumBlocks: 10, MaxConcurrentBatches: 2, GrowthReserve: -1}, []int{2}},
 		{sched.Config{MaxNumBatchedTokens: 7, MaxNumSeqs: 8, BlockSize: 2, NumBlocks: 16, MaxConcurrentBatches: 1}, []int{2}},
-		{sched.Config{MaxNumBatchedTokens: 16, MaxNumSeqs: 4, BlockSize: 4, NumBlocks: 10, MaxConcurrentBatches: 3, OnDeviceHandoff: true}, []int{2}},
+		{sched.Config{MaxNumBatchedTokens: 16, MaxNumSeqs: 4, BlockSize: 4, NumBlocks: 10, MaxConcurrentBatches: 3, OnDeviceHandoff: true, GrowthReserve: -1}, []int{2}},
 		{sched.Config{MaxNumBatchedTokens: 9, MaxNumSeqs: 8, BlockSize: 2, NumBlocks: 20, MaxConcurrentBatches: 4, OnDeviceHandoff: true}, []int{1, 3}},
 	} {
 		c := tc.c

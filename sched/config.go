@@ -39,12 +39,12 @@ type Config struct {
 	// DefaultMaxNumWaiting; -1: no bound). It bounds the leader's memory
 	// and the time a request can wait under overload.
 	MaxNumWaiting int
-	// GrowthReserve is the growth, in positions, that admitting a new
-	// request must leave room for in every running request (the new one
-	// included), so that admissions do not soon force preemptions (0:
-	// BlockSize, one block each; -1: none, admit whatever fits now). A
-	// preempted request is admitted again only when every running
-	// request, itself included, can grow to its last position.
+	// GrowthReserve is the least growth, in positions, admission leaves
+	// room for in every running request besides its expected length (see
+	// the package doc; 0: BlockSize, one block; -1: no projection at all,
+	// admit whatever fits now). A preempted request is admitted again only
+	// when every running request, itself included, can grow to its last
+	// position.
 	GrowthReserve int
 	// MaxPreemptions is how often one request may be preempted while
 	// another running request can be preempted in its place (0:

@@ -20,20 +20,26 @@
 // gives the same tokens as an uninterrupted run.
 //
 // Admission keeps KV pressure from thrashing. A new request is admitted
-// only if every running request, itself included, keeps room to grow by
-// GrowthReserve positions (a block by default); a preempted request comes
-// back only when every running request, itself included, can grow to its
-// last position (prompt plus MaxTokens), so it runs to its end, and newer
-// requests wait behind it (admission is in arrival order). The victim of
-// a preemption is the newest running request preempted fewer than
+// only if it and every running request can grow to their expected lengths:
+// the prompt plus MaxTokens scaled by the fraction of MaxTokens finished
+// requests actually generated (a moving average, 1 until requests finish,
+// so at first every request is expected to run to MaxTokens), and at least
+// GrowthReserve positions (a block) past where each stands. A preempted
+// request comes back only when every running request, itself included, can
+// grow to its last position, so it runs to its end, and newer requests
+// wait behind it (admission is in arrival order). The victim of a
+// preemption is the newest running request preempted fewer than
 // MaxPreemptions times (once by default), so running requests keep
-// running: with 16 requests of 1,500 positions and room for 5, the
-// requests are preempted at most once each and the work takes 1.18 times
-// the best fixed concurrency's time (BenchmarkKVPressure, simulated), where
-// greedy admission preempted 504 times and took 7.9 times as long. At most
-// MaxNumWaiting requests wait (1024 by default): Add refuses more with
-// ErrQueueFull, which callers map to RESOURCE_EXHAUSTED (HTTP 429), so the
-// leader's memory stays bounded under any overload.
+// running. The steps in flight share the requests that run, not those
+// admission holds back. With 16 requests of 1,500 positions and room for
+// 5, at concurrency 16 the work takes the best fixed concurrency's time
+// (1.00 in simulation, BenchmarkKVPressure; 1.18 with GrowthReserve
+// headroom alone, 7.9 and 504 preemptions with greedy admission); requests
+// that stop long before MaxTokens are soon admitted by the dozen
+// (TestAdmissionLearnsLengths). At most MaxNumWaiting requests wait (1024
+// by default): Add refuses more with ErrQueueFull, which callers map to
+// RESOURCE_EXHAUSTED (HTTP 429), so the leader's memory stays bounded
+// under any overload.
 //
 // A sample a stage could not draw (stage.Sampled.Err: non-finite logits)
 // ends its request alone with an error wrapping ErrRequestFailed (INTERNAL

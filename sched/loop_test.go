@@ -48,7 +48,8 @@ func TestLoopServesAndCloses(t *testing.T) {
 			t.Errorf("empty prompt: error %v", err)
 		}
 		short := sched.Request{Prompt: []int32{1, 2, 3}, MaxTokens: 5}
-		long := sched.Request{Prompt: []int32{4, 5}, MaxTokens: 60}
+		// 11 blocks for the long one and 2 for the short: both run at once.
+		long := sched.Request{Prompt: []int32{4, 5}, MaxTokens: 40}
 		s1, err := l.Submit(ctx, short)
 		if err != nil {
 			t.Fatal(err)

@@ -32,6 +32,11 @@ type Scheduler struct {
 	// handoffsDone those among them whose result has come back.
 	handoffs, handoffsDone int
 
+	// lengthRatio is a moving average, over finished requests, of the
+	// fraction of their MaxTokens they generated (1 at first): admission
+	// expects a request to generate that fraction of its MaxTokens.
+	lengthRatio float64
+
 	arrivals  uint64 // requests added so far
 	lastBatch uint64 // id of the last step handed out
 	stats     Stats
@@ -110,7 +115,7 @@ func New(cfg Config, clock func() time.Time) (*Scheduler, error) {
 	if clock == nil {
 		clock = time.Now
 	}
-	sc := &Scheduler{cfg: cfg, clock: clock, seqs: make(map[uint64]*seq)}
+	sc := &Scheduler{cfg: cfg, clock: clock, seqs: make(map[uint64]*seq), lengthRatio: 1}
 	sc.emptyCache()
 	return sc, nil
 }
@@ -210,7 +215,14 @@ func (sc *Scheduler) Schedule() (*pipeline.Step, bool) {
 	}
 	p := plan{id: sc.lastBatch + 1, budget: sc.cfg.MaxNumBatchedTokens, seqCap: sc.cfg.MaxNumSeqs, window: 1}
 	maxRunning := sc.cfg.MaxNumSeqs
-	active := len(sc.running) + len(sc.waiting)
+	// The requests that will run: the running ones, and the waiting ones
+	// unless admission holds the first back.
+	active := len(sc.running)
+	if len(sc.waiting) > 0 {
+		if h := sc.waiting[0]; h.inflight == 0 && sc.admissible(h, min(len(h.tokens)-h.computed, sc.cfg.MaxNumBatchedTokens)) {
+			active += len(sc.waiting)
+		}
+	}
 	switch mcb := sc.cfg.MaxConcurrentBatches; {
 	case !sc.cfg.OnDeviceHandoff && mcb > 1:
 		// Disjoint steps in flight: spread the requests evenly over them,
@@ -394,32 +406,49 @@ func (sc *Scheduler) place(p *plan, s *seq, n int, preempt bool) bool {
 }
 
 // admissible reports whether waiting request s, starting with a chunk of n
-// positions, leaves the KV headroom the running requests need to grow, so
-// that admitting it does not soon preempt another: the blocks each running
-// request (s included) needs for its next GrowthReserve positions for a
-// request never preempted; the blocks every one needs to reach its last
-// position for a request that was preempted, so that it is not preempted
-// again and is not the cause of another's preemption. Alone, a request is
-// always admissible (Add checked that it fits the capacity).
+// positions, leaves the KV room the running requests are expected to grow
+// into, so that admitting it does not soon preempt another. A request
+// never preempted is admitted if s and every running request can grow to
+// their expected lengths (expected); one that was preempted only if they
+// can all grow to their last positions, so that it runs on to its end.
+// Alone, a request is always admissible (Add checked that it fits the
+// capacity).
 func (sc *Scheduler) admissible(s *seq, n int) bool {
 	if len(sc.running) == 0 {
 		return true
 	}
-	horizon := max(sc.cfg.GrowthReserve, 0)
-	if s.preempted > 0 {
-		horizon = math.MaxInt / 2
-	}
-	bs := sc.cfg.BlockSize
-	need := blocksFor(s.computed+n, bs) - len(s.blocks)
-	need += blocksFor(min(s.last(), s.computed+n+horizon), bs) - blocksFor(s.computed+n, bs)
+	full := s.preempted > 0
+	need := blocksFor(s.computed+n, sc.cfg.BlockSize) - len(s.blocks) + sc.growth(s, s.computed+n, full)
 	for _, r := range sc.running {
-		need += max(0, blocksFor(min(r.last(), r.computed+horizon), bs)-len(r.blocks))
+		need += sc.growth(r, r.computed, full)
 		if need > len(sc.free) {
 			return false
 		}
 	}
 	return need <= len(sc.free)
 }
+
+// growth is the blocks s is expected to need past those covering its first
+// at positions: up to its last position (full), else up to its expected
+// end, the prompt plus its MaxTokens scaled by the fraction of MaxTokens
+// finished requests generated (lengthRatio), but at least GrowthReserve
+// positions past at. With GrowthReserve -1 only full growth is counted.
+func (sc *Scheduler) growth(s *seq, at int, full bool) int {
+	end := s.last()
+	if !full {
+		if sc.cfg.GrowthReserve < 0 {
+			return 0
+		}
+		expected := len(s.req.Prompt) + int(math.Ceil(sc.lengthRatio*float64(s.req.MaxTokens))) - 1
+		end = min(end, max(expected, at+sc.cfg.GrowthReserve))
+	}
+	bs := sc.cfg.BlockSize
+	return max(0, blocksFor(end, bs)-max(blocksFor(at, bs), len(s.blocks)))
+}
+
+// lengthWeight is the weight of one finished request in lengthRatio's
+// moving average.
+const lengthWeight = 1.0 / 8
 
 // last is the number of positions the sequence holds in the KV cache at
 // most: its prompt and every generated token but the last, which is never
@@ -568,6 +597,7 @@ func (sc *Scheduler) Complete(r *pipeline.Result) ([]Output, error) {
 			o.Finish = FinishLength
 		}
 		if o.Finish != "" {
+			sc.lengthRatio += lengthWeight * (float64(s.generated())/float64(s.req.MaxTokens) - sc.lengthRatio)
 			sc.end(s)
 			sc.stats.Finished++
 		}
