@@ -153,8 +153,9 @@ func TestScheduledAndCounters(t *testing.T) {
 		tick := time.Unix(100, 0)
 		clock := func() time.Time { tick = tick.Add(time.Second); return tick }
 		// Three blocks of one position for two requests that each need
-		// three: the newer is preempted while the older grows.
-		sc, err := sched.New(sched.Config{MaxNumBatchedTokens: 8, MaxNumSeqs: 2, BlockSize: 1, NumBlocks: 3, Counters: &c}, clock)
+		// three, both admitted at once (GrowthReserve -1: whatever fits
+		// now): the newer is preempted while the older grows.
+		sc, err := sched.New(sched.Config{MaxNumBatchedTokens: 8, MaxNumSeqs: 2, BlockSize: 1, NumBlocks: 3, Counters: &c, GrowthReserve: -1}, clock)
 		if err != nil {
 			t.Fatal(err)
 		}
