@@ -57,6 +57,9 @@ type KernelArgs struct {
 	words []uint64
 	offs  []int
 	ptrs  []unsafe.Pointer
+	// ex holds a CUlaunchConfig and its attribute for LaunchDependent,
+	// so that those launches allocate nothing after the first either.
+	ex []uint64
 }
 
 // Reset drops all parameters, keeping the buffers.
@@ -137,6 +140,68 @@ func (f Function) Launch(grid, block Dim3, sharedMem int, s Stream, args *Kernel
 		uintptr(sharedMem), uintptr(s), uintptr(params), 0)
 	if code := int32(uint32(r)); code != cudaSuccess {
 		return fmt.Errorf("launch %s grid %v block %v shared %d: %w", f.name, g, b, sharedMem, c.check("cuLaunchKernel", code))
+	}
+	return nil
+}
+
+// LaunchDependentAvailable reports whether the driver can launch kernels
+// with programmatic dependent launch (cuLaunchKernelEx).
+func LaunchDependentAvailable() bool {
+	c, err := driver()
+	return err == nil && c.launchKernelEx.available() == nil
+}
+
+// Layout of the driver's CUlaunchConfig (56 bytes: grid and block sizes and
+// the dynamic shared memory as seven unsigned ints, the stream at byte 32,
+// the attribute array at 40, their count at 48) and of one CUlaunchAttribute
+// (72 bytes: the id, padding to 8 bytes, a 64-byte value union), as words.
+const (
+	launchConfigWords = 7
+	launchAttrWords   = 9
+	// CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+	attrProgrammaticStreamSerialization = 6
+)
+
+// LaunchDependent orders a launch of f on s like Launch, with programmatic
+// dependent launch allowed (CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION):
+// the launch may begin while the kernel before it on s is still running,
+// once every block of that kernel has executed griddepcontrol.launch_dependents
+// (or exited), and f must execute griddepcontrol.wait before it touches
+// anything the kernels before it write or read. Inside a stream capture
+// the dependency becomes a programmatic edge of the graph. It fails when
+// the driver lacks cuLaunchKernelEx (LaunchDependentAvailable). Device
+// goroutine only.
+func (f Function) LaunchDependent(grid, block Dim3, sharedMem int, s Stream, args *KernelArgs) error {
+	c, err := driver()
+	if err != nil {
+		return err
+	}
+	if err := c.launchKernelEx.available(); err != nil {
+		return fmt.Errorf("launch %s: %w", f.name, err)
+	}
+	g, b := grid.norm(), block.norm()
+	if args == nil {
+		args = &KernelArgs{}
+	}
+	params := args.pointers()
+	if cap(args.ex) < launchConfigWords+launchAttrWords {
+		args.ex = make([]uint64, launchConfigWords+launchAttrWords)
+	}
+	ex := args.ex[:launchConfigWords+launchAttrWords]
+	clear(ex)
+	attr := unsafe.Pointer(&ex[launchConfigWords])
+	ex[0] = uint64(g.X) | uint64(g.Y)<<32
+	ex[1] = uint64(g.Z) | uint64(b.X)<<32
+	ex[2] = uint64(b.Y) | uint64(b.Z)<<32
+	ex[3] = uint64(uint32(sharedMem))
+	ex[4] = uint64(s)
+	ex[5] = uint64(uintptr(attr))
+	ex[6] = 1 // numAttrs
+	ex[launchConfigWords] = attrProgrammaticStreamSerialization
+	ex[launchConfigWords+1] = 1 // programmaticStreamSerializationAllowed
+	code := c.launchKernelEx.status(uintptr(unsafe.Pointer(&ex[0])), f.h, uintptr(params), 0)
+	if code != cudaSuccess {
+		return fmt.Errorf("launch %s grid %v block %v shared %d (dependent): %w", f.name, g, b, sharedMem, c.check("cuLaunchKernelEx", code))
 	}
 	return nil
 }

@@ -299,6 +299,19 @@ func TestMockCompileLaunchGraph(t *testing.T) {
 		if got != want || got[9] == 0 {
 			return fmt.Errorf("cuLaunchKernel received %v, want %v", got, want)
 		}
+		// The same launch with programmatic dependent launch: the config
+		// struct and its one attribute as C reads them.
+		if !LaunchDependentAvailable() {
+			return errors.New("cuLaunchKernelEx not bound")
+		}
+		if err := fn.LaunchDependent(Dim3{X: 4, Y: 2, Z: 3}, Dim3{X: 256, Y: 1, Z: 1}, 4096, s, &args); err != nil {
+			return err
+		}
+		got = m.LastLaunch()
+		want = [11]uint64{got[0], 4, 2, 3, 256, 1, 1, 4096, uint64(s), got[9], 1<<32 | 6<<16 | 1}
+		if got != want || got[9] == 0 {
+			return fmt.Errorf("cuLaunchKernelEx received %v, want %v", got, want)
+		}
 		res := make([]float32, n)
 		check := func(what string) error {
 			if err := CopyDtoH(AsBytes(res), out.Ptr()); err != nil {

@@ -10,8 +10,8 @@ import (
 )
 
 // DefaultBlockSize is the number of positions of a KV block when
-// Config.BlockSize is 0.
-const DefaultBlockSize = 16
+// Config.BlockSize is 0: the backends' default (stage.DefaultBlockSize).
+const DefaultBlockSize = stage.DefaultBlockSize
 
 // Config bounds what the scheduler puts in flight.
 type Config struct {

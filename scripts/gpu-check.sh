@@ -1,54 +1,84 @@
 #!/usr/bin/env bash
-# tandem's GPU check: the CUDA stage against Hugging Face transformers.
+# tandem's GPU check: the CUDA stage against Hugging Face transformers, and
+# every GPU figure of docs/perf.md and stage/cuda/NOTES.md.
 #
-#   bash scripts/gpu-check.sh          here (with Go): builds the test binary
-#                                      into .carry/cuda/ and prints nothing else
-#   bash scripts/gpu-check.sh device   on the GPU machine (python3 with torch and
-#                                      transformers; no Go): runs the check
-#   bash scripts/gpu-check.sh device nccl
-#                                      on a machine of two GPUs: only (6)
-#   bash scripts/gpu-check.sh device quick
-#                                      the check without its heavy parts: no
-#                                      informational std 0.05 checkpoint, no
-#                                      timings (5), tests in -short mode (200
-#                                      requests in the long run of (7))
+#   bash scripts/gpu-check.sh [build [DIR]]
+#                        here (with Go): builds the stage/cuda test binary,
+#                        tandemctl and tandemd into DIR/cuda (DIR: $TANDEM_CARRY,
+#                        else .carry) and copies this script and the Python it
+#                        runs into DIR/scripts, so the device runs them from the
+#                        carried folder (carry [DIR]); with BASELINE=<git ref>
+#                        also that revision's test binary into DIR/base, whose
+#                        decode timing the device part runs as "before"
+#   bash DIR/scripts/gpu-check.sh device [MODE]
+#                        on the GPU machine (python3 with torch and transformers;
+#                        no Go), MODE one of:
+#       (none)   the whole check below
+#       quick    the check without its heavy parts: no informational std 0.05
+#                checkpoint, no timings, tests in -short mode
+#       kernels  kernel development: the kernel tests and their bandwidth table,
+#                the conformance suite on every path, the CUDA-graph tests
+#                (short) and decode timing on random Llama-3.2-1B weights
+#       nccl     on a machine of two GPUs: only (6)
 #
-# The device part (1) makes random-init checkpoints with transformers and saves
-# them in bf16 (a Llama-3.2-1B shape and a small Qwen2 shape with q/k/v bias),
-# (2) computes the float32 transformers reference on those weights (prefill +
-# 32 teacher-forced decode steps) and times transformers' eager bf16 decode
-# step, (3) runs the stage/cuda GPU tests: the comparison with the reference
-# (relative L2 of logits <= 2e-2 at every position, same top-1 wherever the
-# reference's top-1/top-2 gap exceeds 0.1; transformers' own bf16 error is
-# reported beside it), (4) CPU backend vs CUDA backend on
-# tiny checkpoints, the conformance suite, the sampler and kernel-cache tests,
-# (5) decode step times at batch 1, 8 and 32 in each CUDA-graph mode (NONE,
-# PIECEWISE, FULL, FULL_AND_PIECEWISE) next to the HBM floor, with the time
-# and memory of capturing the graphs, (6) with two GPUs, a model split over
-# both through NCCL against the same model on one, and (7) the CUDA-graph
-# tests: replays against eager runs on one and two stages, refused steps,
-# and 2,000 random requests with zero device memory growth. Logs and
-# summary.json go to $OUT; the summary table is printed last. The GPU tests
-# include the conformance suite of stage/stagetest on the paged KV cache with
-# on-device hand-off, and hand-off inside replayed CUDA graphs. (1b) writes
-# two tiny checkpoints with tandemctl model init, loads them with
-# transformers (every tensor must be found, the tokenizer must give tandem's
-# ids) and adds them to the comparison of (3).
-#
-# Run it with the device tool as:
-#   bash scripts/gpu-check.sh   (here), then on the device with carry [".carry"]:
-#   bash scripts/gpu-check.sh device
+# The full device part (1) makes random-init checkpoints with transformers and
+# saves them in bf16 (a Llama-3.2-1B shape and a small Qwen2 shape with q/k/v
+# bias), (1b) writes two tiny checkpoints with tandemctl model init and loads
+# them with transformers (every tensor found, the tokenizer giving tandem's
+# ids), (2) computes the float32 transformers reference on those weights
+# (prefill + 32 teacher-forced decode steps) and transformers' own bf16 error
+# against it, (2b) times transformers' decode step at batch 1 and 32, eager,
+# in a CUDA graph and under torch.compile (scripts/hf_bench.py), on the 1B and
+# the Llama-3.1-8B shape, (3) runs the stage/cuda GPU tests: the comparison
+# with the reference (relative L2 of logits <= 2e-2 at every position, same
+# top-1 wherever the reference's top-1/top-2 gap exceeds 0.1), (4) CPU backend
+# vs CUDA backend on tiny checkpoints, the conformance suite on each kernel
+# path, the kernel tests (skinny products and attention against float64
+# references, their bandwidth next to cuBLAS and the copy bandwidth), the
+# sampler and kernel-cache tests, (5) decode step times at batch 1, 8 and 32
+# in each CUDA-graph mode next to the HBM floor, the per-kernel breakdown of
+# a decode step on the cuBLAS path (the unfused kernels) and on the skinny
+# path, prefill of 512 and 2,048 tokens against the tensor-core peak, and the
+# time and memory of capturing the graphs, on the 1B checkpoint and on random
+# 8B weights, (5b) the same timing with the BASELINE binary when carried,
+# (6) with two GPUs, a model split over both through NCCL against the same
+# model on one, (7) the CUDA-graph tests: replays against eager runs on one
+# and two stages, refused steps, and 2,000 random requests with zero device
+# memory growth, and (8) the 1B checkpoint served by tandemd (a leader and
+# one CUDA stage) with `tandemctl bench` at concurrency 1, 32 and 64 through
+# the gRPC API. Logs and summary.json go to $OUT; the summary table is
+# printed last.
 set -uo pipefail
-cd "$(dirname "$0")/.."
 
-if [ "${1:-}" != device ]; then
+if [ "${1:-build}" = build ]; then
 	set -e
-	mkdir -p .carry/cuda
-	CGO_ENABLED=0 go test -c -o .carry/cuda/cuda.test ./stage/cuda
-	CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o .carry/cuda/tandemctl ./cmd/tandemctl
+	cd "$(dirname "$0")/.."
+	DIR=${2:-${TANDEM_CARRY:-.carry}}
+	mkdir -p "$DIR/cuda" "$DIR/scripts"
+	DIR=$(cd "$DIR" && pwd)
+	CGO_ENABLED=0 go test -c -ldflags="-s -w" -o "$DIR/cuda/cuda.test" ./stage/cuda
+	CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o "$DIR/cuda/tandemctl" ./cmd/tandemctl
+	CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o "$DIR/cuda/tandemd" ./cmd/tandemd
+	cp scripts/gpu-check.sh scripts/hf_ref.py scripts/hf_summary.py scripts/hf_bench.py "$DIR/scripts/"
+	if [ -n "${BASELINE:-}" ]; then
+		src=$(mktemp -d)
+		git archive "$BASELINE" | tar -x -C "$src"
+		mkdir -p "$DIR/base"
+		(cd "$src" && CGO_ENABLED=0 go test -c -ldflags="-s -w" -o "$DIR/base/cuda.test" ./stage/cuda)
+		git rev-parse --short "$BASELINE" >"$DIR/base/REVISION"
+		rm -rf "$src"
+	fi
 	exit 0
 fi
+if [ "$1" != device ]; then
+	echo "usage: gpu-check.sh [build [DIR]] | device [quick|kernels|nccl]" >&2
+	exit 2
+fi
 
+HERE=$(cd "$(dirname "$0")" && pwd)
+BIN=$(cd "$HERE/.." && pwd)/cuda
+[ -x "$BIN/cuda.test" ] || BIN=$PWD/.carry/cuda
+BASE=$BIN/../base
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/tandem-gpu-check}
 WORK=${WORK:-/tmp/tandem-hf}
@@ -56,12 +86,13 @@ RESULTS=$WORK/results
 mkdir -p "$OUT" "$WORK" "$RESULTS"
 LOG=$OUT/check.log
 status=0
-step() { echo "== $*" | tee -a "$LOG"; }
+step() { echo "== $(date -u +%T) $*" | tee -a "$LOG"; }
+MODE=${2:-full}
 
-if [ "${2:-}" = nccl ]; then
+if [ "$MODE" = nccl ]; then
 	step "(6) model split over two GPUs through NCCL"
-	TANDEM_RESULTS=$RESULTS .carry/cuda/cuda.test -test.v -test.run 'TestTwoGPUSplit' -test.timeout 300s 2>&1 | tee -a "$LOG" || status=1
-	python3 scripts/hf_summary.py "$WORK" "$RESULTS" "$OUT" "tandem two-GPU check, $(date -u +%Y-%m-%d), exit status $status" 2>&1 | tee -a "$LOG"
+	TANDEM_RESULTS=$RESULTS "$BIN/cuda.test" -test.v -test.run 'TestTwoGPUSplit' -test.timeout 300s 2>&1 | tee -a "$LOG" || status=1
+	python3 "$HERE/hf_summary.py" "$WORK" "$RESULTS" "$OUT" "tandem two-GPU check, $(date -u +%Y-%m-%d), exit status $status" 2>&1 | tee -a "$LOG"
 	exit $status
 fi
 
@@ -70,23 +101,65 @@ step "environment"
 	date -u
 	nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv
 	python3 -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__, torch.cuda.get_device_name())'
+	[ -f "$BASE/REVISION" ] && echo "baseline revision $(cat "$BASE/REVISION")"
 } 2>&1 | tee -a "$LOG"
 DEVICE=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 
+# gotest NAME ARGS...: runs the stage/cuda test binary, its log also in
+# $OUT/NAME.log.
+gotest() {
+	local name=$1
+	shift
+	TANDEM_RESULTS=$RESULTS TANDEM_CACHE_DIR=$WORK/cache "$BIN/cuda.test" -test.v "$@" 2>&1 | tee "$OUT/$name.log" | tee -a "$LOG" >/dev/null
+	local rc=${PIPESTATUS[0]}
+	grep -E -- '^(--- FAIL|FAIL|ok|PASS)' "$OUT/$name.log" | tail -5
+	return "$rc"
+}
+
+if [ "$MODE" = kernels ]; then
+	step "kernels: compile, references, bandwidth"
+	gotest kernels -test.run 'TestKernelSource|TestSkinnyKernels|TestAttentionKernel|TestSampleKernel|TestSkinnyBandwidth|TestPlanSkinny|TestWorkspaceBytes' -test.timeout 300s || status=1
+	grep -A80 'skinny products' "$OUT/kernels.log" | head -120
+	step "conformance on every path, graphs (short)"
+	gotest conformance -test.run 'TestConformance|TestGraphs|TestGraphErrors|TestGraphLongRun|TestMemoryReport' -test.short -test.timeout 300s || status=1
+	step "decode timing, random Llama-3.2-1B weights (transformers' init)"
+	python3 - "$WORK/llama1b" "$HERE" <<'EOF' 2>&1 | tee -a "$LOG"
+import sys, time
+sys.path.insert(0, sys.argv[2])
+import hf_ref
+t = time.time()
+model, _ = hf_ref.build("llama1b", 0.02, 1234)
+model.save_pretrained(sys.argv[1])
+print("llama1b random init (std 0.02) saved in bf16 in %.1f s" % (time.time() - t))
+EOF
+	TANDEM_BENCH_CHECKPOINT=$WORK/llama1b gotest timing -test.run TestDecodeTiming -test.timeout 300s || status=1
+	sed -n '/decode step, floor/,/^---/p' "$OUT/timing.log" | head -120
+	grep -E 'prefill|captured' "$OUT/timing.log"
+	if [ -x "$BASE/cuda.test" ]; then
+		step "decode timing of the baseline revision $(cat "$BASE/REVISION" 2>/dev/null), same checkpoint"
+		TANDEM_BENCH_CHECKPOINT=$WORK/llama1b TANDEM_CACHE_DIR=$WORK/cache-base "$BASE/cuda.test" -test.v -test.run TestDecodeTiming \
+			-test.timeout 300s >"$OUT/baseline.log" 2>&1 || status=1
+		grep -A20 'decode step, floor' "$OUT/baseline.log" | head -24
+	fi
+	if [ -n "${HF_QUICK:-}" ]; then
+		step "transformers' decode step (quick)"
+		timeout 300 python3 "$HERE/hf_bench.py" --shape llama1b --batches 1 --runs 1 --steps 64 --out "$WORK/llama1b.bench.json" 2>&1 | tail -20 | tee -a "$LOG"
+	fi
+	exit $status
+fi
+
 quick=
-[ "${2:-}" = quick ] && quick=1
+[ "$MODE" = quick ] && quick=1
 
 step "(1, 2) checkpoints and float32 references with transformers"
 # Init std 0.02 (transformers' default) is what tandem is held to; at 0.05
 # the random network is chaotic enough that bf16 inference itself (tandem or
 # transformers) strays past the bounds, so that case is informational.
-if [ -n "$quick" ]; then
-	python3 scripts/hf_ref.py --shape llama1b --std 0.02 --out "$WORK" 2>&1 | tee -a "$LOG" || status=1
-else
-	python3 scripts/hf_ref.py --shape llama1b --std 0.02 --out "$WORK" --time-batches 1,8,32 2>&1 | tee -a "$LOG" || status=1
-	python3 scripts/hf_ref.py --shape llama1b --std 0.05 --name llama1b-std0.05 --informational --out "$WORK" 2>&1 | tee -a "$LOG" || status=1
+python3 "$HERE/hf_ref.py" --shape llama1b --std 0.02 --out "$WORK" 2>&1 | tee -a "$LOG" || status=1
+if [ -z "$quick" ]; then
+	python3 "$HERE/hf_ref.py" --shape llama1b --std 0.05 --name llama1b-std0.05 --informational --out "$WORK" 2>&1 | tee -a "$LOG" || status=1
 fi
-python3 scripts/hf_ref.py --shape qwen2 --std 0.02 --out "$WORK" 2>&1 | tee -a "$LOG" || status=1
+python3 "$HERE/hf_ref.py" --shape qwen2 --std 0.02 --out "$WORK" 2>&1 | tee -a "$LOG" || status=1
 
 step "(1b) checkpoints of tandemctl model init, read by transformers"
 # A tiny llama (llama3 rope scaling) and a tiny qwen2 (q/k/v bias) written by
@@ -98,27 +171,76 @@ for arch in llama qwen2; do
 	extra=()
 	[ "$arch" = llama ] && extra=(--rope-scaling)
 	{
-		.carry/cuda/tandemctl model init --out "$src" --arch "$arch" --seed 5 "${extra[@]}" &&
-			.carry/cuda/tandemctl tokenize --tokenizer "$src/tokenizer.json" <"$WORK/init-texts.json" >"$WORK/init-$arch.ids.json" &&
-			python3 scripts/hf_ref.py --from "$src" --name "init-$arch" --out "$WORK" \
+		"$BIN/tandemctl" model init --out "$src" --arch "$arch" --seed 5 "${extra[@]}" &&
+			"$BIN/tandemctl" tokenize --tokenizer "$src/tokenizer.json" <"$WORK/init-texts.json" >"$WORK/init-$arch.ids.json" &&
+			python3 "$HERE/hf_ref.py" --from "$src" --name "init-$arch" --out "$WORK" \
 				--texts "$WORK/init-texts.json" --tandem-ids "$WORK/init-$arch.ids.json"
 	} 2>&1 | tee -a "$LOG" || status=1
 done
 
+if [ -z "$quick" ]; then
+	step "(2b) transformers' decode step: eager, CUDA graph, torch.compile"
+	for shape in llama1b llama8b; do
+		python3 "$HERE/hf_bench.py" --shape "$shape" --batches 1,32 --out "$RESULTS/../$shape.bench.json" 2>&1 | tee -a "$LOG" || status=1
+	done
+fi
+
 if [ -n "$quick" ]; then
 	step "(3, 4, 7) stage/cuda GPU tests, short"
-	TANDEM_HF_DIR=$WORK TANDEM_RESULTS=$RESULTS TANDEM_CACHE_DIR=$WORK/cache \
-		.carry/cuda/cuda.test -test.v -test.short -test.timeout 480s 2>&1 | tee -a "$LOG" || status=1
+	TANDEM_HF_DIR=$WORK gotest tests -test.short -test.timeout 480s || status=1
 else
 	step "(3, 4, 5, 7) stage/cuda GPU tests"
-	TANDEM_HF_DIR=$WORK TANDEM_BENCH_CHECKPOINT=$WORK/llama1b TANDEM_RESULTS=$RESULTS TANDEM_CACHE_DIR=$WORK/cache \
-		.carry/cuda/cuda.test -test.v -test.timeout 480s 2>&1 | tee -a "$LOG" || status=1
+	TANDEM_HF_DIR=$WORK TANDEM_BENCH_CHECKPOINT=$WORK/llama1b TANDEM_BENCH_SHAPES=llama8b \
+		gotest tests -test.timeout 900s || status=1
+	if [ -x "$BASE/cuda.test" ]; then
+		step "(5b) decode timing of the baseline revision $(cat "$BASE/REVISION" 2>/dev/null), same checkpoint"
+		mkdir -p "$WORK/base-results"
+		TANDEM_BENCH_CHECKPOINT=$WORK/llama1b TANDEM_RESULTS=$WORK/base-results TANDEM_CACHE_DIR=$WORK/cache-base \
+			"$BASE/cuda.test" -test.v -test.run TestDecodeTiming -test.timeout 300s >"$OUT/baseline.log" 2>&1 || status=1
+		cp "$WORK/base-results/decode.json" "$RESULTS/baseline_decode.json" 2>/dev/null
+		grep -A20 'decode step, floor' "$OUT/baseline.log" | head -24
+	fi
 fi
 
 # (6) runs inside the tests above (TestTwoGPUSplit) when the machine has two
 # GPUs; it skips, saying so, on one.
 
+if [ -z "$quick" ]; then
+	step "(8) the 1B checkpoint through the gRPC API: tandemctl bench"
+	MODEL=$WORK/llama1b
+	"$BIN/tandemctl" model init --out "$WORK/tok" --vocab 128256 --layers 1 --hidden 64 --heads 2 --kv-heads 1 --intermediate 64 >>"$LOG" 2>&1 &&
+		cp "$WORK/tok/tokenizer.json" "$MODEL/"
+	LEADER=127.0.0.1:17400
+	common=(serve --model "$MODEL" --leader leader --fast-gossip --max-seqs 64 --max-batch-tokens 512 --log-level info)
+	mkdir -p "$WORK/logs"
+	"$BIN/tandemd" "${common[@]}" --name leader --stage=false --backend cpu --grpc "$LEADER" --gossip 127.0.0.1:17401 \
+		--expect-stages 1 >/dev/null 2>"$WORK/logs/leader.log" &
+	PIDS=($!)
+	TANDEM_CACHE_DIR=$WORK/cache "$BIN/tandemd" "${common[@]}" --name gpu0 --backend cuda \
+		--grpc 127.0.0.1:17410 --gossip 127.0.0.1:17411 --seeds 127.0.0.1:17401 >/dev/null 2>"$WORK/logs/gpu0.log" &
+	PIDS+=($!)
+	start=$SECONDS
+	until "$BIN/tandemctl" --addr "$LEADER" status --json 2>/dev/null | python3 -c 'import json,sys; sys.exit(0 if json.load(sys.stdin).get("serving") else 1)' 2>/dev/null; do
+		if ((SECONDS - start > 180)); then
+			echo "not serving after 180 s" | tee -a "$LOG"
+			status=1
+			break
+		fi
+		sleep 0.5
+	done
+	echo "serving $((SECONDS - start)) s after start" | tee -a "$LOG"
+	for n in 1 32 64; do
+		"$BIN/tandemctl" --addr "$LEADER" bench --timeout 300s --concurrency "$n" --requests "$n" --prompt-tokens 64 --max-tokens 256 \
+			--vocab 128256 --seed 1000 --json >"$RESULTS/api_c$n.json" 2>>"$LOG" || status=1
+		python3 -c 'import json,sys; b=json.load(open(sys.argv[1])); print("concurrency %d: %.0f tokens/s, ITL p50 %.3f ms p99 %.3f ms, TTFT p50 %.1f ms" % (b["concurrency"], b["tokens_per_s"], b["itl_p50_ms"], b["itl_p99_ms"], b["ttft_p50_ms"]))' \
+			"$RESULTS/api_c$n.json" 2>&1 | tee -a "$LOG"
+	done
+	kill -TERM "${PIDS[@]}" 2>/dev/null
+	for p in "${PIDS[@]}"; do timeout 40 tail --pid="$p" -f /dev/null || kill -KILL "$p"; done
+	tail -n 40 "$WORK/logs/gpu0.log" >"$OUT/daemons.log"
+fi
+
 step "summary"
-grep -E '^(=== RUN|--- (PASS|FAIL|SKIP)|PASS|FAIL|ok )' "$LOG" | grep -E -- '--- (FAIL|SKIP)' | tail -20
-python3 scripts/hf_summary.py "$WORK" "$RESULTS" "$OUT" "tandem GPU check on $DEVICE, $(date -u +%Y-%m-%d), exit status $status" 2>&1 | tee -a "$LOG"
+grep -E -- '--- (FAIL|SKIP)' "$LOG" | tail -20
+python3 "$HERE/hf_summary.py" "$WORK" "$RESULTS" "$OUT" "tandem GPU check on $DEVICE, $(date -u +%Y-%m-%d), exit status $status" 2>&1 | tee -a "$LOG"
 exit $status

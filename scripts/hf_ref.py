@@ -43,6 +43,14 @@ LLAMA3_ROPE = {
     "original_max_position_embeddings": 8192,
 }
 
+LLAMA31_ROPE = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+}
+
 SHAPES = {
     # Llama-3.2-1B.
     "llama1b": dict(
@@ -50,6 +58,13 @@ SHAPES = {
         num_key_value_heads=8, head_dim=64, intermediate_size=8192, vocab_size=128256,
         max_position_embeddings=131072, rope_theta=500000.0, rope=LLAMA3_ROPE,
         tie_word_embeddings=True, rms_norm_eps=1e-5, bos_token_id=128000,
+        eos_token_id=128001),
+    # Llama-3.1-8B (timings only: scripts/hf_bench.py).
+    "llama8b": dict(
+        arch="llama", hidden_size=4096, num_hidden_layers=32, num_attention_heads=32,
+        num_key_value_heads=8, head_dim=128, intermediate_size=14336, vocab_size=128256,
+        max_position_embeddings=131072, rope_theta=500000.0, rope=LLAMA31_ROPE,
+        tie_word_embeddings=False, rms_norm_eps=1e-5, bos_token_id=128000,
         eos_token_id=128001),
     # A few layers of Qwen2.5-0.5B: q/k/v bias, GQA ratio 7, untied LM head.
     "qwen2": dict(

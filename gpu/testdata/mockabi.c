@@ -169,6 +169,27 @@ CUresult cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned
 	return OK;
 }
 
+/* CUlaunchConfig and CUlaunchAttribute as cuda.h lays them out. */
+typedef struct { int id; char pad[4]; union { char pad[64]; int value; } v; } launch_attr;
+typedef struct {
+	unsigned gx, gy, gz, bx, by, bz, shmem;
+	void *stream;
+	launch_attr *attrs;
+	unsigned num_attrs;
+} launch_config;
+
+/* cuLaunchKernelEx records what cuLaunchKernel would, with slot 10 holding
+ * the first attribute as num_attrs << 32 | id << 16 | value, then launches. */
+CUresult cuLaunchKernelEx(const launch_config *c, void *f, void **params, void **extra) {
+	NEED_CTX();
+	if (!c || c->num_attrs != 1 || !c->attrs) return INVALID_VALUE;
+	unsigned long long a = (unsigned long long)c->num_attrs << 32 |
+	                       (unsigned long long)(c->attrs[0].id & 0xffff) << 16 | (c->attrs[0].v.value & 0xffff);
+	CUresult r = cuLaunchKernel(f, c->gx, c->gy, c->gz, c->bx, c->by, c->bz, c->shmem, c->stream, params, extra);
+	last_launch[10] = a;
+	return r;
+}
+
 CUresult cuStreamBeginCapture_v2(void *st, int mode) {
 	NEED_CTX(); stream *s = st;
 	if (!s || s->capturing) return INVALID_VALUE;

@@ -21,15 +21,12 @@ type Config struct {
 	MaxTokens, MaxSeqs int
 	// NumBlocks and BlockSize size the paged KV cache: NumBlocks blocks of
 	// BlockSize positions, for every layer of the stage (BlockSize 0:
-	// DefaultBlockSize; NumBlocks 0: enough for MaxSeqs sequences of
+	// stage.DefaultBlockSize; NumBlocks 0: enough for MaxSeqs sequences of
 	// Model.MaxPositions). The leader's block size must be the same.
 	NumBlocks, BlockSize int
 	// Threads is how many goroutines a Forward uses (0: GOMAXPROCS).
 	Threads int
 }
-
-// DefaultBlockSize is the KV block size when Config.BlockSize is 0.
-const DefaultBlockSize = 16
 
 // Stage is a CPU pipeline stage. It implements stage.Stage.
 type Stage struct {
@@ -139,30 +136,13 @@ func New(cfg Config) (*Stage, error) {
 
 // checkConfig checks cfg and fills in the KV cache's defaults.
 func checkConfig(cfg *Config) error {
+	if err := stage.CheckModel(cfg.Model, cfg.Lo, cfg.Hi); err != nil {
+		return err
+	}
 	m := cfg.Model
-	if m == nil {
-		return errors.New("no model config")
-	}
-	if cfg.Weights == nil {
-		return errors.New("no weights")
-	}
 	switch {
-	case m.NumLayers <= 0:
-		return fmt.Errorf("model has %d layers", m.NumLayers)
-	case cfg.Lo < 0 || cfg.Lo >= cfg.Hi || cfg.Hi > m.NumLayers:
-		return fmt.Errorf("layer range [%d,%d) is not a non-empty part of the model's %d layers", cfg.Lo, cfg.Hi, m.NumLayers)
-	case m.HiddenSize <= 0 || m.IntermediateSize <= 0 || m.VocabSize <= 0:
-		return fmt.Errorf("hidden size %d, intermediate size %d, vocab size %d: all must be positive", m.HiddenSize, m.IntermediateSize, m.VocabSize)
-	case m.NumHeads <= 0 || m.NumKVHeads <= 0 || m.NumHeads%m.NumKVHeads != 0:
-		return fmt.Errorf("%d attention heads are not a positive multiple of %d key/value heads", m.NumHeads, m.NumKVHeads)
-	case m.HeadDim <= 0 || m.HeadDim%2 != 0:
-		return fmt.Errorf("head dim %d is not positive and even", m.HeadDim)
-	case m.MaxPositions <= 0:
-		return fmt.Errorf("max positions %d is not positive", m.MaxPositions)
-	case !(m.RopeTheta > 0):
-		return fmt.Errorf("rope theta %v is not positive", m.RopeTheta)
-	case !(m.RMSNormEps >= 0):
-		return fmt.Errorf("rms norm eps %v is negative", m.RMSNormEps)
+	case cfg.Weights == nil:
+		return errors.New("no weights")
 	case cfg.MaxTokens <= 0 || cfg.MaxSeqs <= 0:
 		return fmt.Errorf("max tokens %d and max seqs %d must be positive", cfg.MaxTokens, cfg.MaxSeqs)
 	case cfg.Threads < 0:
@@ -171,21 +151,13 @@ func checkConfig(cfg *Config) error {
 		return fmt.Errorf("KV cache of %d blocks of %d positions: neither may be negative", cfg.NumBlocks, cfg.BlockSize)
 	}
 	if cfg.BlockSize == 0 {
-		cfg.BlockSize = DefaultBlockSize
+		cfg.BlockSize = stage.DefaultBlockSize
 	}
 	if cfg.NumBlocks == 0 {
 		cfg.NumBlocks = cfg.MaxSeqs * ((m.MaxPositions + cfg.BlockSize - 1) / cfg.BlockSize)
 	}
 	if cfg.NumBlocks > math.MaxInt32 {
 		return fmt.Errorf("KV cache of %d blocks: block ids are 32-bit", cfg.NumBlocks)
-	}
-	if rs := m.RopeScaling; rs != nil {
-		if rs.Type != "llama3" {
-			return fmt.Errorf("rope scaling type %q is not supported (only llama3)", rs.Type)
-		}
-		if !(rs.Factor > 0) || !(rs.LowFreqFactor > 0) || !(rs.HighFreqFactor > rs.LowFreqFactor) || rs.OriginalMaxPositions <= 0 {
-			return fmt.Errorf("llama3 rope scaling %+v: need factor > 0, 0 < low_freq_factor < high_freq_factor and original_max_position_embeddings > 0", *rs)
-		}
 	}
 	return nil
 }

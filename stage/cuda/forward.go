@@ -56,6 +56,11 @@ func (s *Stage) run() error {
 	lay := s.pl.lay
 	p := &s.p
 	st := s.stream
+	if s.prof != nil {
+		if err := s.spinBeforeStep(); err != nil {
+			return err
+		}
+	}
 	if err := gpu.CopyHtoDAsync(s.b.batch, s.hostBatch[:4*p.uploadWords(lay)], st); err != nil {
 		return fmt.Errorf("upload batch description: %w", err)
 	}
@@ -129,76 +134,138 @@ func (s *Stage) forwardPass(step graphs.Step, sh shape) error {
 // activations); segment i > 0 finishes layer i-1 (o projection, norm,
 // MLP); segment i < L starts layer i (norm, q|k|v projection, rotary
 // embedding and KV cache write); segment L ends the stage (the LM head and
-// sampling on the last stage, else the residual stream handed on).
+// sampling on the last stage; other stages hand on the residual stream,
+// which the down projection has already updated).
+//
+// A step of few tokens (skinnyPlan.use) runs one skinny kernel per
+// product, the norm folded into its input and the rest of the layer into
+// its epilogue: a layer is four products and attention. Other steps run
+// the cuBLAS path: compensated GEMMs (their inputs T rows of bf16 values
+// then T rows of rounding remainders, their outputs two halves lo = T rows
+// apart; kernels/00_common.cu) between norm, rotary, SiLU and residual
+// kernels.
 func (s *Stage) segment(i int, sh shape) error {
 	m := &s.m
-	T, H, I := sh.tokens, m.HiddenSize, m.IntermediateSize
+	T, H := sh.tokens, m.HiddenSize
 	L := s.hi - s.lo
-	// The layer GEMMs are compensated: their inputs are T rows of bf16
-	// values then T rows of rounding remainders, their outputs two halves
-	// lo = T rows apart (kernels/00_common.cu).
-	lo, n := T, 2*T
-	word := func(off int) gpu.DevicePtr { return s.b.batch + gpu.DevicePtr(4*off) }
 	lay := s.pl.lay
 	if i == 0 {
 		if s.first {
-			a := s.args.Reset().Ptr(word(lay.tokens())).Ptr(s.ho.tokens).Ptr(s.ho.status).Ptr(s.weights.embed).
+			a := s.args.Reset().Ptr(s.word(lay.tokens())).Ptr(s.ho.tokens).Ptr(s.ho.status).Ptr(s.weights.embed).
 				Ptr(s.b.resid).Int32(int32(H)).Int32(int32(m.VocabSize))
-			if err := s.launch(kEmbed, gpu.Dim3{X: uint32(T)}, gpu.Dim3{X: embedThreads}, a); err != nil {
+			if err := s.launchDep("embed", kEmbed, gpu.Dim3{X: uint32(T)}, gpu.Dim3{X: embedThreads}, 0, a); err != nil {
 				return err
 			}
-		} else if err := gpu.CopyDtoDAsync(s.b.resid, s.b.in, T*H*4, s.stream); err != nil {
-			return fmt.Errorf("copy input activations: %w", err)
-		}
-	} else {
-		lw := s.layers[i-1]
-		layer := s.lo + i - 1
-		if err := s.linear(s.b.y, s.b.attn, lw.o, n, s.qDim, H); err != nil {
-			return fmt.Errorf("layer %d o_proj: %w", layer, err)
-		}
-		if err := s.rmsnorm(T, s.b.y, lo, lw.postNorm, lo, 0); err != nil {
+		} else if err := s.copyInput(T * H * 4); err != nil {
 			return err
 		}
-		if err := s.linear(s.b.gateUp, s.b.normed, lw.gateUp, n, H, 2*I); err != nil {
-			return fmt.Errorf("layer %d gate/up: %w", layer, err)
-		}
-		a := s.args.Reset().Ptr(s.b.gateUp).Ptr(s.b.act).Int32(int32(lo)).Int32(int32(I))
-		grid := gpu.Dim3{X: uint32((I + siluThreads - 1) / siluThreads), Y: uint32(T)}
-		if err := s.launch(kSiluMul, grid, gpu.Dim3{X: siluThreads}, a); err != nil {
-			return err
-		}
-		if err := s.linear(s.b.y, s.b.act, lw.down, n, I, H); err != nil {
-			return fmt.Errorf("layer %d down: %w", layer, err)
-		}
+	} else if err := s.finishLayer(i-1, T); err != nil {
+		return err
 	}
 	if i < L {
-		lw := s.layers[i]
-		var y gpu.DevicePtr // the previous layer's down projection
-		if i > 0 {
-			y = s.b.y
-		}
-		if err := s.rmsnorm(T, y, lo, lw.inNorm, lo, 0); err != nil {
-			return err
-		}
-		if err := s.linear(s.b.qkv, s.b.normed, lw.qkv, n, H, s.qkvDim); err != nil {
-			return fmt.Errorf("layer %d qkv: %w", s.lo+i, err)
-		}
-		kc, vc := s.kvLayerPtrs(i)
-		a := s.args.Reset().Ptr(s.b.qkv).Int32(int32(lo)).Ptr(lw.qkvBias).Ptr(s.b.invFreq).Ptr(word(lay.pos())).
-			Ptr(word(lay.cacheRow())).Ptr(s.b.q).Ptr(kc).Ptr(vc).
-			Int32(int32(m.NumHeads)).Int32(int32(m.NumKVHeads)).Int32(int32(m.HeadDim))
-		grid := gpu.Dim3{X: uint32(T), Y: uint32(m.NumHeads + m.NumKVHeads)}
-		return s.launch(kRopeQKV, grid, gpu.Dim3{X: uint32(m.HeadDim / 2)}, a)
+		return s.startLayer(i, T)
 	}
-	if !s.last {
-		a := s.args.Reset().Ptr(s.b.resid).Ptr(s.b.y).Int32(int32(lo)).Int32(int32(H))
-		grid := gpu.Dim3{X: uint32((H + addThreads - 1) / addThreads), Y: uint32(T)}
-		return s.launch(kResidualAdd, grid, gpu.Dim3{X: addThreads}, a)
-	}
-	if sh.rows > 0 {
-		return s.head(sh, lo)
+	if s.last && sh.rows > 0 {
+		return s.head(sh)
 	}
 	return nil
+}
+
+// word is the device address of word off of the batch description.
+func (s *Stage) word(off int) gpu.DevicePtr { return s.b.batch + gpu.DevicePtr(4*off) }
+
+// copyInput moves the received activations into the residual stream.
+func (s *Stage) copyInput(bytes int) error {
+	if s.prof != nil {
+		s.prof.before(s, "copy input")
+	}
+	if err := gpu.CopyDtoDAsync(s.b.resid, s.b.in, bytes, s.stream); err != nil {
+		return fmt.Errorf("copy input activations: %w", err)
+	}
+	if s.prof != nil {
+		s.prof.after(s)
+	}
+	return nil
+}
+
+// startLayer orders the stage's layer i up to attention: the input norm,
+// the q|k|v projection, rotary embedding and the KV cache write.
+func (s *Stage) startLayer(i, T int) error {
+	m := &s.m
+	lw := s.layers[i]
+	lay := s.pl.lay
+	kc, vc := s.kvLayerPtrs(i)
+	if s.sk.use(T) {
+		err := s.gemv("qkv+norm+rope", &s.sk.qkv, lw.qkv, T, gemvIO{x: s.b.resid, g: lw.inNorm, out: s.b.q, ldo: s.qDim,
+			bias: lw.qkvBias, pos: s.word(lay.pos()), cacheRow: s.word(lay.cacheRow()), kcache: kc, vcache: vc})
+		if err != nil {
+			return fmt.Errorf("layer %d qkv: %w", s.lo+i, err)
+		}
+		return nil
+	}
+	if err := s.rmsnorm(T, lw.inNorm, T, 0); err != nil {
+		return err
+	}
+	if err := s.linear("qkv", s.b.qkv, s.b.normed, lw.qkv, 2*T, m.HiddenSize, s.qkvDim); err != nil {
+		return fmt.Errorf("layer %d qkv: %w", s.lo+i, err)
+	}
+	a := s.args.Reset().Ptr(s.b.qkv).Int32(int32(T)).Ptr(lw.qkvBias).Ptr(s.b.invFreq).Ptr(s.word(lay.pos())).
+		Ptr(s.word(lay.cacheRow())).Ptr(s.b.q).Ptr(kc).Ptr(vc).
+		Int32(int32(m.NumHeads)).Int32(int32(m.NumKVHeads)).Int32(int32(m.HeadDim))
+	grid := gpu.Dim3{X: uint32(T), Y: uint32(m.NumHeads + m.NumKVHeads)}
+	return s.launch("rope", kRopeQKV, grid, gpu.Dim3{X: uint32(m.HeadDim / 2)}, a)
+}
+
+// finishLayer orders the stage's layer i after attention: the o projection
+// into the residual stream, the post-attention norm, the MLP and the down
+// projection into the residual stream.
+func (s *Stage) finishLayer(i, T int) error {
+	m := &s.m
+	H, I := m.HiddenSize, m.IntermediateSize
+	lw := s.layers[i]
+	layer := s.lo + i
+	if s.sk.use(T) {
+		if err := s.gemv("o+residual", &s.sk.o, lw.o, T, gemvIO{x: s.b.attnF, out: s.b.resid, ldo: H}); err != nil {
+			return fmt.Errorf("layer %d o_proj: %w", layer, err)
+		}
+		if err := s.gemv("gate_up+norm+silu", &s.sk.gateUp, lw.gateUp, T, gemvIO{x: s.b.resid, g: lw.postNorm, out: s.b.actF, ldo: I}); err != nil {
+			return fmt.Errorf("layer %d gate/up: %w", layer, err)
+		}
+		if err := s.gemv("down+residual", &s.sk.down, lw.down, T, gemvIO{x: s.b.actF, out: s.b.resid, ldo: H}); err != nil {
+			return fmt.Errorf("layer %d down: %w", layer, err)
+		}
+		return nil
+	}
+	if err := s.linear("o", s.b.y, s.b.attnB, lw.o, 2*T, s.qDim, H); err != nil {
+		return fmt.Errorf("layer %d o_proj: %w", layer, err)
+	}
+	if err := s.residualAdd(T); err != nil {
+		return err
+	}
+	if err := s.rmsnorm(T, lw.postNorm, T, 0); err != nil {
+		return err
+	}
+	if err := s.linear("gate_up", s.b.gateUp, s.b.normed, lw.gateUp, 2*T, H, 2*I); err != nil {
+		return fmt.Errorf("layer %d gate/up: %w", layer, err)
+	}
+	a := s.args.Reset().Ptr(s.b.gateUp).Ptr(s.b.act).Int32(int32(T)).Int32(int32(I))
+	grid := gpu.Dim3{X: uint32((I + siluThreads - 1) / siluThreads), Y: uint32(T)}
+	if err := s.launch("silu", kSiluMul, grid, gpu.Dim3{X: siluThreads}, a); err != nil {
+		return err
+	}
+	if err := s.linear("down", s.b.y, s.b.act, lw.down, 2*T, I, H); err != nil {
+		return fmt.Errorf("layer %d down: %w", layer, err)
+	}
+	return s.residualAdd(T)
+}
+
+// residualAdd adds the cuBLAS path's GEMM output (two halves) into the
+// residual stream.
+func (s *Stage) residualAdd(T int) error {
+	H := s.m.HiddenSize
+	a := s.args.Reset().Ptr(s.b.resid).Ptr(s.b.y).Int32(int32(T)).Int32(int32(H))
+	grid := gpu.Dim3{X: uint32((H + addThreads - 1) / addThreads), Y: uint32(T)}
+	return s.launch("residual_add", kResidualAdd, grid, gpu.Dim3{X: addThreads}, a)
 }
 
 // kvLayerPtrs are the K and V caches of the stage's layer i.
@@ -208,61 +275,120 @@ func (s *Stage) kvLayerPtrs(i int) (k, v gpu.DevicePtr) {
 }
 
 // attention orders the attention of the stage's layer i over the paged KV
-// cache, through the batch's block tables.
+// cache, through the batch's block tables, split along the sequence
+// (attnPlan): into fp32 rows for the skinny o projection, else into the
+// compensated bf16 rows of the cuBLAS path.
 func (s *Stage) attention(i int, sh shape) error {
 	m := &s.m
 	lay := s.pl.lay
-	word := func(off int) gpu.DevicePtr { return s.b.batch + gpu.DevicePtr(4*off) }
+	T := sh.tokens
 	kc, vc := s.kvLayerPtrs(i)
 	scale := float32(1 / math.Sqrt(float64(m.HeadDim)))
-	a := s.args.Reset().Ptr(s.b.q).Ptr(kc).Ptr(vc).Ptr(s.b.attn).Int32(int32(sh.tokens)).
-		Ptr(word(lay.tables())).Ptr(word(lay.tableOff())).Ptr(word(lay.pos())).Int32(int32(s.pl.kv.blockSize)).
-		Int32(int32(m.NumHeads)).Int32(int32(m.NumKVHeads)).Int32(int32(m.HeadDim)).Float32(scale)
-	return s.launch(kAttention, gpu.Dim3{X: uint32(sh.tokens), Y: uint32(m.NumHeads)}, gpu.Dim3{X: attentionThreads}, a)
+	out, outB := s.b.attnF, gpu.DevicePtr(0)
+	if !s.sk.use(T) {
+		out, outB = 0, s.b.attnB
+	}
+	splits := s.at.splits(T)
+	a := s.args.Reset().Ptr(s.b.q).Ptr(kc).Ptr(vc).Ptr(out).Ptr(outB).Int32(int32(T)).
+		Ptr(s.word(lay.tables())).Ptr(s.word(lay.tableOff())).Ptr(s.word(lay.pos())).Int32(int32(s.pl.kv.blockSize)).
+		Int32(int32(m.NumHeads)).Int32(int32(m.NumKVHeads)).Int32(int32(m.HeadDim)).Float32(scale).
+		Int32(int32(splits)).Ptr(s.b.part).Ptr(s.b.partML).Ptr(s.b.counts)
+	grid := gpu.Dim3{X: uint32(T), Y: uint32(s.at.nkv * s.at.groups), Z: uint32(splits)}
+	return s.launchDep("attention", kAttention, grid, gpu.Dim3{X: attentionThreads}, 0, a)
 }
 
 // head computes the logits rows of the step (the final norm of the
-// selected rows, adding the last down projection, whose second half is lo
-// rows on; the LM head in fp32) and samples.
-func (s *Stage) head(sh shape, lo int) error {
+// selected rows, the LM head in fp32) and samples: with the skinny LM head
+// when the rows are few (the norm folded in, its blocks' softmax partials
+// handed to the sampler), else a norm kernel and cuBLAS.
+func (s *Stage) head(sh shape) error {
 	m := &s.m
 	lay := s.pl.lay
-	rows := s.b.batch + gpu.DevicePtr(4*lay.logitRows())
-	if err := s.rmsnorm(sh.rows, s.b.y, lo, s.weights.norm, 0, rows); err != nil {
-		return err
-	}
-	if err := s.linear(s.b.logits, s.b.normed, s.weights.lmHead, sh.rows, m.HiddenSize, m.VocabSize); err != nil {
-		return fmt.Errorf("LM head: %w", err)
+	rows := s.word(lay.logitRows())
+	var stats gpu.DevicePtr
+	nstat := 0
+	if s.sk.use(sh.rows) {
+		stats, nstat = s.b.stats, s.sk.head.grid
+		err := s.gemv("lm_head+norm", &s.sk.head, s.weights.lmHead, sh.rows, gemvIO{x: s.b.resid, rowmap: rows, g: s.weights.norm,
+			out: s.b.logits, ldo: m.VocabSize, stats: stats})
+		if err != nil {
+			return fmt.Errorf("LM head: %w", err)
+		}
+	} else {
+		if err := s.rmsnorm(sh.rows, s.weights.norm, 0, rows); err != nil {
+			return err
+		}
+		if err := s.linear("lm_head", s.b.logits, s.b.normed, s.weights.lmHead, sh.rows, m.HiddenSize, m.VocabSize); err != nil {
+			return fmt.Errorf("LM head: %w", err)
+		}
 	}
 	if sh.sampled == 0 {
 		return nil
 	}
-	params := s.b.batch + gpu.DevicePtr(4*lay.sample())
+	params := s.word(lay.sample())
 	a := s.args.Reset().Ptr(s.b.logits).Int32(int32(m.VocabSize)).Ptr(params).Ptr(s.b.sampleOut).Int32(MaxLogprobs).
-		Ptr(s.ho.out.Ptr())
-	return s.launch(kSample, gpu.Dim3{X: uint32(sh.sampled)}, gpu.Dim3{X: sampleThreads}, a)
+		Ptr(s.ho.out.Ptr()).Ptr(stats).Int32(int32(nstat))
+	return s.launchDep("sample", kSample, gpu.Dim3{X: uint32(sh.sampled)}, gpu.Dim3{X: sampleThreads}, 0, a)
 }
 
-// rmsnorm adds the pending GEMM output y (0: none; its second half lo rows
-// on) into the residual stream and normalises its rows with weight w into
-// the bf16 buffer normed, the rounding remainders outlo rows on (0: none);
-// rowmap (0: none) selects the rows and leaves the residual stream as it
-// is (see norm.cu).
-func (s *Stage) rmsnorm(rows int, y gpu.DevicePtr, lo int, w gpu.DevicePtr, outlo int, rowmap gpu.DevicePtr) error {
-	a := s.args.Reset().Ptr(s.b.resid).Ptr(y).Int32(int32(lo)).Ptr(w).Ptr(s.b.normed).Int32(int32(outlo)).
+// rmsnorm normalises rows of the residual stream with weight w into the
+// bf16 buffer normed, the rounding remainders outlo rows on (0: none);
+// rowmap (0: none) selects the rows (see norm.cu).
+func (s *Stage) rmsnorm(rows int, w gpu.DevicePtr, outlo int, rowmap gpu.DevicePtr) error {
+	a := s.args.Reset().Ptr(s.b.resid).Ptr(w).Ptr(s.b.normed).Int32(int32(outlo)).
 		Ptr(rowmap).Int32(int32(s.m.HiddenSize)).Float32(float32(s.m.RMSNormEps))
-	return s.launch(kRMSNorm, gpu.Dim3{X: uint32(rows)}, gpu.Dim3{X: normThreads}, a)
+	return s.launch("rmsnorm", kRMSNorm, gpu.Dim3{X: uint32(rows)}, gpu.Dim3{X: normThreads}, a)
 }
 
 // linear computes the fp32 row-major y[rows×out] = x·Wᵀ for bf16 x
-// [rows×in] and a bf16 Hugging Face weight W [out×in], accumulating in
-// fp32.
-func (s *Stage) linear(y, x, w gpu.DevicePtr, rows, in, out int) error {
-	return s.blas.Gemm(gpu.OpT, gpu.OpN, out, rows, in, 1, w, gpu.R16BF, in, x, gpu.R16BF, in, 0, y, gpu.R32F, out)
+// [rows×in] and a bf16 Hugging Face weight W [out×in] with cuBLAS,
+// accumulating in fp32.
+func (s *Stage) linear(label string, y, x, w gpu.DevicePtr, rows, in, out int) error {
+	if s.prof != nil {
+		s.prof.before(s, "cublas "+label)
+	}
+	if err := s.blas.Gemm(gpu.OpT, gpu.OpN, out, rows, in, 1, w, gpu.R16BF, in, x, gpu.R16BF, in, 0, y, gpu.R32F, out); err != nil {
+		return err
+	}
+	if s.prof != nil {
+		s.prof.after(s)
+	}
+	return nil
 }
 
-func (s *Stage) launch(name string, grid, block gpu.Dim3, a *gpu.KernelArgs) error {
+// launch orders kernel name after everything before it on the stream.
+func (s *Stage) launch(label, name string, grid, block gpu.Dim3, a *gpu.KernelArgs) error {
+	if s.prof != nil {
+		s.prof.before(s, label)
+	}
 	if err := s.fn[name].Launch(grid, block, 0, s.stream, a); err != nil {
+		return fmt.Errorf("kernel %s: %w", name, err)
+	}
+	if s.prof != nil {
+		s.prof.after(s)
+	}
+	return nil
+}
+
+// launchDep orders kernel name as a programmatic dependent of the kernel
+// before it when the stage uses dependent launches (its kernels all wait
+// for their predecessors before touching activations; see 00_common.cu),
+// else as launch does. Profiling launches plainly, so that the events
+// around the kernel time it alone.
+func (s *Stage) launchDep(label, name string, grid, block gpu.Dim3, smem int, a *gpu.KernelArgs) error {
+	f := s.fn[name]
+	var err error
+	switch {
+	case s.prof != nil:
+		s.prof.before(s, label)
+		err = f.Launch(grid, block, smem, s.stream, a)
+		s.prof.after(s)
+	case s.pdl:
+		err = f.LaunchDependent(grid, block, smem, s.stream, a)
+	default:
+		err = f.Launch(grid, block, smem, s.stream, a)
+	}
+	if err != nil {
 		return fmt.Errorf("kernel %s: %w", name, err)
 	}
 	return nil

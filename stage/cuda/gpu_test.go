@@ -70,7 +70,7 @@ func newTestStage(t *testing.T, cfg Config) *Stage {
 		if n == 0 {
 			n = min(cfg.Model.MaxPositions, 1024)
 		}
-		cfg.NumBlocks = cfg.MaxSeqs * blocksFor(n, cmp.Or(cfg.BlockSize, DefaultBlockSize))
+		cfg.NumBlocks = cfg.MaxSeqs * blocksFor(n, cmp.Or(cfg.BlockSize, stage.DefaultBlockSize))
 	}
 	if cfg.CacheDir == "" {
 		cfg.CacheDir = testDev.cache
@@ -178,12 +178,27 @@ func deviceTransfer(t *testing.T, out *stage.Output, next stage.Stage) {
 // reference, the tolerance the HF comparison uses too.
 const bf16Tol = 2e-2
 
+// TestConformance runs the suite on each path of the stage: the skinny
+// kernels for steps of up to 32 tokens (the suite's batches also exceed
+// that and take the cuBLAS path), with and without dependent launches,
+// and the cuBLAS path alone.
 func TestConformance(t *testing.T) {
 	device(t)
+	for _, v := range []struct {
+		name   string
+		skinny int
+		nodep  bool
+	}{{"skinny", 0, false}, {"cublas", -1, false}, {"skinny-plain-launch", 0, true}} {
+		t.Run(v.name, func(t *testing.T) { conformance(t, v.skinny, v.nodep) })
+	}
+}
+
+func conformance(t *testing.T, skinny int, nodep bool) {
 	stagetest.Run(t, stagetest.Backend{
 		New: func(t *testing.T, s stagetest.Spec) stage.Stage {
 			return newTestStage(t, Config{Model: s.Model, Lo: s.Lo, Hi: s.Hi, Weights: s.Weights,
-				MaxTokens: s.MaxTokens, MaxSeqs: s.MaxSeqs, NumBlocks: s.KVBlocks, BlockSize: s.BlockSize})
+				MaxTokens: s.MaxTokens, MaxSeqs: s.MaxSeqs, NumBlocks: s.KVBlocks, BlockSize: s.BlockSize,
+				SkinnyTokens: skinny, NoDependentLaunch: nodep})
 		},
 		Transfer:        deviceTransfer,
 		HandoffTransfer: deviceHandoffTransfer,
@@ -288,6 +303,9 @@ func TestMemoryReport(t *testing.T) {
 	if mem.WorkspaceBytes < cublasWorkspace {
 		t.Errorf("workspace %d bytes; want at least the cuBLAS workspace", mem.WorkspaceBytes)
 	}
+	if est, err := WorkspaceBytes(Config{Model: &m, MaxTokens: 16, MaxSeqs: 2, BlockSize: 4, MaxSeqLen: 40}); err != nil || est < mem.WorkspaceBytes {
+		t.Errorf("WorkspaceBytes estimates %d bytes (%v); the stage took %d", est, err, mem.WorkspaceBytes)
+	}
 	// A sequence may fill 40 positions (10 blocks), not 41.
 	ctx := context.Background()
 	all := []int32{7, 3, 9, 0, 1, 2, 4, 5, 6, 8}
@@ -312,8 +330,8 @@ func TestMemoryReport(t *testing.T) {
 	defer sized.Close()
 	after := int64(memFree(t, dev))
 	sm := sized.Memory()
-	blockBytes := rowBytes * DefaultBlockSize
-	if sm.BlockSize != DefaultBlockSize || sm.KVBytes != rowBytes*int64(sm.KVBlocks*sm.BlockSize+1) || after < margin-4<<20 || after > margin+blockBytes+4<<20 {
+	blockBytes := rowBytes * stage.DefaultBlockSize
+	if sm.BlockSize != stage.DefaultBlockSize || sm.KVBytes != rowBytes*int64(sm.KVBlocks*sm.BlockSize+1) || after < margin-4<<20 || after > margin+blockBytes+4<<20 {
 		t.Errorf("sized with a margin of %d bytes: %d blocks of %d (%d bytes), %d bytes free afterwards", margin, sm.KVBlocks, sm.BlockSize, sm.KVBytes, after)
 	}
 	t.Logf("KV cache sized from free memory: %d blocks of %d positions, %d bytes; %d bytes free afterwards, margin %d", sm.KVBlocks, sm.BlockSize, sm.KVBytes, after, margin)

@@ -46,7 +46,7 @@ func (s *Stage) ApplyHandoff(ctx context.Context, rows int) error {
 	err := s.dev.Do(func() error {
 		a := s.args.Reset().Ptr(s.ho.in.Ptr()).Int32(int32(rows)).Ptr(s.ho.tokens).Int32(int32(s.pl.lay.maxSeqs)).
 			Int32(int32(s.m.VocabSize)).Ptr(s.ho.status)
-		if err := s.launch(kHandoff, gpu.Dim3{X: 1}, gpu.Dim3{X: handoffThreads}, a); err != nil {
+		if err := s.launch("handoff", kHandoff, gpu.Dim3{X: 1}, gpu.Dim3{X: handoffThreads}, a); err != nil {
 			return err
 		}
 		return s.readStatus()

@@ -285,7 +285,7 @@ func TestCPUAgainstGPU(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer cs.Close()
-			gs := newTestStage(t, Config{Model: cfg, Lo: 0, Hi: cfg.NumLayers, Weights: ck, MaxTokens: 64, MaxSeqs: 1, BlockSize: cpu.DefaultBlockSize})
+			gs := newTestStage(t, Config{Model: cfg, Lo: 0, Hi: cfg.NumLayers, Weights: ck, MaxTokens: 64, MaxSeqs: 1, BlockSize: stage.DefaultBlockSize})
 			rng := rand.New(rand.NewPCG(o.Seed, 9))
 			toks := make([]int32, 40)
 			for i := range toks {
@@ -300,7 +300,7 @@ func TestCPUAgainstGPU(t *testing.T) {
 				}
 				// Both backends' paged caches hold the sequence in
 				// blocks 0, 1, ... of the same size.
-				blocks := make([]int32, (pos+n+cpu.DefaultBlockSize-1)/cpu.DefaultBlockSize)
+				blocks := make([]int32, (pos+n+stage.DefaultBlockSize-1)/stage.DefaultBlockSize)
 				for i := range blocks {
 					blocks[i] = int32(i)
 				}

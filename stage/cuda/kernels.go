@@ -24,10 +24,55 @@ const (
 	kSiluMul     = "silu_mul"
 	kSample      = "sample"
 	kHandoff     = "handoff_apply"
+	kSpin        = "spin"
 )
 
+// Epilogues of the skinny GEMM kernels (gemv.cu).
+const (
+	epiStore = "store" // GEMV_STORE
+	epiHead  = "head"  // GEMV_HEAD
+	epiResid = "resid" // GEMV_RESID
+	epiSilu  = "silu"  // GEMV_SILU
+	epiRope  = "rope"  // GEMV_ROPE
+)
+
+// gemvVariant is one compiled skinny GEMM: its epilogue and the weight
+// tiles of 16 rows one block computes (MT); each is compiled for 1, 2 and
+// 4 groups of 8 token columns (NT).
+type gemvVariant struct {
+	epi string
+	mt  int
+}
+
+// gemvVariants are the GEMV_ENTRY instances of gemv.cu.
+var gemvVariants = []gemvVariant{
+	{epiStore, 4}, {epiHead, 4}, {epiResid, 1}, {epiResid, 2},
+	{epiSilu, 2}, {epiSilu, 4}, {epiRope, 1}, {epiRope, 2},
+}
+
+// gemvNT are the token-column groups each variant is compiled for.
+var gemvNT = []int{1, 2, 4}
+
+// gemvName is the entry point of variant v for nt groups of 8 tokens.
+func gemvName(v gemvVariant, nt int) string { return fmt.Sprintf("gemv_%s_m%d_n%d", v.epi, v.mt, nt) }
+
+// gemvSmem is the dynamic shared memory a gemv kernel takes: the partial
+// sums of its 8 warps, their sums of squares and the norm factors.
+func gemvSmem(mt, nt int) int {
+	r, c := 16*mt, 8*nt
+	return (gemvWarps*r*c + (gemvWarps+1)*c) * 4
+}
+
 // kernelNames lists every entry point New looks up.
-var kernelNames = []string{kEmbed, kRMSNorm, kResidualAdd, kRopeQKV, kAttention, kSiluMul, kSample, kHandoff}
+var kernelNames = func() []string {
+	n := []string{kEmbed, kRMSNorm, kResidualAdd, kRopeQKV, kAttention, kSiluMul, kSample, kHandoff, kSpin}
+	for _, v := range gemvVariants {
+		for _, nt := range gemvNT {
+			n = append(n, gemvName(v, nt))
+		}
+	}
+	return n
+}()
 
 // Launch constants shared with the sources.
 const (
@@ -37,9 +82,14 @@ const (
 	statusWords   = 4
 
 	attentionThreads = 128  // ATT_THREADS in attention.cu
-	maxHeadDim       = 256  // the size of attention.cu's shared q
+	attentionTile    = 64   // ATT_TILE
+	attentionHeads   = 8    // ATT_RMAX: query heads per block
+	maxHeadDim       = 256  // the size of attention.cu's shared q per head
 	sampleThreads    = 1024 // SAMPLE_THREADS in sample.cu
 	sampleParams     = 9    // SAMPLE_PARAMS in sample.cu
+	gemvThreads      = 256  // GEMV_THREADS in gemv.cu
+	gemvWarps        = 8    // GEMV_WARPS
+	gemvMaxTokens    = 32   // 8 * the largest NT
 	normThreads      = 256
 	embedThreads     = 256
 	siluThreads      = 256

@@ -16,7 +16,7 @@ func TestKernelSource(t *testing.T) {
 		t.Errorf("program does not start with the common definitions:\n%.200s", src)
 	}
 	for _, name := range kernelNames {
-		re := regexp.MustCompile(`extern "C" __global__ void ` + name + `\(`)
+		re := regexp.MustCompile(`(extern "C" __global__ void (__launch_bounds__\(\w+\)\s+)?` + name + `\(|GEMV_ENTRY\(` + name + `,)`)
 		if n := len(re.FindAllString(src, -1)); n != 1 {
 			t.Errorf("kernel %s defined %d times in the program; want once", name, n)
 		}
@@ -24,7 +24,11 @@ func TestKernelSource(t *testing.T) {
 	// The launch constants must agree with the sources.
 	for _, def := range []string{
 		fmt.Sprintf("#define ATT_THREADS %d\n", attentionThreads),
-		fmt.Sprintf("__shared__ float qs[%d];", maxHeadDim),
+		fmt.Sprintf("__shared__ float qs[ATT_RMAX * %d];", maxHeadDim),
+		fmt.Sprintf("#define ATT_TILE %d\n", attentionTile),
+		fmt.Sprintf("#define ATT_RMAX %d\n", attentionHeads),
+		fmt.Sprintf("#define GEMV_THREADS %d\n", gemvThreads),
+		fmt.Sprintf("#define GEMV_WARPS %d\n", gemvWarps),
 		fmt.Sprintf("#define SAMPLE_THREADS %d\n", sampleThreads),
 		fmt.Sprintf("#define SAMPLE_PARAMS %d\n", sampleParams),
 		fmt.Sprintf("#define STATUS_NO_TOKEN %d ", statusNoToken),

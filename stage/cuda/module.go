@@ -110,13 +110,30 @@ func (s *Stage) loadModule(img []byte, dir string) error {
 		}
 	}
 	s.mod = mod
-	s.fn = make(map[string]gpu.Function, len(kernelNames))
+	s.fn, err = lookupKernels(mod)
+	return err
+}
+
+// lookupKernels finds every kernel of the program in mod and raises the
+// shared memory limit of those that need more than the default 48 KiB.
+// Device goroutine only.
+func lookupKernels(mod gpu.Module) (map[string]gpu.Function, error) {
+	fn := make(map[string]gpu.Function, len(kernelNames))
 	for _, name := range kernelNames {
 		f, err := mod.Function(name)
 		if err != nil {
-			return fmt.Errorf("kernel %s: %w", name, err)
+			return nil, fmt.Errorf("kernel %s: %w", name, err)
 		}
-		s.fn[name] = f
+		fn[name] = f
 	}
-	return nil
+	for _, v := range gemvVariants {
+		for _, nt := range gemvNT {
+			if n := gemvSmem(v.mt, nt); n > 48<<10 {
+				if err := fn[gemvName(v, nt)].SetMaxDynamicSharedMem(n); err != nil {
+					return nil, err
+				}
+			}
+		}
+	}
+	return fn, nil
 }

@@ -31,8 +31,10 @@ type sampleResult struct {
 
 // runSampleKernel runs the sample kernel over logits rows (all of one
 // vocabulary size) for reqs, request i in hand-off slot 7+i, and checks
-// the hand-off rows it reports.
-func runSampleKernel(t *testing.T, logits [][]float32, reqs []sampleReq) []sampleResult {
+// the hand-off rows it reports. With withStats it also hands the kernel the
+// softmax partials of blocks of 64 logits, as the skinny LM head makes
+// them (computed here).
+func runSampleKernel(t *testing.T, logits [][]float32, reqs []sampleReq, withStats bool) []sampleResult {
 	t.Helper()
 	dev := device(t)
 	s := &Stage{dev: dev}
@@ -89,8 +91,33 @@ func runSampleKernel(t *testing.T, logits [][]float32, reqs []sampleReq) []sampl
 		if err != nil {
 			return err
 		}
+		var sp gpu.DevicePtr
+		nstat := 0
+		if withStats {
+			nstat = (vocab + 63) / 64
+			st := make([]float32, 0, len(logits)*nstat*4)
+			for _, row := range logits {
+				for b := 0; b < nstat; b++ {
+					blk := row[b*64 : min(vocab, b*64+64)]
+					best := 0
+					for i, v := range blk {
+						if v > blk[best] {
+							best = i
+						}
+					}
+					var sum float64
+					for _, v := range blk {
+						sum += math.Exp(float64(v - blk[best]))
+					}
+					st = append(st, blk[best], math.Float32frombits(uint32(b*64+best)), float32(sum), 0)
+				}
+			}
+			if sp, err = up(gpu.AsBytes(st)); err != nil {
+				return err
+			}
+		}
 		var a gpu.KernelArgs
-		a.Ptr(lp).Int32(int32(vocab)).Ptr(pp).Ptr(op).Int32(MaxLogprobs).Ptr(hp)
+		a.Ptr(lp).Int32(int32(vocab)).Ptr(pp).Ptr(op).Int32(MaxLogprobs).Ptr(hp).Ptr(sp).Int32(int32(nstat))
 		if err := s.fn[kSample].Launch(gpu.Dim3{X: uint32(len(reqs))}, gpu.Dim3{X: sampleThreads}, 0, 0, &a); err != nil {
 			return err
 		}
@@ -169,7 +196,13 @@ func TestSampleKernelGreedyAndLogprobs(t *testing.T) {
 		{row: 0, temperature: 1, topK: 1, seed: 9},      // top-k 1 is greedy
 		{row: 1, temperature: 0.7, topP: 1e-6, seed: 9}, // a tiny nucleus is greedy
 	}
-	res := runSampleKernel(t, rows, reqs)
+	for _, withStats := range []bool{false, true} {
+		checkGreedy(t, rows, reqs, runSampleKernel(t, rows, reqs, withStats))
+	}
+}
+
+func checkGreedy(t *testing.T, rows [][]float32, reqs []sampleReq, res []sampleResult) {
+	t.Helper()
 	for i, q := range reqs {
 		row := rows[q.row]
 		ord := order(row)
@@ -267,7 +300,7 @@ func TestSampleKernelDistribution(t *testing.T) {
 				reqs[i] = tc.q
 				reqs[i].index = i
 			}
-			res := runSampleKernel(t, [][]float32{row}, reqs)
+			res := runSampleKernel(t, [][]float32{row}, reqs, false)
 			counts := make([]float64, len(probs))
 			for _, r := range res {
 				counts[r.token]++
@@ -281,7 +314,7 @@ func TestSampleKernelDistribution(t *testing.T) {
 				}
 			}
 			// The same seed and index give the same token.
-			again := runSampleKernel(t, [][]float32{row}, reqs[:200])
+			again := runSampleKernel(t, [][]float32{row}, reqs[:200], false)
 			for i := range again {
 				if again[i].token != res[i].token {
 					t.Fatalf("index %d: token %d, then %d with the same seed", i, res[i].token, again[i].token)
@@ -322,7 +355,7 @@ func TestSampleKernelLargeVocabFilters(t *testing.T) {
 	for i := 0; i < n; i++ {
 		reqs = append(reqs, sampleReq{temperature: 0.8, topP: 0.5, seed: 6, index: i})
 	}
-	res := runSampleKernel(t, [][]float32{row}, reqs)
+	res := runSampleKernel(t, [][]float32{row}, reqs, false)
 	seen := map[int32]bool{}
 	for i, r := range res {
 		limit, what := 50, "top-k 50"

@@ -25,7 +25,7 @@ type Config struct {
 	MaxTokens, MaxSeqs int
 	// NumBlocks and BlockSize size the paged KV cache: NumBlocks blocks of
 	// BlockSize positions for every layer of the stage (BlockSize 0:
-	// DefaultBlockSize; NumBlocks 0: as many as fit in the device memory
+	// stage.DefaultBlockSize; NumBlocks 0: as many as fit in the device memory
 	// free once the weights, the workspace and GraphMemory are taken,
 	// less KVMargin). The leader's block size must be the same. Set
 	// NumBlocks when several stages share a device.
@@ -63,10 +63,17 @@ type Config struct {
 	// quick) and "capture graphs" (graph keys captured of those asked
 	// for). The weights' bytes are reported by Weights (model.Counted).
 	Progress func(step string) func(done, total int)
+	// SkinnyTokens is the most token rows of a step whose products run on
+	// the stage's own skinny kernels, with the norms and the rest of the
+	// layer fused into them, rather than on cuBLAS (0:
+	// DefaultSkinnyTokens, at most 32; negative: never).
+	SkinnyTokens int
+	// NoDependentLaunch launches every kernel after the one before it has
+	// finished; by default the stage's kernels are programmatic dependent
+	// launches where the driver offers them (the next kernel starts, and
+	// reads its weights, while the one before it ends).
+	NoDependentLaunch bool
 }
-
-// DefaultBlockSize is the KV block size when Config.BlockSize is 0.
-const DefaultBlockSize = 16
 
 // DefaultKVMargin is the device memory left free when Config.NumBlocks is
 // sized from free memory and Config.KVMargin is 0.
@@ -92,17 +99,15 @@ type layerW struct {
 	o, gateUp, down  gpu.DevicePtr
 }
 
-// bufs points at the persistent activation buffers, sized for MaxTokens
-// rows (logits for MaxLogitRows), twice that for the layer GEMMs' inputs
-// and outputs (compensated: values and rounding remainders). The residual
-// stream and GEMM outputs are fp32 (y is the output of the o and down
-// projections, added into the residual stream by the next kernel); GEMM
-// inputs, q and the KV cache are bf16.
+// bufs points at the persistent buffers of the workspace (workspace.go).
+// The residual stream, q and GEMM outputs are fp32; the cuBLAS path's GEMM
+// inputs and the KV cache are bf16.
 type bufs struct {
-	in, resid, y, qkv, gateUp gpu.DevicePtr // fp32
-	normed, q, attn, act      gpu.DevicePtr // bf16
-	logits, sampleOut, batch  gpu.DevicePtr
-	invFreq                   gpu.DevicePtr
+	in, resid, q                       gpu.DevicePtr
+	normed, qkv, attnB, y, gateUp, act gpu.DevicePtr // cuBLAS path
+	attnF, actF                        gpu.DevicePtr // skinny path
+	logits, stats, sampleOut, batch    gpu.DevicePtr
+	invFreq, part, partML, counts      gpu.DevicePtr
 }
 
 // handoffBufs are the device buffers of on-device hand-off: the rows the
@@ -154,6 +159,11 @@ type Stage struct {
 	out         stage.Output
 	closed      bool
 	g           graphState
+	sk          skinnyPlan
+	at          attnPlan
+	pdl         bool     // launch kernels as programmatic dependents
+	prof        *profile // per-kernel events during ProfileStep, else nil
+	profPool    *profile // the events ProfileStep records, kept for the next
 	// The step Forward runs: its graph step (mode None: eager) and the
 	// shape its kernels are launched for.
 	step graphs.Step
@@ -166,6 +176,9 @@ type Stage struct {
 func New(cfg Config) (*Stage, error) {
 	if err := checkConfig(&cfg); err != nil {
 		return nil, fmt.Errorf("cuda stage: %w", err)
+	}
+	if cfg.Weights == nil {
+		return nil, errors.New("cuda stage: no weights")
 	}
 	s := &Stage{m: *cfg.Model, lo: cfg.Lo, hi: cfg.Hi, dev: cfg.Device, progress: cfg.Progress}
 	s.g.debug = cfg.GraphDebug
@@ -188,23 +201,16 @@ func New(cfg Config) (*Stage, error) {
 	return s, nil
 }
 
+// checkConfig checks cfg (the model with stage.CheckModel, then what the
+// kernels and the buffers of this backend need) and fills its defaults.
 func checkConfig(cfg *Config) error {
+	if err := stage.CheckModel(cfg.Model, cfg.Lo, cfg.Hi); err != nil {
+		return err
+	}
 	m := cfg.Model
 	switch {
-	case m == nil:
-		return errors.New("no model config")
-	case cfg.Weights == nil:
-		return errors.New("no weights")
-	case cfg.Lo < 0 || cfg.Lo >= cfg.Hi || cfg.Hi > m.NumLayers:
-		return fmt.Errorf("layer range [%d,%d) is not a non-empty part of the model's %d layers", cfg.Lo, cfg.Hi, m.NumLayers)
-	case m.HiddenSize <= 0 || m.IntermediateSize <= 0 || m.VocabSize <= 0:
-		return fmt.Errorf("hidden size %d, intermediate size %d, vocab size %d: all must be positive", m.HiddenSize, m.IntermediateSize, m.VocabSize)
-	case m.NumKVHeads <= 0 || m.NumHeads <= 0 || m.NumHeads%m.NumKVHeads != 0:
-		return fmt.Errorf("%d attention heads are not a positive multiple of %d key/value heads", m.NumHeads, m.NumKVHeads)
-	case m.HeadDim <= 0 || m.HeadDim%2 != 0 || m.HeadDim > maxHeadDim:
-		return fmt.Errorf("head dim %d: the CUDA kernels take even head dims up to %d", m.HeadDim, maxHeadDim)
-	case m.MaxPositions <= 0 || m.RopeTheta <= 0:
-		return fmt.Errorf("max positions %d and rope theta %v must be positive", m.MaxPositions, m.RopeTheta)
+	case m.HeadDim%8 != 0 || m.HeadDim > maxHeadDim:
+		return fmt.Errorf("head dim %d: the CUDA kernels take multiples of 8 up to %d", m.HeadDim, maxHeadDim)
 	case cfg.MaxTokens <= 0 || cfg.MaxSeqs <= 0:
 		return fmt.Errorf("max tokens %d and max seqs %d must be positive", cfg.MaxTokens, cfg.MaxSeqs)
 	case cfg.NumBlocks < 0 || cfg.BlockSize < 0 || cfg.KVMargin < 0:
@@ -212,16 +218,8 @@ func checkConfig(cfg *Config) error {
 	case cfg.MaxSeqLen < 0 || cfg.MaxLogitRows < 0:
 		return fmt.Errorf("max sequence length %d and max logits rows %d must not be negative", cfg.MaxSeqLen, cfg.MaxLogitRows)
 	}
-	if rs := m.RopeScaling; rs != nil {
-		if rs.Type != "llama3" {
-			return fmt.Errorf("rope scaling type %q is not supported (only llama3)", rs.Type)
-		}
-		if rs.Factor <= 0 || rs.LowFreqFactor <= 0 || rs.HighFreqFactor <= rs.LowFreqFactor || rs.OriginalMaxPositions <= 0 {
-			return fmt.Errorf("llama3 rope scaling %+v: need factor > 0, 0 < low_freq_factor < high_freq_factor and original_max_position_embeddings > 0", *rs)
-		}
-	}
 	if cfg.BlockSize == 0 {
-		cfg.BlockSize = DefaultBlockSize
+		cfg.BlockSize = stage.DefaultBlockSize
 	}
 	if cfg.KVMargin == 0 {
 		cfg.KVMargin = DefaultKVMargin
@@ -250,6 +248,12 @@ func checkConfig(cfg *Config) error {
 	return nil
 }
 
+// newLayout is the batch description's layout for cfg (with its defaults).
+func newLayout(cfg *Config) layout {
+	return layout{maxTokens: cfg.MaxTokens, maxSeqs: cfg.MaxSeqs, maxLogitRows: cfg.MaxLogitRows,
+		maxBlocks: blocksFor(cfg.MaxSeqLen, cfg.BlockSize)}
+}
+
 // blocksFor is how many blocks of size bs cover n positions.
 func blocksFor(n, bs int) int { return (n + bs - 1) / bs }
 
@@ -259,8 +263,11 @@ func (s *Stage) init(cfg *Config) error {
 	s.first, s.last = s.lo == 0, s.hi == m.NumLayers
 	s.qDim, s.kvDim = m.NumHeads*m.HeadDim, m.NumKVHeads*m.HeadDim
 	s.qkvDim = s.qDim + 2*s.kvDim
-	lay := layout{maxTokens: cfg.MaxTokens, maxSeqs: cfg.MaxSeqs, maxLogitRows: cfg.MaxLogitRows,
-		maxBlocks: blocksFor(cfg.MaxSeqLen, cfg.BlockSize)}
+	lay := newLayout(cfg)
+	info := s.dev.Info()
+	s.sk = planSkinny(m, cfg.SkinnyTokens, info.Major >= 8)
+	s.at = newAttnPlan(m)
+	s.pdl = !cfg.NoDependentLaunch && info.Major >= 9 && gpu.LaunchDependentAvailable()
 	s.pl = planner{lay: lay, first: s.first, last: s.last, vocab: m.VocabSize, maxPos: m.MaxPositions,
 		kv: newPagedKV(cfg.NumBlocks, cfg.BlockSize, cfg.MaxSeqLen)}
 	compiled := s.reportStep("compile kernels")
@@ -331,89 +338,53 @@ func (s *Stage) allocHost(bytes int, what string) ([]byte, error) {
 	return b, nil
 }
 
-// arena hands out 256-byte aligned offsets within one allocation.
-type arena struct{ size int }
-
-func (a *arena) take(bytes int) int {
-	off := (a.size + 255) &^ 255
-	a.size = off + bytes
-	return off
-}
-
-// cublasWorkspace is the workspace given to cuBLAS, so that it allocates
-// nothing while a stream is captured.
-const cublasWorkspace = 32 << 20
-
 // allocate creates the workspace, holds back the graph memory, creates the
 // KV cache (sizing it from free memory when cfg.NumBlocks is 0) and the
 // pinned host buffers. Device memory starts zeroed, so rows a step does
 // not write (padding) never hold NaNs.
 func (s *Stage) allocate(cfg *Config, lay layout) error {
 	m := &s.m
-	const bf, f32, i32 = 2, 4, 4
-	T, H, I := cfg.MaxTokens, m.HiddenSize, m.IntermediateSize
-	const f = 2 // rows per token of the layer GEMMs' inputs and outputs
-	var a arena
-	var in int
-	if !s.first {
-		in = a.take(T * H * f32)
-	}
-	resid := a.take(T * H * f32)
-	y := a.take(f * T * H * f32)
-	normed := a.take(f * T * H * bf)
-	qkv := a.take(f * T * s.qkvDim * f32)
-	q := a.take(T * s.qDim * bf)
-	attn := a.take(f * T * s.qDim * bf)
-	gateUp := a.take(f * T * 2 * I * f32)
-	act := a.take(f * T * I * bf)
-	var logits, sampleOut, hoOut int
-	if s.last {
-		logits = a.take(lay.maxLogitRows * m.VocabSize * 4)
-		sampleOut = a.take(lay.maxSeqs * (2 + 2*MaxLogprobs) * 4)
-		hoOut = a.take(lay.maxSeqs * stage.HandoffCols * i32)
-	}
-	var hoIn, hoTokens, status int
-	if s.first {
-		hoIn = a.take(lay.maxSeqs * stage.HandoffCols * i32)
-		hoTokens = a.take(lay.maxSeqs * i32)
-		status = a.take(statusWords * i32)
-	}
-	batch := a.take(lay.words() * 4)
-	freq := a.take(m.HeadDim / 2 * 4)
-	ws := a.take(cublasWorkspace)
-	work, err := s.alloc(a.size, "activations")
+	const i32 = 4
+	T, H := cfg.MaxTokens, m.HiddenSize
+	ws := planWorkspace(m, lay, s.first, s.last, &s.sk, s.at)
+	work, err := s.alloc(ws.size, "activations")
 	if err != nil {
 		return err
 	}
-	if err := gpu.MemsetD8Async(work.Ptr(), 0, a.size, s.stream); err != nil {
+	if err := gpu.MemsetD8Async(work.Ptr(), 0, ws.size, s.stream); err != nil {
 		return fmt.Errorf("clear activations: %w", err)
 	}
-	p := func(off int) gpu.DevicePtr { return work.Ptr() + gpu.DevicePtr(off) }
-	s.b = bufs{in: p(in), resid: p(resid), y: p(y), normed: p(normed), qkv: p(qkv), q: p(q), attn: p(attn),
-		gateUp: p(gateUp), act: p(act), logits: p(logits), sampleOut: p(sampleOut),
-		batch: p(batch), invFreq: p(freq)}
+	p := func(off int) gpu.DevicePtr {
+		if off < 0 {
+			return 0
+		}
+		return work.Ptr() + gpu.DevicePtr(off)
+	}
+	s.b = bufs{in: p(ws.in), resid: p(ws.resid), q: p(ws.q), normed: p(ws.normed), qkv: p(ws.qkv),
+		attnB: p(ws.attnB), y: p(ws.y), gateUp: p(ws.gateUp), act: p(ws.act), attnF: p(ws.attnF), actF: p(ws.actF),
+		logits: p(ws.logits), stats: p(ws.stats), sampleOut: p(ws.sampleOut), batch: p(ws.batch),
+		invFreq: p(ws.invFreq), part: p(ws.part), partML: p(ws.partML), counts: p(ws.counts)}
 	if s.first {
-		s.b.in = 0
-		s.ho.in = work.Slice(hoIn, lay.maxSeqs*stage.HandoffCols*i32)
-		s.ho.tokens, s.ho.status = p(hoTokens), p(status)
+		s.ho.in = work.Slice(ws.hoIn, lay.maxSeqs*stage.HandoffCols*i32)
+		s.ho.tokens, s.ho.status = p(ws.hoTokens), p(ws.status)
 		// No slot has a token yet.
 		if err := gpu.MemsetD32Async(s.ho.tokens, 0xffffffff, lay.maxSeqs, s.stream); err != nil {
 			return fmt.Errorf("clear hand-off tokens: %w", err)
 		}
 	} else {
-		s.input = work.Slice(in, T*H*f32)
+		s.input = work.Slice(ws.in, T*H*4)
 	}
 	if s.last {
 		s.ho.out = s.ho.in
 		if !s.first {
-			s.ho.out = work.Slice(hoOut, lay.maxSeqs*stage.HandoffCols*i32)
+			s.ho.out = work.Slice(ws.hoOut, lay.maxSeqs*stage.HandoffCols*i32)
 		}
 	}
-	s.outBuf = work.Slice(resid, T*H*f32)
-	if err := s.blas.SetWorkspace(work.Slice(ws, cublasWorkspace)); err != nil {
+	s.outBuf = work.Slice(ws.resid, T*H*4)
+	if err := s.blas.SetWorkspace(work.Slice(ws.blas, cublasWorkspace)); err != nil {
 		return fmt.Errorf("cuBLAS workspace: %w", err)
 	}
-	s.mem.WorkspaceBytes = int64(a.size)
+	s.mem.WorkspaceBytes = int64(ws.size)
 
 	if cfg.GraphMemory > 0 {
 		if s.g.reserve, err = gpu.Alloc(int(cfg.GraphMemory)); err != nil {
@@ -553,6 +524,7 @@ func (s *Stage) Close() error {
 			errs = append(errs, s.stream.Synchronize())
 		}
 		errs = append(errs, s.g.release())
+		errs = append(errs, s.releaseProfile())
 		for _, m := range s.mems {
 			errs = append(errs, m.Free())
 		}

@@ -2,54 +2,154 @@ package cuda
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"os"
+	"runtime"
 	"sort"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/tandem-llm/tandem/gpu"
 	"github.com/tandem-llm/tandem/graphs"
 	"github.com/tandem-llm/tandem/model"
+	"github.com/tandem-llm/tandem/model/safetensors"
 	"github.com/tandem-llm/tandem/stage"
+	"github.com/tandem-llm/tandem/stage/stagetest"
 )
 
-// TestDecodeTiming times decode steps of the checkpoint in
-// TANDEM_BENCH_CHECKPOINT at batch 1, 8 and 32 in each CUDA-graph mode
-// (NONE, PIECEWISE, FULL, FULL_AND_PIECEWISE), next to the HBM floor
-// (weight bytes over the device-to-device copy bandwidth measured here).
-// The stage captures the keys of FULL_AND_PIECEWISE for 512 tokens and 32
-// sequences (full decode graphs of 1 to 32 requests, piecewise graphs of 1
-// to 512 tokens), which every mode's decode steps use; capture time and
-// graph memory are reported. Each batch's sequences prefill 64 tokens,
-// then decode 128 steps with the mode rotating step by step, so that every
-// mode sees the same context lengths; each figure is the median of the
-// mode's last 24 steps: wall time of Forward, and device time between
-// events around the step's work (for a replayed FULL graph, the sum of its
-// kernels' own time and the graph's node gaps). It also times the eager
-// prefill of 512 tokens (8 sequences of 64).
+// benchModel is a model TestDecodeTiming times: a checkpoint or random
+// weights of a named shape.
+type benchModel struct {
+	name    string
+	cfg     *model.Config
+	weights stage.Weights
+}
+
+// benchModels are the checkpoint in TANDEM_BENCH_CHECKPOINT (named
+// llama1b) and the shapes listed in TANDEM_BENCH_SHAPES (llama1b, llama8b:
+// random bf16 weights made here, N(0, 0.02)-like uniform).
+func benchModels(t *testing.T) []benchModel {
+	var ms []benchModel
+	if dir := os.Getenv("TANDEM_BENCH_CHECKPOINT"); dir != "" {
+		ck, err := model.Open(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { ck.Close() })
+		ms = append(ms, benchModel{"llama1b", ck.Config(), ck})
+	}
+	for _, name := range strings.Split(os.Getenv("TANDEM_BENCH_SHAPES"), ",") {
+		var cfg *model.Config
+		switch name {
+		case "":
+			continue
+		case "llama1b":
+			cfg = llama1B()
+		case "llama8b":
+			cfg = llama8B()
+		default:
+			t.Fatalf("TANDEM_BENCH_SHAPES: unknown shape %q", name)
+		}
+		cfg.BOS, cfg.EOS, cfg.DType = 1, []int{2}, "bfloat16"
+		ms = append(ms, benchModel{name, cfg, &randomBF16{cfg: cfg, shapes: stagetest.TensorShapes(cfg)}})
+	}
+	return ms
+}
+
+// randomBF16 is a checkpoint of random bf16 weights made on demand, in
+// parallel: matrices uniform with standard deviation 0.02, norm weights
+// near 1, biases small.
+type randomBF16 struct {
+	cfg    *model.Config
+	shapes map[string][]int
+}
+
+func (w *randomBF16) Tensor(name string) (*safetensors.Tensor, error) {
+	shape, ok := w.shapes[name]
+	if !ok {
+		return nil, fmt.Errorf("no tensor %s", name)
+	}
+	n := 1
+	for _, d := range shape {
+		n *= d
+	}
+	lo, hi := float32(-0.02*math.Sqrt(3)), float32(0.02*math.Sqrt(3))
+	if len(shape) == 1 {
+		lo, hi = 0.9, 1.1
+		if strings.HasSuffix(name, ".bias") {
+			lo, hi = -0.1, 0.1
+		}
+	}
+	data := make([]byte, 2*n)
+	const chunk = 1 << 20
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, runtime.GOMAXPROCS(0))
+	for c := 0; c < n; c += chunk {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func(c int) {
+			defer wg.Done()
+			defer func() { <-sem }()
+			rng := rand.NewPCG(uint64(len(name)), uint64(c))
+			scale := (hi - lo) * 0x1p-32
+			for i := c; i < min(n, c+chunk); i++ {
+				v := lo + float32(uint32(rng.Uint64()))*scale
+				binary.LittleEndian.PutUint16(data[2*i:], uint16(math.Float32bits(v)>>16))
+			}
+		}(c)
+	}
+	wg.Wait()
+	return &safetensors.Tensor{Name: name, DType: safetensors.BF16, Shape: shape, Data: data}, nil
+}
+
+// TestDecodeTiming times, for each benchModels model: decode steps at
+// batch 1, 8 and 32 in each CUDA-graph mode (NONE, PIECEWISE, FULL,
+// FULL_AND_PIECEWISE), next to the HBM floor (weight bytes over the
+// device-to-device copy bandwidth measured here); the per-kernel breakdown
+// of one eager decode step at batch 1 and 32 on the skinny path and on the
+// cuBLAS path (SkinnyTokens -1 and no dependent launches: the unfused
+// kernels, as before the skinny ones); and eager prefills of 512 and 2,048
+// tokens with their rate against the bf16 tensor-core peak. The stage
+// captures the keys of FULL_AND_PIECEWISE for 512 tokens and 32 sequences
+// (full decode graphs of 1 to 32 requests, piecewise graphs of 1 to 512
+// tokens); capture time and graph memory are reported. Each batch's
+// sequences prefill 64 tokens, then decode 128 steps with the mode
+// rotating step by step, so that every mode sees the same context lengths;
+// each figure is the median of the mode's last 24 steps: wall time of
+// Forward, and device time between events around the step's work.
 func TestDecodeTiming(t *testing.T) {
-	dir := os.Getenv("TANDEM_BENCH_CHECKPOINT")
-	if dir == "" {
-		t.Skip("TANDEM_BENCH_CHECKPOINT is not set: nothing to time")
+	models := benchModels(t)
+	if len(models) == 0 {
+		t.Skip("neither TANDEM_BENCH_CHECKPOINT nor TANDEM_BENCH_SHAPES is set: nothing to time")
 	}
 	dev := device(t)
 	bw := copyBandwidth(t, dev)
-	ck, err := model.Open(dir)
-	if err != nil {
-		t.Fatal(err)
+	for _, bm := range models {
+		t.Run(bm.name, func(t *testing.T) { timeDecode(t, dev, bw, bm) })
 	}
-	defer ck.Close()
-	cfg := ck.Config()
-	const maxTokens, maxSeqs, prompt, steps = 512, 32, 64, 128
-	st := newTestStage(t, Config{Model: cfg, Lo: 0, Hi: cfg.NumLayers, Weights: ck, MaxTokens: maxTokens, MaxSeqs: maxSeqs, MaxSeqLen: prompt + steps + 8})
+}
+
+// peakTFLOPS is the bf16 tensor-core rate prefill is held against: cuBLAS
+// on 4096^3 on an H200 (gpu-facts.md).
+const peakTFLOPS = 790
+
+func timeDecode(t *testing.T, dev *gpu.Device, bw float64, bm benchModel) {
+	cfg := bm.cfg
+	const maxTokens, captureTokens, maxSeqs, prompt, steps = 2048, 512, 32, 64, 128
+	loadStart := time.Now()
+	st := newTestStage(t, Config{Model: cfg, Lo: 0, Hi: cfg.NumLayers, Weights: bm.weights, MaxTokens: maxTokens, MaxSeqs: maxSeqs,
+		MaxSeqLen: 4 * 512, MaxLogitRows: 256})
+	loadTime := time.Since(loadStart)
 	floor := float64(st.Memory().WeightBytes) / bw
 	modes := []graphs.Mode{graphs.None, graphs.Piecewise, graphs.Full, graphs.FullAndPiecewise}
 	ds := map[graphs.Mode]*graphs.Dispatcher{}
 	for _, m := range modes[1:] {
-		ds[m] = mustDispatcher(t, graphs.Config{Mode: m, MaxCaptureSize: maxTokens, MaxNumSeqs: maxSeqs})
+		ds[m] = mustDispatcher(t, graphs.Config{Mode: m, MaxCaptureSize: captureTokens, MaxNumSeqs: maxSeqs})
 	}
 	free0 := memFree(t, dev)
 	start := time.Now()
@@ -69,39 +169,74 @@ func TestDecodeTiming(t *testing.T) {
 		r.Nodes += k.Nodes
 		r.Bytes += k.Bytes
 	}
-	t.Logf("captured %d keys (%d graphs, %d nodes) in %v (Capture's own clock %v): %d bytes (free memory %d -> %d); full decode graphs %d bytes, %d nodes; piecewise %d bytes over %d graphs",
-		rep.Keys, rep.Graphs, rep.Nodes, captureWall, rep.CaptureTime, rep.Bytes, free0, free1, full.Bytes, full.Nodes, piecewise.Bytes, piecewise.Graphs)
-	res := map[string]any{"weight_bytes": st.Memory().WeightBytes, "copy_bw_bytes_per_s": bw, "floor_ms": floor * 1e3,
+	t.Logf("%s: loaded in %v; captured %d keys (%d graphs, %d nodes) in %v (Capture's own clock %v): %d bytes (free memory %d -> %d); full decode graphs %d bytes, %d nodes; piecewise %d bytes over %d graphs",
+		bm.name, loadTime, rep.Keys, rep.Graphs, rep.Nodes, captureWall, rep.CaptureTime, rep.Bytes, free0, free1, full.Bytes, full.Nodes, piecewise.Bytes, piecewise.Graphs)
+	res := map[string]any{"model": bm.name, "weight_bytes": st.Memory().WeightBytes, "copy_bw_bytes_per_s": bw, "floor_ms": floor * 1e3,
 		"device": dev.Info().Name, "capture_s": captureWall.Seconds(), "graph_keys": rep.Keys, "graphs": rep.Graphs,
 		"graph_nodes": rep.Nodes, "graph_bytes": rep.Bytes, "full_graph_bytes": full.Bytes, "full_graphs": full.Graphs,
-		"piecewise_graph_bytes": piecewise.Bytes, "piecewise_graphs": piecewise.Graphs}
+		"piecewise_graph_bytes": piecewise.Bytes, "piecewise_graphs": piecewise.Graphs,
+		"skinny_tokens": st.sk.maxTokens, "dependent_launch": st.pdl}
 	rng := rand.New(rand.NewPCG(1, 1))
 	ctx := context.Background()
 	tables := tablesFor(st)
 	next := uint64(1)
-	var prefill []float64
-	var table strings.Builder
-	fmt.Fprintf(&table, "%6s %-20s %9s %9s %7s\n", "batch", "mode", "wall ms", "GPU ms", "x floor")
-	for _, batch := range []int{1, 8, 32} {
-		ids := make([]uint64, batch)
-		last := make([]int32, batch)
-		for i := 0; i < batch; i += 8 {
-			b := &stage.Batch{ID: next}
-			next++
-			for j := i; j < min(batch, i+8); j++ {
-				ids[j] = next*100 + uint64(j)
-				toks := make([]int32, prompt)
-				for k := range toks {
-					toks[k] = int32(rng.IntN(cfg.VocabSize))
-				}
-				b.Seqs = append(b.Seqs, stage.Seq{ID: ids[j], Tokens: toks, Sample: true})
+	newSeqs := func(n, length int) ([]uint64, *stage.Batch) {
+		b := &stage.Batch{ID: next}
+		next++
+		ids := make([]uint64, n)
+		for j := range ids {
+			ids[j] = next*1000 + uint64(j)
+			toks := make([]int32, length)
+			for k := range toks {
+				toks[k] = int32(rng.IntN(cfg.VocabSize))
 			}
-			out, err := st.Forward(ctx, fill(t, tables, b))
-			if err != nil {
+			b.Seqs = append(b.Seqs, stage.Seq{ID: ids[j], Tokens: toks, Sample: true})
+		}
+		return ids, fill(t, tables, b)
+	}
+	release := func(ids []uint64) {
+		for _, id := range ids {
+			st.Free(id)
+			tables.Free(id)
+		}
+	}
+	// Prefill: 8 sequences of 64 tokens, then 4 of 512, eagerly.
+	layerFlops := 2 * float64(st.Memory().WeightBytes-int64(cfg.VocabSize*cfg.HiddenSize*2)) / 2 // 2 FLOP per weight per token
+	if !cfg.TieEmbedding {
+		layerFlops = 2 * float64(st.Memory().WeightBytes-2*int64(cfg.VocabSize*cfg.HiddenSize*2)) / 2
+	}
+	for _, pf := range []struct{ seqs, len int }{{8, 64}, {4, 512}} {
+		var times []float64
+		for rep := 0; rep < 3; rep++ {
+			ids, b := newSeqs(pf.seqs, pf.len)
+			if _, err := st.Forward(ctx, b); err != nil {
 				t.Fatal(err)
 			}
-			if b.NumTokens() == 8*prompt {
-				prefill = append(prefill, float64(st.LastStepTime())/1e6)
+			times = append(times, float64(st.LastStepTime())/1e6)
+			release(ids)
+		}
+		n := pf.seqs * pf.len
+		ms := median(times)
+		// Attention: each token attends to its position + 1 keys (QK and PV).
+		attn := float64(pf.seqs) * float64(pf.len*(pf.len+1)/2) * 4 * float64(cfg.NumHeads*cfg.HeadDim) * float64(cfg.NumLayers)
+		tflops := (layerFlops*float64(n) + attn) / (ms / 1e3) / 1e12
+		res[fmt.Sprintf("prefill_%d_gpu_ms", n)] = ms
+		res[fmt.Sprintf("prefill_%d_tflops", n)] = tflops
+		t.Logf("%s: eager prefill of %d tokens (%d x %d): %.3f ms GPU, %.0f TFLOP/s (%.0f%% of %d)", bm.name, n, pf.seqs, pf.len, ms, tflops, 100*tflops/peakTFLOPS, peakTFLOPS)
+	}
+
+	var table strings.Builder
+	fmt.Fprintf(&table, "%6s %-20s %9s %9s %7s\n", "batch", "mode", "wall ms", "GPU ms", "x floor")
+	var prof strings.Builder
+	for _, batch := range []int{1, 8, 32} {
+		ids := make([]uint64, 0, batch)
+		last := make([]int32, batch)
+		for i := 0; i < batch; i += 8 {
+			got, b := newSeqs(min(8, batch-i), prompt)
+			ids = append(ids, got...)
+			out, err := st.Forward(ctx, b)
+			if err != nil {
+				t.Fatal(err)
 			}
 			for k, s := range out.Sampled {
 				last[i+k] = s.Token
@@ -109,19 +244,22 @@ func TestDecodeTiming(t *testing.T) {
 		}
 		wall := map[graphs.Mode][]float64{}
 		gpuT := map[graphs.Mode][]float64{}
-		for step := 0; step < steps; step++ {
-			mode := modes[step%len(modes)]
+		decode := func(step int) *stage.Batch {
 			b := &stage.Batch{ID: next}
 			next++
 			for j := range ids {
 				b.Seqs = append(b.Seqs, stage.Seq{ID: ids[j], Pos: prompt + step, Tokens: []int32{last[j]}, Sample: true, Index: step + 1})
 			}
+			return fill(t, tables, b)
+		}
+		for step := 0; step < steps; step++ {
+			mode := modes[step%len(modes)]
+			b := decode(step)
 			b.Graph = graphs.Step{Mode: graphs.None, Desc: graphs.BatchDescriptor{NumTokens: batch}}
 			if d := ds[mode]; d != nil {
 				m, desc := d.Dispatch(batch, true, batch)
 				b.Graph = graphs.Step{Mode: m, Desc: desc}
 			}
-			fill(t, tables, b)
 			begin := time.Now()
 			out, err := st.Forward(ctx, b)
 			el := time.Since(begin)
@@ -136,19 +274,51 @@ func TestDecodeTiming(t *testing.T) {
 				gpuT[mode] = append(gpuT[mode], float64(st.LastStepTime())/1e6)
 			}
 		}
-		for _, id := range ids {
-			st.Free(id)
-			tables.Free(id)
-		}
 		for _, mode := range modes {
 			r := map[string]float64{"wall_ms": median(wall[mode]), "gpu_ms": median(gpuT[mode])}
 			res[fmt.Sprintf("batch_%d_%s", batch, mode)] = r
 			fmt.Fprintf(&table, "%6d %-20s %9.3f %9.3f %7.2f\n", batch, mode, r["wall_ms"], r["gpu_ms"], r["wall_ms"]/(floor*1e3))
 		}
+		if batch != 8 {
+			// Per-kernel breakdown of one more decode step on each path
+			// (the first profiled step of a path warms it up).
+			for _, path := range []string{"cublas", "skinny"} {
+				sk, pdl := st.sk.maxTokens, st.pdl
+				if path == "cublas" {
+					st.sk.maxTokens, st.pdl = 0, false
+				}
+				var p *StepProfile
+				for k := 0; k < 2; k++ {
+					step := steps + k
+					if path == "skinny" {
+						step += 2
+					}
+					var out *stage.Output
+					var err error
+					p, out, err = st.ProfileStep(ctx, decode(step))
+					if err != nil {
+						t.Fatal(err)
+					}
+					for j, s := range out.Sampled {
+						last[j] = s.Token
+					}
+				}
+				st.sk.maxTokens, st.pdl = sk, pdl
+				key := fmt.Sprintf("profile_batch_%d_%s", batch, path)
+				kernels := map[string]any{}
+				fmt.Fprintf(&prof, "%s batch %d, %s path: kernels %.3f ms (step %.3f ms eager, events between kernels)\n", bm.name, batch, path,
+					float64(p.Sum)/1e6, float64(p.Step)/1e6)
+				for _, k := range p.Kernels {
+					kernels[k.Label] = map[string]any{"count": k.Count, "ms": float64(k.Time) / 1e6}
+					fmt.Fprintf(&prof, "  %-22s %4d %9.3f ms %5.1f%%\n", k.Label, k.Count, float64(k.Time)/1e6, 100*float64(k.Time)/float64(p.Sum))
+				}
+				res[key] = map[string]any{"sum_ms": float64(p.Sum) / 1e6, "step_ms": float64(p.Step) / 1e6, "kernels": kernels}
+			}
+		}
+		release(ids)
 	}
-	res["prefill_512_gpu_ms"] = median(prefill)
-	t.Logf("decode step, floor %.3f ms; eager prefill of 512 tokens %.3f ms GPU\n%s", floor*1e3, median(prefill), table.String())
-	writeResult(t, "decode", res)
+	t.Logf("%s: decode step, floor %.3f ms\n%s\n%s", bm.name, floor*1e3, table.String(), prof.String())
+	writeResult(t, "decode_"+bm.name, res)
 }
 
 func median(v []float64) float64 {

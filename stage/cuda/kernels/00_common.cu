@@ -15,6 +15,46 @@ typedef unsigned long long u64;
 #define STATUS_NO_TOKEN 1 // [1] token row, [2] slot: a placeholder found no token
 #define STATUS_BAD_ROW 2  // [1] row, [2] slot, [3] token: a hand-off row was refused
 
+// Programmatic dependent launch (sm_90): every kernel of the program may be
+// launched as a dependent of the kernel before it on the stream, which then
+// lets it start early. pdl_trigger allows this kernel's own dependents to
+// start; pdl_wait blocks until the kernels this one depends on have finished
+// and their writes are visible. A kernel must call pdl_wait before it reads
+// or writes anything other kernels write or read (weights excepted). Both
+// are no-ops for a kernel launched without the dependency.
+__device__ __forceinline__ void pdl_trigger() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void pdl_wait() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+// pdl_start is where a kernel that prefetches nothing begins.
+__device__ __forceinline__ void pdl_start() {
+    pdl_trigger();
+    pdl_wait();
+}
+
+// Loads of data an earlier kernel of the step wrote, from L2: a kernel that
+// started early (above) shares its multiprocessor with kernels still
+// running, so it does not rely on lines they brought into L1.
+__device__ __forceinline__ float ldcg(const float* p) {
+    float v;
+    asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p));
+    return v;
+}
+
+__device__ __forceinline__ void ldcg_u4(const void* p, unsigned* w) {
+    asm volatile("ld.global.cg.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3])
+                 : "l"(p));
+}
+
 __device__ __forceinline__ float bf2f(bf16 x) {
     return __uint_as_float(((unsigned)x) << 16);
 }

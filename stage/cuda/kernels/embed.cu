@@ -6,6 +6,7 @@
 // Grid: (tokens). Block: any multiple of 32.
 extern "C" __global__ void embed(const int* tokens, const int* slot_tokens, int* status,
                                  const bf16* table, float* out, int hidden, int vocab) {
+    pdl_start();
     int t = blockIdx.x;
     int tok = tokens[t];
     if (tok < 0) {

@@ -4,6 +4,7 @@
 // rounding remainder at row t + lo (put_split).
 // Grid: (ceil(inter / blockDim.x), tokens).
 extern "C" __global__ void silu_mul(const float* gu, bf16* out, int lo, int inter) {
+    pdl_start();
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= inter) {
         return;

@@ -2,13 +2,14 @@
 // wrote it, in two halves: rows t and t + lo), adds the bias (Qwen2; bias
 // may be null), rotates q and k in the Hugging Face rotate_half layout
 // (element i pairs with i + head_dim/2) by the angle pos * inv_freq[i],
-// writes q to q_out and k, v to the KV cache at row cache_row[t]. The cache of one layer is [rows][kv_heads][head_dim]; the
+// writes q to q_out (fp32) and k, v to the KV cache (bf16) at row cache_row[t]. The cache of one layer is [rows][kv_heads][head_dim]; the
 // row index is the only thing that ties a token to its place in the cache.
 // Grid: (tokens, heads + kv_heads). Block: head_dim / 2 threads.
 extern "C" __global__ void rope_qkv(const float* qkv, int lo, const bf16* bias,
                                     const float* inv_freq, const int* pos, const int* cache_row,
-                                    bf16* q_out, bf16* kcache, bf16* vcache, int nh, int nkv,
+                                    float* q_out, bf16* kcache, bf16* vcache, int nh, int nkv,
                                     int hd) {
+    pdl_start();
     int t = blockIdx.x, h = blockIdx.y, i = threadIdx.x;
     int half = hd >> 1;
     size_t width = (size_t)(nh + 2 * nkv) * hd;
@@ -25,9 +26,9 @@ extern "C" __global__ void rope_qkv(const float* qkv, int lo, const bf16* bias,
     float y1 = x1 * c - x2 * s;
     float y2 = x2 * c + x1 * s;
     if (h < nh) {
-        bf16* q = q_out + ((size_t)t * nh + h) * hd;
-        q[i] = f2bf(y1);
-        q[i + half] = f2bf(y2);
+        float* q = q_out + ((size_t)t * nh + h) * hd;
+        q[i] = y1;
+        q[i + half] = y2;
         return;
     }
     int kh = h - nh;

@@ -13,6 +13,11 @@
 // handoff (null: none) gets one (slot, token) row per sequence; token 0 for
 // a row that could not be sampled, so that the first stage accepts the
 // message (the leader fails that sequence's request).
+// stats (null: none) holds, per logits row, nstat partial softmax statistics
+// of the LM head's blocks (GEMV_HEAD in gemv.cu): with them, the maximum,
+// the greedy token and the log partition function come from the partials
+// instead of two passes over the row, unless a partial saw a non-finite
+// logit (then the pass over the row counts them, as above).
 //
 // Log-probabilities are the log-softmax of the raw logits (temperature does
 // not apply). Temperature 0 (or top_k 1) is greedy, ties to the lowest id.
@@ -70,10 +75,11 @@ __device__ float mass_at_least(const float* l, int vocab, unsigned k, float m, f
 }
 
 extern "C" __global__ void sample(const float* logits, int vocab, const int* params, int* out,
-                                  int maxlp, int* handoff) {
+                                  int maxlp, int* handoff, const float* stats, int nstat) {
     __shared__ float sh[32];
     __shared__ float shv[32];
     __shared__ int shi[32];
+    pdl_start();
     const int* p = params + blockIdx.x * SAMPLE_PARAMS;
     const float* l = logits + (size_t)p[0] * vocab;
     float temp = __int_as_float(p[1]);
@@ -88,35 +94,69 @@ extern "C" __global__ void sample(const float* logits, int vocab, const int* par
     // many values are NaN or infinite (all exponent bits set).
     float bv = NEG_INF;
     int bi = 0x7fffffff;
-    float bad = 0.f;
-    for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
-        float v = l[i];
-        bad += (__float_as_uint(v) & 0x7f800000u) == 0x7f800000u ? 1.f : 0.f;
-        if (better(v, i, bv, bi)) {
-            bv = v;
-            bi = i;
-        }
-    }
-    bad = block_sum(bad, sh); // every thread gets it: they all return below
-    if (bad > 0.f) {
-        if (threadIdx.x == 0) {
-            o[0] = -1;
-            o[1] = (int)bad;
-            if (handoff) {
-                handoff[2 * blockIdx.x] = p[8];
-                handoff[2 * blockIdx.x + 1] = 0;
+    float m, logz;
+    int greedy;
+    bool done = false;
+    if (stats) {
+        // The LM head's partials: they saw every logit, so with no partial
+        // flagging a non-finite one the row has none.
+        const float* st = stats + (size_t)p[0] * nstat * 4;
+        float flagged = 0.f;
+        for (int i = threadIdx.x; i < nstat; i += blockDim.x) {
+            float v = st[4 * i];
+            int idx = __float_as_int(st[4 * i + 1]);
+            flagged += __float_as_int(st[4 * i + 3]) ? 1.f : 0.f;
+            if (better(v, idx, bv, bi)) {
+                bv = v;
+                bi = idx;
             }
         }
-        return;
+        block_argmax(&bv, &bi, shv, shi);
+        if (block_sum(flagged, sh) == 0.f) {
+            float z = 0.f;
+            for (int i = threadIdx.x; i < nstat; i += blockDim.x) {
+                z += st[4 * i + 2] * expf(st[4 * i] - bv);
+            }
+            m = bv;
+            greedy = bi;
+            logz = m + logf(block_sum(z, sh));
+            done = true;
+        } else {
+            bv = NEG_INF;
+            bi = 0x7fffffff;
+        }
     }
-    block_argmax(&bv, &bi, shv, shi);
-    float m = bv;
-    int greedy = bi;
-    float z = 0.f;
-    for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
-        z += expf(l[i] - m);
+    if (!done) {
+        float bad = 0.f;
+        for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+            float v = l[i];
+            bad += (__float_as_uint(v) & 0x7f800000u) == 0x7f800000u ? 1.f : 0.f;
+            if (better(v, i, bv, bi)) {
+                bv = v;
+                bi = i;
+            }
+        }
+        bad = block_sum(bad, sh);  // every thread gets it: they all return below
+        if (bad > 0.f) {
+            if (threadIdx.x == 0) {
+                o[0] = -1;
+                o[1] = (int)bad;
+                if (handoff) {
+                    handoff[2 * blockIdx.x] = p[8];
+                    handoff[2 * blockIdx.x + 1] = 0;
+                }
+            }
+            return;
+        }
+        block_argmax(&bv, &bi, shv, shi);
+        m = bv;
+        greedy = bi;
+        float z = 0.f;
+        for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+            z += expf(l[i] - m);
+        }
+        logz = m + logf(block_sum(z, sh));
     }
-    float logz = m + logf(block_sum(z, sh));
 
     // Top alternatives: each pass finds the best pair after the previous one.
     float pv = POS_INF;

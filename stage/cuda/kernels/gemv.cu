@@ -1,0 +1,399 @@
+// gemv_*: the layer and LM-head products of steps with few token rows
+// ("skinny" GEMMs, T <= 8 * NT tokens), on the tensor cores, bound by the
+// weight reads. For token column t and weight row n of a bf16 weight W
+// [rows][k] (Hugging Face [out, in], row-major):
+//
+//   v[t][n] = inv[t] * sum_k xt[t][k] * W[n][k],   xt[t][k] = x[xr][k] * g[k]
+//
+// with x fp32 activations (xr = rowmap ? rowmap[t] : t), g an RMSNorm weight
+// (null: 1) and inv[t] = rsqrt(mean_k x[xr][k]^2 + eps) when g is given (the
+// norm is folded into the product: the statistic is gathered from the same
+// loads), else 1. xt is split into its bf16 rounding and the bf16 rounding
+// of the remainder, and both are multiplied (two tensor-core products into
+// one fp32 accumulator), so the activations carry about 16 significant bits,
+// as the compensated cuBLAS path's do; the accumulation is fp32.
+//
+// Work split: a block of 8 warps computes MT tiles of 16 weight rows for
+// every token column; its warps split k (warp w takes the 32-wide k-blocks
+// w, w+8, ...) and their partial sums are added in shared memory in a fixed
+// order, so results do not depend on timing. Weights are read once, 16
+// bytes per load, bypassing L1, several k-blocks in flight per warp. On the
+// tensor cores the weights are the A operand (m16, k16) and the token
+// columns the B operand (n8); within a 32-wide k-block, thread (g, q) of a
+// warp loads the 8 consecutive elements k0+8q..k0+8q+7 of its rows (g and
+// g+8) and of its token column g, and each mma step s takes elements
+// 4s..4s+3 of those: a permutation of k applied alike to A and B, which a
+// dot product does not see.
+//
+// Row mapping: local tile l of block b, row r in [0,16) is segment row
+//   rs = (b / s) * u + (b % s) * 16 * mh + (l % mh) * 16 + r
+// of segment l / mh, whose first row is (l / mh) * seg: one formula for
+// plain row ranges (s 1, u 16*MT, mh MT), the gate and up halves of a fused
+// gate|up weight (mh MT/2, seg the intermediate size), and rotary pairs of a
+// q|k|v weight (s hd/32, u hd, mh 1, seg hd/2: tiles j and j + hd/32 of a
+// head). Rows with rs >= n are neither read nor written.
+//
+// Epilogues (EPI):
+//   GEMV_STORE  out[t * ldo + row] = v
+//   GEMV_HEAD   as STORE, and per (t, block) the block's (max, argmax,
+//               sum exp(v - max), non-finite flag) in stats[(t * blocks + b) * 4]
+//   GEMV_RESID  out[t * ldo + row] += v (the residual stream)
+//   GEMV_SILU   out[t * ldo + rs] = silu(v_gate) * v_up
+//   GEMV_ROPE   q|k|v with bias, rotary embedding and the KV cache write, as
+//               rope_qkv does: q to out (fp32, ldo = q width), k and v to the
+//               cache row cache_row[t]; a row's rotary partner is pdelta local
+//               rows on.
+//
+// Every gemv kernel is launched with GEMV_THREADS threads and
+// gemv_smem(MT, NT) bytes of dynamic shared memory; it may be launched as a
+// programmatic dependent (it reads only weights before griddepcontrol.wait).
+#define GEMV_THREADS 256
+#define GEMV_WARPS 8
+
+#define GEMV_STORE 0
+#define GEMV_HEAD 1
+#define GEMV_RESID 2
+#define GEMV_SILU 3
+#define GEMV_ROPE 4
+
+struct u32x4 {
+    unsigned x, y, z, w;
+};
+
+// ldg_weights loads 16 bytes that no kernel writes, keeping them out of L1
+// and fetching 256 bytes into L2 at a time.
+__device__ __forceinline__ u32x4 ldg_weights(const bf16* p) {
+    u32x4 r;
+    asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];"
+        : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+        : "l"(p));
+    return r;
+}
+
+// ldg_const loads 16 bytes that no kernel writes (norm weights).
+__device__ __forceinline__ u32x4 ldg_const(const bf16* p) {
+    u32x4 r;
+    asm("ld.global.nc.v4.u32 {%0,%1,%2,%3}, [%4];"
+        : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+        : "l"(p));
+    return r;
+}
+
+// ldg_act8 loads 8 consecutive floats (32-byte aligned) that an earlier
+// kernel wrote, from L2 (not L1, which may hold lines of an earlier step).
+__device__ __forceinline__ void ldg_act8(const float* p, float* v) {
+    asm volatile("ld.global.cg.v4.f32 {%0,%1,%2,%3}, [%4];"
+                 : "=f"(v[0]), "=f"(v[1]), "=f"(v[2]), "=f"(v[3])
+                 : "l"(p));
+    asm volatile("ld.global.cg.v4.f32 {%0,%1,%2,%3}, [%4];"
+                 : "=f"(v[4]), "=f"(v[5]), "=f"(v[6]), "=f"(v[7])
+                 : "l"(p + 4));
+}
+
+// pack_bf16 rounds a and b to bf16 (nearest even) into one register, a in
+// the low half.
+__device__ __forceinline__ unsigned pack_bf16(float a, float b) {
+    unsigned r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(b), "f"(a));
+    return r;
+}
+
+__device__ __forceinline__ float lo_bf16(unsigned p) { return __uint_as_float(p << 16); }
+__device__ __forceinline__ float hi_bf16(unsigned p) { return __uint_as_float(p & 0xffff0000u); }
+
+// mma_bf16 accumulates the m16n8k16 product of A (a0..a3) and B (b0, b1)
+// into c.
+__device__ __forceinline__ void mma_bf16(float* c, unsigned a0, unsigned a1, unsigned a2,
+                                         unsigned a3, unsigned b0, unsigned b1) {
+#if __CUDA_ARCH__ >= 800
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#endif
+}
+
+#define GEMV_PARAMS                                                                          \
+    const bf16 *__restrict__ w, const float *__restrict__ x, const int *__restrict__ rowmap, \
+        const bf16 *__restrict__ g, float eps, int k, int n, int t, int s, int u, int mh,    \
+        int seg, float *out, int ldo, const bf16 *__restrict__ bias,                         \
+        const float *__restrict__ inv_freq, const int *__restrict__ pos,                     \
+        const int *__restrict__ cache_row, bf16 *kcache, bf16 *vcache, int nh, int nkv,      \
+        int hd, int pdelta, float *stats
+#define GEMV_ARGS \
+    w, x, rowmap, g, eps, k, n, t, s, u, mh, seg, out, ldo, bias, inv_freq, pos, cache_row, \
+        kcache, vcache, nh, nkv, hd, pdelta, stats
+
+template <int EPI, int MT, int NT>
+__device__ __forceinline__ void gemv_body(GEMV_PARAMS) {
+    constexpr int U = 8 / MT;  // k-blocks in flight per warp
+    constexpr int R = MT * 16, C = NT * 8;
+    extern __shared__ float gsm[];
+    float* red = gsm;                        // [GEMV_WARPS][R][C]
+    float* sq = gsm + GEMV_WARPS * R * C;    // [GEMV_WARPS][C]
+    float* invs = sq + GEMV_WARPS * C;       // [C]
+    const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
+    const int gq = lane >> 2, tq = lane & 3;
+    const int b = blockIdx.x;
+    const int base = (b / s) * u + (b % s) * 16 * mh;
+
+    pdl_trigger();
+
+    // This thread's weight rows: tile l, rows gq and gq + 8.
+    const bf16* wrow[MT][2];
+    bool wok[MT][2];
+#pragma unroll
+    for (int l = 0; l < MT; l++) {
+        int rs = base + (l % mh) * 16 + gq;
+        const bf16* p = w + ((size_t)((l / mh) * seg) + rs) * k;
+        wrow[l][0] = p;
+        wrow[l][1] = p + (size_t)8 * k;
+        wok[l][0] = rs < n;
+        wok[l][1] = rs + 8 < n;
+    }
+    const int kbn = (k + 31) >> 5;
+    const int nk = wid < kbn ? (kbn - 1 - wid) / GEMV_WARPS + 1 : 0;
+
+    float acc[MT][NT][4];
+#pragma unroll
+    for (int l = 0; l < MT; l++)
+#pragma unroll
+        for (int c = 0; c < NT; c++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) acc[l][c][i] = 0.f;
+    float ssq[NT];
+#pragma unroll
+    for (int c = 0; c < NT; c++) ssq[c] = 0.f;
+
+    u32x4 wa[U][MT][2];
+    const u32x4 zero = {0, 0, 0, 0};
+    for (int j0 = 0; j0 < nk; j0 += U) {
+#pragma unroll
+        for (int jj = 0; jj < U; jj++) {
+            int kk = (wid + GEMV_WARPS * (j0 + jj)) * 32 + tq * 8;
+            bool ok = j0 + jj < nk && kk < k;
+#pragma unroll
+            for (int l = 0; l < MT; l++)
+#pragma unroll
+                for (int h = 0; h < 2; h++)
+                    wa[jj][l][h] = ok && wok[l][h] ? ldg_weights(wrow[l][h] + kk) : zero;
+        }
+        if (j0 == 0) {
+            // The weights of the first k-blocks are on their way: now
+            // wait for the kernels this one depends on.
+            pdl_wait();
+        }
+#pragma unroll
+        for (int jj = 0; jj < U; jj++) {
+            if (j0 + jj >= nk) {
+                break;
+            }
+            int kk = (wid + GEMV_WARPS * (j0 + jj)) * 32 + tq * 8;
+            bool kin = kk < k;
+#pragma unroll
+            for (int c = 0; c < NT; c++) {
+                int col = c * 8 + gq;
+                float v[8];
+                if (kin && col < t) {
+                    int xr = rowmap ? rowmap[col] : col;
+                    ldg_act8(x + (size_t)xr * k + kk, v);
+                    if (g) {
+                        u32x4 gv = ldg_const(g + kk);
+                        unsigned gw[4] = {gv.x, gv.y, gv.z, gv.w};
+#pragma unroll
+                        for (int i = 0; i < 8; i++) {
+                            ssq[c] += v[i] * v[i];
+                            v[i] *= (i & 1) ? hi_bf16(gw[i >> 1]) : lo_bf16(gw[i >> 1]);
+                        }
+                    }
+                } else {
+#pragma unroll
+                    for (int i = 0; i < 8; i++) v[i] = 0.f;
+                }
+                unsigned bh[4], bl[4];
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    bh[i] = pack_bf16(v[2 * i], v[2 * i + 1]);
+                    bl[i] = pack_bf16(v[2 * i] - lo_bf16(bh[i]), v[2 * i + 1] - hi_bf16(bh[i]));
+                }
+#pragma unroll
+                for (int l = 0; l < MT; l++) {
+                    const u32x4 a = wa[jj][l][0], a8 = wa[jj][l][1];
+                    mma_bf16(acc[l][c], a.x, a8.x, a.y, a8.y, bh[0], bh[1]);
+                    mma_bf16(acc[l][c], a.x, a8.x, a.y, a8.y, bl[0], bl[1]);
+                    mma_bf16(acc[l][c], a.z, a8.z, a.w, a8.w, bh[2], bh[3]);
+                    mma_bf16(acc[l][c], a.z, a8.z, a.w, a8.w, bl[2], bl[3]);
+                }
+            }
+        }
+    }
+    if (nk == 0) {
+        pdl_wait();
+    }
+
+    // Partial sums of every warp, then their sum in warp order.
+#pragma unroll
+    for (int l = 0; l < MT; l++)
+#pragma unroll
+        for (int c = 0; c < NT; c++) {
+            float* r0 = red + (wid * R + l * 16 + gq) * C + c * 8 + 2 * tq;
+            r0[0] = acc[l][c][0];
+            r0[1] = acc[l][c][1];
+            r0[8 * C] = acc[l][c][2];
+            r0[8 * C + 1] = acc[l][c][3];
+        }
+#pragma unroll
+    for (int c = 0; c < NT; c++) {
+        float v = ssq[c];
+        v += __shfl_xor_sync(0xffffffffu, v, 1);
+        v += __shfl_xor_sync(0xffffffffu, v, 2);
+        if (tq == 0) {
+            sq[wid * C + c * 8 + gq] = v;
+        }
+    }
+    __syncthreads();
+    for (int e = tid; e < R * C; e += GEMV_THREADS) {
+        float v = red[e];
+#pragma unroll
+        for (int ww = 1; ww < GEMV_WARPS; ww++) v += red[ww * R * C + e];
+        red[e] = v;
+    }
+    if (tid < C) {
+        float inv = 1.f;
+        if (g) {
+            float v = 0.f;
+#pragma unroll
+            for (int ww = 0; ww < GEMV_WARPS; ww++) v += sq[ww * C + tid];
+            inv = rsqrtf(v / (float)k + eps);
+        }
+        invs[tid] = inv;
+    }
+    __syncthreads();
+
+    // Epilogue over fin[rl][col] = red[rl * C + col], rl the local row
+    // (tile rl / 16, row rl % 16), rows fastest so that stores coalesce.
+    for (int e = tid; e < R * t && e < R * C; e += GEMV_THREADS) {
+        int rl = e % R, col = e / R;
+        int l = rl >> 4;
+        int rs = base + (l % mh) * 16 + (rl & 15);
+        if (rs >= n) {
+            continue;
+        }
+        int row = (l / mh) * seg + rs;
+        float v = red[rl * C + col] * invs[col];
+        if (EPI == GEMV_STORE || EPI == GEMV_HEAD) {
+            out[(size_t)col * ldo + row] = v;
+        } else if (EPI == GEMV_RESID) {
+            float* o = out + (size_t)col * ldo + row;
+            *o = ldcg(o) + v;
+        } else if (EPI == GEMV_SILU) {
+            if (l < mh) {
+                float up = red[(rl + mh * 16) * C + col] * invs[col];
+                out[(size_t)col * ldo + rs] = v / (1.f + expf(-v)) * up;
+            }
+        } else if (EPI == GEMV_ROPE) {
+            int half = hd >> 1;
+            int hh = row / hd, i = row % hd;
+            if (i >= half) {
+                continue;
+            }
+            float x1 = v, x2 = red[(rl + pdelta) * C + col] * invs[col];
+            if (bias) {
+                x1 += bf2f(bias[row]);
+                x2 += bf2f(bias[row + half]);
+            }
+            if (hh < nh + nkv) {
+                float sn, cs;
+                sincosf((float)pos[col] * inv_freq[i], &sn, &cs);
+                float y1 = x1 * cs - x2 * sn;
+                float y2 = x2 * cs + x1 * sn;
+                x1 = y1;
+                x2 = y2;
+            }
+            if (hh < nh) {
+                out[(size_t)col * ldo + row] = x1;
+                out[(size_t)col * ldo + row + half] = x2;
+            } else {
+                int kvh = hh < nh + nkv ? hh - nh : hh - nh - nkv;
+                bf16* cache = hh < nh + nkv ? kcache : vcache;
+                size_t dst = ((size_t)cache_row[col] * nkv + kvh) * hd + i;
+                cache[dst] = f2bf(x1);
+                cache[dst + half] = f2bf(x2);
+            }
+        }
+    }
+    if (EPI == GEMV_HEAD) {
+        // Per token column, this block's share of the softmax statistics.
+        for (int col = wid; col < t && col < C; col += GEMV_WARPS) {
+            float bv = NEG_INF, sum = 0.f;
+            int bi = 0x7fffffff, bad = 0;
+            for (int rl = lane; rl < R; rl += 32) {
+                int l = rl >> 4;
+                int rs = base + (l % mh) * 16 + (rl & 15);
+                if (rs < n) {
+                    float v = red[rl * C + col] * invs[col];
+                    bad |= (__float_as_uint(v) & 0x7f800000u) == 0x7f800000u;
+                    if (better(v, rs, bv, bi)) {
+                        bv = v;
+                        bi = rs;
+                    }
+                }
+            }
+            for (int o = 16; o > 0; o >>= 1) {
+                float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+                int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+                if (better(ov, oi, bv, bi)) {
+                    bv = ov;
+                    bi = oi;
+                }
+                bad |= __shfl_xor_sync(0xffffffffu, bad, o);
+            }
+            for (int rl = lane; rl < R; rl += 32) {
+                int l = rl >> 4;
+                int rs = base + (l % mh) * 16 + (rl & 15);
+                if (rs < n) {
+                    sum += expf(red[rl * C + col] * invs[col] - bv);
+                }
+            }
+            sum = warp_sum(sum);
+            if (lane == 0) {
+                float* st = stats + ((size_t)col * gridDim.x + b) * 4;
+                st[0] = bv;
+                st[1] = __int_as_float(bi);
+                st[2] = sum;
+                st[3] = __int_as_float(bad);
+            }
+        }
+    }
+}
+
+#define GEMV_ENTRY(name, epi, mt, nt)                                                 \
+    extern "C" __global__ void __launch_bounds__(GEMV_THREADS) name(GEMV_PARAMS) { \
+        gemv_body<epi, mt, nt>(GEMV_ARGS);                                            \
+    }
+
+GEMV_ENTRY(gemv_store_m4_n1, GEMV_STORE, 4, 1)
+GEMV_ENTRY(gemv_store_m4_n2, GEMV_STORE, 4, 2)
+GEMV_ENTRY(gemv_store_m4_n4, GEMV_STORE, 4, 4)
+GEMV_ENTRY(gemv_head_m4_n1, GEMV_HEAD, 4, 1)
+GEMV_ENTRY(gemv_head_m4_n2, GEMV_HEAD, 4, 2)
+GEMV_ENTRY(gemv_head_m4_n4, GEMV_HEAD, 4, 4)
+GEMV_ENTRY(gemv_resid_m1_n1, GEMV_RESID, 1, 1)
+GEMV_ENTRY(gemv_resid_m1_n2, GEMV_RESID, 1, 2)
+GEMV_ENTRY(gemv_resid_m1_n4, GEMV_RESID, 1, 4)
+GEMV_ENTRY(gemv_resid_m2_n1, GEMV_RESID, 2, 1)
+GEMV_ENTRY(gemv_resid_m2_n2, GEMV_RESID, 2, 2)
+GEMV_ENTRY(gemv_resid_m2_n4, GEMV_RESID, 2, 4)
+GEMV_ENTRY(gemv_silu_m2_n1, GEMV_SILU, 2, 1)
+GEMV_ENTRY(gemv_silu_m2_n2, GEMV_SILU, 2, 2)
+GEMV_ENTRY(gemv_silu_m2_n4, GEMV_SILU, 2, 4)
+GEMV_ENTRY(gemv_silu_m4_n1, GEMV_SILU, 4, 1)
+GEMV_ENTRY(gemv_silu_m4_n2, GEMV_SILU, 4, 2)
+GEMV_ENTRY(gemv_silu_m4_n4, GEMV_SILU, 4, 4)
+GEMV_ENTRY(gemv_rope_m1_n1, GEMV_ROPE, 1, 1)
+GEMV_ENTRY(gemv_rope_m1_n2, GEMV_ROPE, 1, 2)
+GEMV_ENTRY(gemv_rope_m1_n4, GEMV_ROPE, 1, 4)
+GEMV_ENTRY(gemv_rope_m2_n1, GEMV_ROPE, 2, 1)
+GEMV_ENTRY(gemv_rope_m2_n2, GEMV_ROPE, 2, 2)
+GEMV_ENTRY(gemv_rope_m2_n4, GEMV_ROPE, 2, 4)

@@ -1,0 +1,87 @@
+package cuda
+
+import (
+	"testing"
+
+	"github.com/tandem-llm/tandem/model"
+	"github.com/tandem-llm/tandem/stage/stagetest"
+)
+
+// TestWorkspaceBytes: the estimate placement uses covers the workspace of
+// a stage in every place of the pipeline, and every buffer lies inside it.
+func TestWorkspaceBytes(t *testing.T) {
+	for _, sh := range append(stagetest.Shapes(), stagetest.Shape{Name: "llama1b", Model: *llama1B()}) {
+		m := sh.Model
+		cfg := Config{Model: &m, MaxTokens: 48, MaxSeqs: 5}
+		est, err := WorkspaceBytes(cfg)
+		if err != nil {
+			t.Fatalf("%s: %v", sh.Name, err)
+		}
+		cfg.Lo, cfg.Hi = 0, m.NumLayers
+		if err := checkConfig(&cfg); err != nil {
+			t.Fatal(err)
+		}
+		lay := newLayout(&cfg)
+		for _, skinny := range []int{0, -1} {
+			sk := planSkinny(&m, skinny, true)
+			for _, pl := range []struct{ first, last bool }{{true, true}, {true, false}, {false, false}, {false, true}} {
+				w := planWorkspace(&m, lay, pl.first, pl.last, &sk, newAttnPlan(&m))
+				if int64(w.size) > est {
+					t.Errorf("%s (first %v, last %v, skinny %d): %d bytes, estimate %d", sh.Name, pl.first, pl.last, skinny, w.size, est)
+				}
+				for _, off := range []int{w.in, w.resid, w.q, w.normed, w.qkv, w.attnB, w.y, w.gateUp, w.act, w.attnF, w.actF,
+					w.logits, w.stats, w.sampleOut, w.hoOut, w.hoIn, w.hoTokens, w.status, w.batch, w.invFreq, w.part, w.partML, w.counts, w.blas} {
+					if off >= w.size || off%256 != 0 && off != -1 {
+						t.Errorf("%s: offset %d outside %d bytes or unaligned", sh.Name, off, w.size)
+					}
+				}
+			}
+		}
+	}
+}
+
+// TestPlanSkinny: which models the skinny kernels take, and the row
+// mapping of their products.
+func TestPlanSkinny(t *testing.T) {
+	m := *llama1B()
+	p := planSkinny(&m, 0, true)
+	if p.maxTokens != 32 || p.qkv.grid != 48*2 || p.qkv.v != (gemvVariant{epiRope, 2}) || p.head.grid != (128256+63)/64 || p.gateUp.grid != 8192/16 {
+		t.Errorf("1B plan %+v", p)
+	}
+	if p := planSkinny(&m, 8, true); p.maxTokens != 8 || !p.use(8) || p.use(9) || p.use(0) {
+		t.Errorf("SkinnyTokens 8: %+v", p)
+	}
+	if p := planSkinny(&m, 100, true); p.maxTokens != 32 {
+		t.Errorf("SkinnyTokens 100: max %d, want the kernels' 32", p.maxTokens)
+	}
+	for _, off := range []func(*planTest){
+		func(c *planTest) { c.m.HeadDim = 48 },     // rotary pairs fit no block
+		func(c *planTest) { c.m.HiddenSize = 100 }, // rows not 16-byte multiples
+		func(c *planTest) { c.skinny = -1 },
+		func(c *planTest) { c.tc = false },
+	} {
+		c := planTest{m: *llama1B(), tc: true}
+		off(&c)
+		if p := planSkinny(&c.m, c.skinny, c.tc); p.maxTokens != 0 {
+			t.Errorf("%+v: skinny plan %+v, want none", c, p)
+		}
+	}
+	// Rows of the gate|up product: tile 0 of block b is gate rows 16b..,
+	// tile 1 the up rows I + 16b...
+	c := p.gateUp
+	row := func(b, l, r int) int { return (l/c.mh)*c.seg + (b/c.s)*c.u + (b%c.s)*16*c.mh + (l%c.mh)*16 + r }
+	if row(3, 0, 5) != 48+5 || row(3, 1, 5) != 8192+48+5 {
+		t.Errorf("gate|up rows %d, %d", row(3, 0, 5), row(3, 1, 5))
+	}
+	// q|k|v: block 2h+s holds rows i and i + 32 of head h.
+	c = p.qkv
+	if row(2*7+1, 0, 3) != 7*64+16+3 || row(2*7+1, 1, 3) != 7*64+32+16+3 {
+		t.Errorf("q|k|v rows %d, %d", row(15, 0, 3), row(15, 1, 3))
+	}
+}
+
+type planTest struct {
+	m      model.Config
+	skinny int
+	tc     bool
+}
