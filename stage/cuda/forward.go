@@ -165,6 +165,12 @@ func (s *Stage) segment(i int, sh shape) error {
 	if i < L {
 		return s.startLayer(i, T)
 	}
+	if !s.sk.use(T) {
+		// The last down projection, still pending on the cuBLAS path.
+		if err := s.residualAdd(T); err != nil {
+			return err
+		}
+	}
 	if s.last && sh.rows > 0 {
 		return s.head(sh)
 	}
@@ -203,7 +209,11 @@ func (s *Stage) startLayer(i, T int) error {
 		}
 		return nil
 	}
-	if err := s.rmsnorm(T, lw.inNorm, T, 0); err != nil {
+	var y gpu.DevicePtr // the previous layer's down projection, pending
+	if i > 0 {
+		y = s.b.y
+	}
+	if err := s.rmsnorm(T, y, lw.inNorm, T, 0); err != nil {
 		return err
 	}
 	if err := s.linear("qkv", s.b.qkv, s.b.normed, lw.qkv, 2*T, m.HiddenSize, s.qkvDim); err != nil {
@@ -218,7 +228,8 @@ func (s *Stage) startLayer(i, T int) error {
 
 // finishLayer orders the stage's layer i after attention: the o projection
 // into the residual stream, the post-attention norm, the MLP and the down
-// projection into the residual stream.
+// projection (on the cuBLAS path its output stays pending in y, added by
+// the next norm or, at the stage's end, by residual_add).
 func (s *Stage) finishLayer(i, T int) error {
 	m := &s.m
 	H, I := m.HiddenSize, m.IntermediateSize
@@ -239,10 +250,7 @@ func (s *Stage) finishLayer(i, T int) error {
 	if err := s.linear("o", s.b.y, s.b.attnB, lw.o, 2*T, s.qDim, H); err != nil {
 		return fmt.Errorf("layer %d o_proj: %w", layer, err)
 	}
-	if err := s.residualAdd(T); err != nil {
-		return err
-	}
-	if err := s.rmsnorm(T, lw.postNorm, T, 0); err != nil {
+	if err := s.rmsnorm(T, s.b.y, lw.postNorm, T, 0); err != nil {
 		return err
 	}
 	if err := s.linear("gate_up", s.b.gateUp, s.b.normed, lw.gateUp, 2*T, H, 2*I); err != nil {
@@ -256,11 +264,11 @@ func (s *Stage) finishLayer(i, T int) error {
 	if err := s.linear("down", s.b.y, s.b.act, lw.down, 2*T, I, H); err != nil {
 		return fmt.Errorf("layer %d down: %w", layer, err)
 	}
-	return s.residualAdd(T)
+	return nil
 }
 
-// residualAdd adds the cuBLAS path's GEMM output (two halves) into the
-// residual stream.
+// residualAdd adds the cuBLAS path's pending GEMM output (two halves) into
+// the residual stream.
 func (s *Stage) residualAdd(T int) error {
 	H := s.m.HiddenSize
 	a := s.args.Reset().Ptr(s.b.resid).Ptr(s.b.y).Int32(int32(T)).Int32(int32(H))
@@ -315,7 +323,7 @@ func (s *Stage) head(sh shape) error {
 			return fmt.Errorf("LM head: %w", err)
 		}
 	} else {
-		if err := s.rmsnorm(sh.rows, s.weights.norm, 0, rows); err != nil {
+		if err := s.rmsnorm(sh.rows, 0, s.weights.norm, 0, rows); err != nil {
 			return err
 		}
 		if err := s.linear("lm_head", s.b.logits, s.b.normed, s.weights.lmHead, sh.rows, m.HiddenSize, m.VocabSize); err != nil {
@@ -331,11 +339,12 @@ func (s *Stage) head(sh shape) error {
 	return s.launchDep("sample", kSample, gpu.Dim3{X: uint32(sh.sampled)}, gpu.Dim3{X: sampleThreads}, 0, a)
 }
 
-// rmsnorm normalises rows of the residual stream with weight w into the
-// bf16 buffer normed, the rounding remainders outlo rows on (0: none);
-// rowmap (0: none) selects the rows (see norm.cu).
-func (s *Stage) rmsnorm(rows int, w gpu.DevicePtr, outlo int, rowmap gpu.DevicePtr) error {
-	a := s.args.Reset().Ptr(s.b.resid).Ptr(w).Ptr(s.b.normed).Int32(int32(outlo)).
+// rmsnorm adds the pending GEMM output y (0: none; its second half rows
+// rows on) into the residual stream and normalises its rows with weight w
+// into the bf16 buffer normed, the rounding remainders outlo rows on (0:
+// none); rowmap (0: none, else y must be 0) selects the rows (see norm.cu).
+func (s *Stage) rmsnorm(rows int, y, w gpu.DevicePtr, outlo int, rowmap gpu.DevicePtr) error {
+	a := s.args.Reset().Ptr(s.b.resid).Ptr(y).Int32(int32(rows)).Ptr(w).Ptr(s.b.normed).Int32(int32(outlo)).
 		Ptr(rowmap).Int32(int32(s.m.HiddenSize)).Float32(float32(s.m.RMSNormEps))
 	return s.launch("rmsnorm", kRMSNorm, gpu.Dim3{X: uint32(rows)}, gpu.Dim3{X: normThreads}, a)
 }

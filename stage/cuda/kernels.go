@@ -82,9 +82,8 @@ const (
 	statusWords   = 4
 
 	attentionThreads = 128  // ATT_THREADS in attention.cu
-	attentionTile    = 64   // ATT_TILE
 	attentionHeads   = 8    // ATT_RMAX: query heads per block
-	maxHeadDim       = 256  // the size of attention.cu's shared q per head
+	maxHeadDim       = 256  // the row size of attention.cu's shared partials
 	sampleThreads    = 1024 // SAMPLE_THREADS in sample.cu
 	sampleParams     = 9    // SAMPLE_PARAMS in sample.cu
 	gemvThreads      = 256  // GEMV_THREADS in gemv.cu

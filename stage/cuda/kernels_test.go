@@ -24,8 +24,7 @@ func TestKernelSource(t *testing.T) {
 	// The launch constants must agree with the sources.
 	for _, def := range []string{
 		fmt.Sprintf("#define ATT_THREADS %d\n", attentionThreads),
-		fmt.Sprintf("__shared__ float qs[ATT_RMAX * %d];", maxHeadDim),
-		fmt.Sprintf("#define ATT_TILE %d\n", attentionTile),
+		fmt.Sprintf("__shared__ float wacc[ATT_WARPS][ATT_RMAX][%d];", maxHeadDim),
 		fmt.Sprintf("#define ATT_RMAX %d\n", attentionHeads),
 		fmt.Sprintf("#define GEMV_THREADS %d\n", gemvThreads),
 		fmt.Sprintf("#define GEMV_WARPS %d\n", gemvWarps),

@@ -126,14 +126,15 @@ func (c *gemvCall) args(a *gpu.KernelArgs, m *model.Config, w gpu.DevicePtr, t i
 }
 
 // attnPlan is how attention splits the sequence (flash-decoding): enough
-// blocks of (token, kv head, head group, split) to fill the device, at most
-// maxSplits parts.
+// blocks of (token, kv head, head group, split) to fill the device several
+// times over, at most attnMaxSplits parts (the kernel uses fewer for short
+// sequences: parts of at least 32 keys).
 type attnPlan struct {
 	nkv, groups int
 }
 
 const (
-	attnTargetBlocks = 256
+	attnTargetBlocks = 1024
 	attnMaxSplits    = 16
 )
 

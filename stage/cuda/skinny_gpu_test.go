@@ -66,10 +66,18 @@ func newKernelRig(t *testing.T) *kernelRig {
 		t.Fatal(err)
 	}
 	arch := dev.Info().Arch()
-	img, err := gpu.Compile(src, "tandem_kernels.cu", "--gpu-architecture="+arch)
+	img, err := gpu.Compile(src, "tandem_kernels.cu", "--gpu-architecture="+arch, "--ptxas-options=-v")
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The assembler's resource report (registers, spills) of each kernel.
+	var report []string
+	for _, line := range strings.Split(img.Log, "\n") {
+		if strings.Contains(line, "Compiling entry") || strings.Contains(line, "registers") || strings.Contains(line, "spill") {
+			report = append(report, strings.TrimSpace(line))
+		}
+	}
+	t.Logf("ptxas:\n%s", strings.Join(report, "\n"))
 	himg, err := gpu.Compile(helperSrc, "helper.cu", "--gpu-architecture="+arch)
 	if err != nil {
 		t.Fatal(err)

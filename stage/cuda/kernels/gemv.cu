@@ -81,13 +81,29 @@ __device__ __forceinline__ u32x4 ldg_const(const bf16* p) {
 
 // ldg_act8 loads 8 consecutive floats (32-byte aligned) that an earlier
 // kernel wrote, from L2 (not L1, which may hold lines of an earlier step).
+// Not volatile, so that the compiler may issue the loads of several
+// k-blocks at once: the address must depend on pdl_wait_token to stay
+// after the wait.
 __device__ __forceinline__ void ldg_act8(const float* p, float* v) {
-    asm volatile("ld.global.cg.v4.f32 {%0,%1,%2,%3}, [%4];"
-                 : "=f"(v[0]), "=f"(v[1]), "=f"(v[2]), "=f"(v[3])
-                 : "l"(p));
-    asm volatile("ld.global.cg.v4.f32 {%0,%1,%2,%3}, [%4];"
-                 : "=f"(v[4]), "=f"(v[5]), "=f"(v[6]), "=f"(v[7])
-                 : "l"(p + 4));
+    asm("ld.global.cg.v4.f32 {%0,%1,%2,%3}, [%4];"
+        : "=f"(v[0]), "=f"(v[1]), "=f"(v[2]), "=f"(v[3])
+        : "l"(p));
+    asm("ld.global.cg.v4.f32 {%0,%1,%2,%3}, [%4];"
+        : "=f"(v[4]), "=f"(v[5]), "=f"(v[6]), "=f"(v[7])
+        : "l"(p + 4));
+}
+
+// pdl_wait_token is pdl_wait returning 0 in a way the compiler cannot see
+// through: adding it to an address orders a non-volatile load after the
+// wait.
+__device__ __forceinline__ int pdl_wait_token() {
+    int z;
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n\tmov.u32 %0, 0;" : "=r"(z) : : "memory");
+#else
+    asm volatile("mov.u32 %0, 0;" : "=r"(z) : : "memory");
+#endif
+    return z;
 }
 
 // pack_bf16 rounds a and b to bf16 (nearest even) into one register, a in
@@ -106,8 +122,7 @@ __device__ __forceinline__ float hi_bf16(unsigned p) { return __uint_as_float(p 
 __device__ __forceinline__ void mma_bf16(float* c, unsigned a0, unsigned a1, unsigned a2,
                                          unsigned a3, unsigned b0, unsigned b1) {
 #if __CUDA_ARCH__ >= 800
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
         "{%8,%9}, {%0,%1,%2,%3};"
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
@@ -168,6 +183,7 @@ __device__ __forceinline__ void gemv_body(GEMV_PARAMS) {
 
     u32x4 wa[U][MT][2];
     const u32x4 zero = {0, 0, 0, 0};
+    int tok = 0;  // pdl_wait_token: 0, once waited
     for (int j0 = 0; j0 < nk; j0 += U) {
 #pragma unroll
         for (int jj = 0; jj < U; jj++) {
@@ -182,7 +198,7 @@ __device__ __forceinline__ void gemv_body(GEMV_PARAMS) {
         if (j0 == 0) {
             // The weights of the first k-blocks are on their way: now
             // wait for the kernels this one depends on.
-            pdl_wait();
+            tok = pdl_wait_token();
         }
 #pragma unroll
         for (int jj = 0; jj < U; jj++) {
@@ -196,7 +212,7 @@ __device__ __forceinline__ void gemv_body(GEMV_PARAMS) {
                 int col = c * 8 + gq;
                 float v[8];
                 if (kin && col < t) {
-                    int xr = rowmap ? rowmap[col] : col;
+                    int xr = (rowmap ? rowmap[col] : col) + tok;
                     ldg_act8(x + (size_t)xr * k + kk, v);
                     if (g) {
                         u32x4 gv = ldg_const(g + kk);

@@ -1,20 +1,29 @@
 // rmsnorm normalises rows of the fp32 residual stream into bf16 GEMM inputs
-// (the cuBLAS path; the skinny path folds the norm into its products):
-//   x = resid[src], out[r] = bf16(x * rsqrt(mean(x^2) + eps) * w)
+// (the cuBLAS path; the skinny path folds the norm into its products). The
+// pending output y of the layer's last GEMM (null: none), in two halves lo
+// rows apart, is first added to the residual and written back:
+//   x = resid[src] (+ y[src] + y[src + lo]), out[r] = bf16(x * rsqrt(mean(x^2) + eps) * w)
 // with src = rowmap ? rowmap[r] : r (the last stage normalising only the
-// rows it needs logits for, a row possibly more than once). When outlo is
-// not 0, the rounding remainder of each output goes to row r + outlo
-// (put_split). All arithmetic is fp32. Grid: (rows). Block: a multiple of 32.
-extern "C" __global__ void rmsnorm(const float* resid, const bf16* w, bf16* out, int outlo,
-                                   const int* rowmap, int hidden, float eps) {
+// rows it needs logits for, a row possibly more than once; then y must be
+// null). When outlo is not 0, the rounding remainder of each output goes to
+// row r + outlo (put_split). All arithmetic is fp32. Grid: (rows). Block: a
+// multiple of 32.
+extern "C" __global__ void rmsnorm(float* resid, const float* y, int lo, const bf16* w, bf16* out,
+                                   int outlo, const int* rowmap, int hidden, float eps) {
     __shared__ float sh[32];
     pdl_start();
     int r = blockIdx.x;
     size_t src = rowmap ? rowmap[r] : r;
-    const float* row = resid + src * hidden;
+    float* row = resid + src * hidden;
+    const float* y1 = y ? y + src * hidden : 0;
+    const float* y2 = y ? y + (src + lo) * hidden : 0;
     float ss = 0.f;
     for (int i = threadIdx.x; i < hidden; i += blockDim.x) {
         float v = row[i];
+        if (y1) {
+            v += y1[i] + y2[i];
+            row[i] = v;
+        }
         ss += v * v;
     }
     float inv = rsqrtf(block_sum(ss, sh) / (float)hidden + eps);
