@@ -302,7 +302,7 @@ func (s *Stage) attention(i int, sh shape) error {
 		Int32(int32(m.NumHeads)).Int32(int32(m.NumKVHeads)).Int32(int32(m.HeadDim)).Float32(scale).
 		Int32(int32(splits)).Ptr(s.b.part).Ptr(s.b.partML).Ptr(s.b.counts)
 	grid := gpu.Dim3{X: uint32(T), Y: uint32(s.at.nkv * s.at.groups), Z: uint32(splits)}
-	return s.launchDep("attention", kAttention, grid, gpu.Dim3{X: attentionThreads}, 0, a)
+	return s.launchDep("attention", attentionName(s.at.rmax), grid, gpu.Dim3{X: attentionThreads}, 0, a)
 }
 
 // head computes the logits rows of the step (the final norm of the

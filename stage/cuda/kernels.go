@@ -20,7 +20,6 @@ const (
 	kRMSNorm     = "rmsnorm"
 	kResidualAdd = "residual_add"
 	kRopeQKV     = "rope_qkv"
-	kAttention   = "attention"
 	kSiluMul     = "silu_mul"
 	kSample      = "sample"
 	kHandoff     = "handoff_apply"
@@ -50,6 +49,12 @@ var gemvVariants = []gemvVariant{
 	{epiSilu, 2}, {epiSilu, 4}, {epiRope, 1}, {epiRope, 2},
 }
 
+// attentionVariants are the query heads per block the attention kernel is
+// compiled for (attention_rN).
+var attentionVariants = []int{1, 2, 4, 8}
+
+func attentionName(r int) string { return fmt.Sprintf("attention_r%d", r) }
+
 // gemvNT are the token-column groups each variant is compiled for.
 var gemvNT = []int{1, 2, 4}
 
@@ -65,7 +70,10 @@ func gemvSmem(mt, nt int) int {
 
 // kernelNames lists every entry point New looks up.
 var kernelNames = func() []string {
-	n := []string{kEmbed, kRMSNorm, kResidualAdd, kRopeQKV, kAttention, kSiluMul, kSample, kHandoff, kSpin}
+	n := []string{kEmbed, kRMSNorm, kResidualAdd, kRopeQKV, kSiluMul, kSample, kHandoff, kSpin}
+	for _, r := range attentionVariants {
+		n = append(n, attentionName(r))
+	}
 	for _, v := range gemvVariants {
 		for _, nt := range gemvNT {
 			n = append(n, gemvName(v, nt))

@@ -21,6 +21,19 @@ func TestKernelSource(t *testing.T) {
 			t.Errorf("kernel %s defined %d times in the program; want once", name, n)
 		}
 	}
+	// Every gemv variant is compiled with the resident blocks the launches
+	// assume.
+	for _, v := range gemvVariants {
+		for _, nt := range gemvNT {
+			want := fmt.Sprintf("GEMV_ENTRY(%s, GEMV_%s, %d, %d, %d)", gemvName(v, nt), strings.ToUpper(v.epi), v.mt, nt, gemvBlocksPerSM(v, nt))
+			if !strings.Contains(src, want) {
+				t.Errorf("program lacks %q", want)
+			}
+		}
+	}
+	if n, want := strings.Count(src, "\nGEMV_ENTRY("), len(gemvVariants)*len(gemvNT); n != want {
+		t.Errorf("program has %d gemv entry points; gemvVariants lists %d", n, want)
+	}
 	// The launch constants must agree with the sources.
 	for _, def := range []string{
 		fmt.Sprintf("#define ATT_THREADS %d\n", attentionThreads),

@@ -26,7 +26,8 @@ type skinnyPlan struct {
 
 // gemvCall is one product's launch: the kernel variant, the input width k,
 // the rows per segment n, the row mapping (s, u, mh, seg; gemv.cu), the
-// rotary partner's distance in local rows (q|k|v) and the grid.
+// rotary partner's distance in local rows (q|k|v) and the number of units
+// (blocks of mt tiles; the grid is at most that, see blocks).
 type gemvCall struct {
 	v                   gemvVariant
 	k, n, s, u, mh, seg int
@@ -112,14 +113,32 @@ type gemvIO struct {
 func (s *Stage) gemv(label string, c *gemvCall, w gpu.DevicePtr, t int, io gemvIO) error {
 	nt := gemvNTFor(t)
 	a := c.args(s.args.Reset(), &s.m, w, t, io, s.b.invFreq)
-	return s.launchDep(label, gemvName(c.v, nt), gpu.Dim3{X: uint32(c.grid)}, gpu.Dim3{X: gemvThreads}, gemvSmem(c.v.mt, nt), a)
+	grid := gpu.Dim3{X: uint32(c.blocks(nt, s.dev.Info().SMs))}
+	return s.launchDep(label, gemvName(c.v, nt), grid, gpu.Dim3{X: gemvThreads}, gemvSmem(c.v.mt, nt), a)
+}
+
+// blocks is the grid of a launch of c for nt token groups on a device of
+// sms multiprocessors: the persistent blocks that fit at once, at most one
+// per unit (c.grid).
+func (c *gemvCall) blocks(nt, sms int) int {
+	return max(1, min(c.grid, sms*gemvBlocksPerSM(c.v, nt)))
+}
+
+// gemvBlocksPerSM is the resident blocks a gemv kernel is compiled for
+// (the minb of its GEMV_ENTRY): two, but one for the kernels with the most
+// accumulators.
+func gemvBlocksPerSM(v gemvVariant, nt int) int {
+	if v.mt == 4 || v.mt*nt == 8 {
+		return 1
+	}
+	return 2
 }
 
 // args appends the parameters of a launch of c (GEMV_PARAMS in gemv.cu).
 func (c *gemvCall) args(a *gpu.KernelArgs, m *model.Config, w gpu.DevicePtr, t int, io gemvIO, invFreq gpu.DevicePtr) *gpu.KernelArgs {
 	return a.Ptr(w).Ptr(io.x).Ptr(io.rowmap).Ptr(io.g).Float32(float32(m.RMSNormEps)).
 		Int32(int32(c.k)).Int32(int32(c.n)).Int32(int32(t)).
-		Int32(int32(c.s)).Int32(int32(c.u)).Int32(int32(c.mh)).Int32(int32(c.seg)).
+		Int32(int32(c.s)).Int32(int32(c.u)).Int32(int32(c.mh)).Int32(int32(c.seg)).Int32(int32(c.grid)).
 		Ptr(io.out).Int32(int32(io.ldo)).Ptr(io.bias).Ptr(invFreq).Ptr(io.pos).Ptr(io.cacheRow).
 		Ptr(io.kcache).Ptr(io.vcache).Int32(int32(m.NumHeads)).Int32(int32(m.NumKVHeads)).Int32(int32(m.HeadDim)).
 		Int32(int32(c.pdelta)).Ptr(io.stats)
@@ -131,6 +150,7 @@ func (c *gemvCall) args(a *gpu.KernelArgs, m *model.Config, w gpu.DevicePtr, t i
 // sequences: parts of at least 32 keys).
 type attnPlan struct {
 	nkv, groups int
+	rmax        int // query heads per block: the kernel attention_r<rmax>
 }
 
 const (
@@ -140,7 +160,14 @@ const (
 
 func newAttnPlan(m *model.Config) attnPlan {
 	r := m.NumHeads / m.NumKVHeads
-	return attnPlan{nkv: m.NumKVHeads, groups: (r + attentionHeads - 1) / attentionHeads}
+	rmax := attentionHeads
+	for _, v := range attentionVariants {
+		if v >= r {
+			rmax = v
+			break
+		}
+	}
+	return attnPlan{nkv: m.NumKVHeads, groups: (r + rmax - 1) / rmax, rmax: rmax}
 }
 
 // splits is how many parts a step of t tokens cuts each sequence into.

@@ -246,7 +246,7 @@ func (r *kernelRig) gemv(m *model.Config, c *gemvCall, w gpu.DevicePtr, tok int,
 	nt := gemvNTFor(tok)
 	a := c.args(r.args.Reset(), m, w, tok, io, invFreq)
 	f := r.fn[gemvName(c.v, nt)]
-	grid, block := gpu.Dim3{X: uint32(c.grid)}, gpu.Dim3{X: gemvThreads}
+	grid, block := gpu.Dim3{X: uint32(c.blocks(nt, r.dev.Info().SMs))}, gpu.Dim3{X: gemvThreads}
 	if dep {
 		return f.LaunchDependent(grid, block, gemvSmem(c.v.mt, nt), r.st, a)
 	}
@@ -657,8 +657,7 @@ func newAttnSetup(t *testing.T, r *kernelRig, nh, nkv, hd int, ctx []int, maxSpl
 	r.upload(t, a.tables, gpu.AsBytes(words))
 	r.upload(t, a.tabOff, gpu.AsBytes(off))
 	r.upload(t, a.pos, gpu.AsBytes(pos))
-	groups := (nh/nkv + attentionHeads - 1) / attentionHeads
-	units := a.tok * nkv * groups
+	units := a.tok * nkv * newAttnPlan(&model.Config{NumHeads: nh, NumKVHeads: nkv}).groups
 	a.part = r.alloc(t, units*maxSplits*attentionHeads*hd*4)
 	a.partML = r.alloc(t, units*maxSplits*attentionHeads*2*4)
 	a.counts = r.alloc(t, units*4)
@@ -669,15 +668,17 @@ func newAttnSetup(t *testing.T, r *kernelRig, nh, nkv, hd int, ctx []int, maxSpl
 }
 
 func (a *attnSetup) launch(r *kernelRig, splits int, dep bool) error {
-	groups := (a.nh/a.nkv + attentionHeads - 1) / attentionHeads
+	ap := newAttnPlan(&model.Config{NumHeads: a.nh, NumKVHeads: a.nkv})
+	groups := ap.groups
 	args := r.args.Reset().Ptr(a.q).Ptr(a.kc).Ptr(a.vc).Ptr(a.out).Ptr(a.outB).Int32(int32(a.tok)).
 		Ptr(a.tables).Ptr(a.tabOff).Ptr(a.pos).Int32(int32(a.bs)).Int32(int32(a.nh)).Int32(int32(a.nkv)).Int32(int32(a.hd)).
 		Float32(float32(1 / math.Sqrt(float64(a.hd)))).Int32(int32(splits)).Ptr(a.part).Ptr(a.partML).Ptr(a.counts)
 	grid := gpu.Dim3{X: uint32(a.tok), Y: uint32(a.nkv * groups), Z: uint32(splits)}
+	f := r.fn[attentionName(ap.rmax)]
 	if dep {
-		return r.fn[kAttention].LaunchDependent(grid, gpu.Dim3{X: attentionThreads}, 0, r.st, args)
+		return f.LaunchDependent(grid, gpu.Dim3{X: attentionThreads}, 0, r.st, args)
 	}
-	return r.fn[kAttention].Launch(grid, gpu.Dim3{X: attentionThreads}, 0, r.st, args)
+	return f.Launch(grid, gpu.Dim3{X: attentionThreads}, 0, r.st, args)
 }
 
 func checkAttention(t *testing.T, r *kernelRig, nh, nkv, hd int, ctx []int, splits int, quiet bool) {
@@ -836,8 +837,7 @@ func TestSkinnyBandwidth(t *testing.T) {
 			for i := range ctx {
 				ctx[i] = sz.ctx
 			}
-			ap := attnPlan{nkv: tc.nkv, groups: 1}
-			sp := ap.splits(sz.tok)
+			sp := newAttnPlan(&model.Config{NumHeads: tc.nh, NumKVHeads: tc.nkv}).splits(sz.tok)
 			a := newAttnSetup(t, r, tc.nh, tc.nkv, tc.hd, ctx, sp)
 			d := r.timeGraph(t, 20, func(int) error { return a.launch(r, sp, r.dependents) })
 			fmt.Fprintf(&table, "%-8s %-14s %4d %9d %9.2f\n", tc.name, fmt.Sprintf("splits %d", sp), sz.tok, sz.ctx, us(d))

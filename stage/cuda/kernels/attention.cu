@@ -22,7 +22,9 @@
 // q is fp32 [tokens][nh][hd]; scale multiplies it. The output goes to out
 // (fp32, [tokens][nh][hd]) when not null, and to out_bf (bf16) when not
 // null, with its rounding remainder lo rows on (put_split).
-// Grid: (tokens, nkv * groups, splits), groups = ceil((nh / nkv) / ATT_RMAX).
+// attention_rN takes groups of up to N query heads (N = 1, 2, 4, 8; the
+// launch picks the smallest N at least nh / nkv, or 8).
+// Grid: (tokens, nkv * groups, splits), groups = ceil((nh / nkv) / N).
 // Block: ATT_THREADS. hd: a multiple of 8, at most 256.
 #define ATT_THREADS 128
 #define ATT_WARPS 4
@@ -41,11 +43,16 @@ __device__ __forceinline__ void att_merge(float& m, float& l, float* a, float m2
     for (int i = 0; i < 8; i++) a[i] = a[i] * f1 + a2[i] * f2;
 }
 
-extern "C" __global__ void __launch_bounds__(ATT_THREADS)
-    attention(const float* q, const bf16* kcache, const bf16* vcache, float* out, bf16* out_bf,
-              int lo, const int* tables, const int* table_off, const int* pos, int bs, int nh,
-              int nkv, int hd, float scale, int splits, float* part, float* part_ml,
-              int* counters) {
+#define ATT_PARAMS                                                                          \
+    const float *q, const bf16 *kcache, const bf16 *vcache, float *out, bf16 *out_bf, int lo, \
+        const int *tables, const int *table_off, const int *pos, int bs, int nh, int nkv,     \
+        int hd, float scale, int splits, float *part, float *part_ml, int *counters
+#define ATT_ARGS \
+    q, kcache, vcache, out, out_bf, lo, tables, table_off, pos, bs, nh, nkv, hd, scale, splits, \
+        part, part_ml, counters
+
+template <int RM>
+__device__ __forceinline__ void attention_body(ATT_PARAMS) {
     __shared__ float wm[ATT_WARPS][ATT_RMAX], wl[ATT_WARPS][ATT_RMAX];
     __shared__ float wacc[ATT_WARPS][ATT_RMAX][256];
     __shared__ int last;
@@ -53,10 +60,10 @@ extern "C" __global__ void __launch_bounds__(ATT_THREADS)
     const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
     const int t = blockIdx.x, sp = blockIdx.z;
     const int R = nh / nkv;
-    const int groups = (R + ATT_RMAX - 1) / ATT_RMAX;
+    const int groups = (R + RM - 1) / RM;
     const int kh = blockIdx.y / groups;
-    const int r0 = (blockIdx.y % groups) * ATT_RMAX;
-    const int nr = min(ATT_RMAX, R - r0);
+    const int r0 = (blockIdx.y % groups) * RM;
+    const int nr = min(RM, R - r0);
     const int h0 = kh * R + r0;  // first query head of the block
     const int n = pos[t] + 1;
     const int chunk = max((n + splits - 1) / splits, ATT_MIN_CHUNK);
@@ -77,15 +84,15 @@ extern "C" __global__ void __launch_bounds__(ATT_THREADS)
     const int kpw = 32 / gp;  // keys a warp takes at once
     const bool active = c < G;
 
-    float qr[ATT_RMAX][8];
+    float qr[RM][8];
 #pragma unroll
-    for (int r = 0; r < ATT_RMAX; r++)
+    for (int r = 0; r < RM; r++)
 #pragma unroll
         for (int i = 0; i < 8; i++)
             qr[r][i] = r < nr && active ? ldcg(q + ((size_t)t * nh + h0 + r) * hd + 8 * c + i) * scale : 0.f;
-    float m[ATT_RMAX], l[ATT_RMAX], acc[ATT_RMAX][8];
+    float m[RM], l[RM], acc[RM][8];
 #pragma unroll
-    for (int r = 0; r < ATT_RMAX; r++) {
+    for (int r = 0; r < RM; r++) {
         m[r] = NEG_INF;
         l[r] = 0.f;
 #pragma unroll
@@ -121,20 +128,20 @@ extern "C" __global__ void __launch_bounds__(ATT_THREADS)
                 vv[2 * i] = __uint_as_float(vw[u][i] << 16);
                 vv[2 * i + 1] = __uint_as_float(vw[u][i] & 0xffff0000u);
             }
-            float s[ATT_RMAX];
+            float s[RM];
 #pragma unroll
-            for (int r = 0; r < ATT_RMAX; r++) {
+            for (int r = 0; r < RM; r++) {
                 s[r] = 0.f;
 #pragma unroll
                 for (int i = 0; i < 8; i++) s[r] += qr[r][i] * kv[i];
             }
             for (int o = gp >> 1; o > 0; o >>= 1) {
 #pragma unroll
-                for (int r = 0; r < ATT_RMAX; r++) s[r] += __shfl_xor_sync(0xffffffffu, s[r], o);
+                for (int r = 0; r < RM; r++) s[r] += __shfl_xor_sync(0xffffffffu, s[r], o);
             }
             if (ok[u]) {
 #pragma unroll
-                for (int r = 0; r < ATT_RMAX; r++) {
+                for (int r = 0; r < RM; r++) {
                     float mn = fmaxf(m[r], s[r]);
                     float corr = expf(m[r] - mn);  // 0 while m is -inf
                     float p = expf(s[r] - mn);
@@ -151,7 +158,7 @@ extern "C" __global__ void __launch_bounds__(ATT_THREADS)
     // warps through shared memory.
     for (int o = gp; o < 32; o <<= 1) {
 #pragma unroll
-        for (int r = 0; r < ATT_RMAX; r++) {
+        for (int r = 0; r < RM; r++) {
             float m2 = __shfl_xor_sync(0xffffffffu, m[r], o);
             float l2 = __shfl_xor_sync(0xffffffffu, l[r], o);
             float a2[8];
@@ -162,7 +169,7 @@ extern "C" __global__ void __launch_bounds__(ATT_THREADS)
     }
     if (kslot == 0 && active) {
 #pragma unroll
-        for (int r = 0; r < ATT_RMAX; r++) {
+        for (int r = 0; r < RM; r++) {
             if (c == 0) {
                 wm[wid][r] = m[r];
                 wl[wid][r] = l[r];
@@ -245,3 +252,8 @@ extern "C" __global__ void __launch_bounds__(ATT_THREADS)
         counters[unit] = 0;
     }
 }
+
+extern "C" __global__ void __launch_bounds__(ATT_THREADS) attention_r1(ATT_PARAMS) { attention_body<1>(ATT_ARGS); }
+extern "C" __global__ void __launch_bounds__(ATT_THREADS) attention_r2(ATT_PARAMS) { attention_body<2>(ATT_ARGS); }
+extern "C" __global__ void __launch_bounds__(ATT_THREADS) attention_r4(ATT_PARAMS) { attention_body<4>(ATT_ARGS); }
+extern "C" __global__ void __launch_bounds__(ATT_THREADS) attention_r8(ATT_PARAMS) { attention_body<8>(ATT_ARGS); }

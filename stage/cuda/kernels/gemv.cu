@@ -13,11 +13,15 @@
 // one fp32 accumulator), so the activations carry about 16 significant bits,
 // as the compensated cuBLAS path's do; the accumulation is fp32.
 //
-// Work split: a block of 8 warps computes MT tiles of 16 weight rows for
-// every token column; its warps split k (warp w takes the 32-wide k-blocks
-// w, w+8, ...) and their partial sums are added in shared memory in a fixed
-// order, so results do not depend on timing. Weights are read once, 16
-// bytes per load, bypassing L1, several k-blocks in flight per warp. On the
+// Work split: a unit of MT tiles of 16 weight rows is computed by one block
+// of 8 warps for every token column; its warps split k (warp w takes the
+// 32-wide k-blocks w, w+8, ...) and their partial sums are added in shared
+// memory in a fixed order, so results do not depend on timing. Blocks are
+// persistent (as many as fit on the device, each taking units b, b + grid,
+// ...) and software-pipelined: each warp loads the weights of its next
+// group of k-blocks while it multiplies the current one and while the
+// block runs a unit's epilogue, so the weight stream never stops. Weights
+// are read once, 16 bytes per load, bypassing L1. On the
 // tensor cores the weights are the A operand (m16, k16) and the token
 // columns the B operand (n8); within a 32-wide k-block, thread (g, q) of a
 // warp loads the 8 consecutive elements k0+8q..k0+8q+7 of its rows (g and
@@ -27,7 +31,8 @@
 //
 // Row mapping: local tile l of block b, row r in [0,16) is segment row
 //   rs = (b / s) * u + (b % s) * 16 * mh + (l % mh) * 16 + r
-// of segment l / mh, whose first row is (l / mh) * seg: one formula for
+// of segment l / mh (b the unit, in [0, units)), whose first row is
+// (l / mh) * seg: one formula for
 // plain row ranges (s 1, u 16*MT, mh MT), the gate and up halves of a fused
 // gate|up weight (mh MT/2, seg the intermediate size), and rotary pairs of a
 // q|k|v weight (s hd/32, u hd, mh 1, seg hd/2: tiles j and j + hd/32 of a
@@ -35,8 +40,8 @@
 //
 // Epilogues (EPI):
 //   GEMV_STORE  out[t * ldo + row] = v
-//   GEMV_HEAD   as STORE, and per (t, block) the block's (max, argmax,
-//               sum exp(v - max), non-finite flag) in stats[(t * blocks + b) * 4]
+//   GEMV_HEAD   as STORE, and per (t, unit) the unit's (max, argmax,
+//               sum exp(v - max), non-finite flag) in stats[(t * units + b) * 4]
 //   GEMV_RESID  out[t * ldo + row] += v (the residual stream)
 //   GEMV_SILU   out[t * ldo + rs] = silu(v_gate) * v_up
 //   GEMV_ROPE   q|k|v with bias, rotary embedding and the KV cache write, as
@@ -44,7 +49,8 @@
 //               cache row cache_row[t]; a row's rotary partner is pdelta local
 //               rows on.
 //
-// Every gemv kernel is launched with GEMV_THREADS threads and
+// Every gemv kernel is launched with GEMV_THREADS threads, at most
+// min(units, SMs * its GEMV_ENTRY minimum of resident blocks) blocks, and
 // gemv_smem(MT, NT) bytes of dynamic shared memory; it may be launched as a
 // programmatic dependent (it reads only weights before griddepcontrol.wait).
 #define GEMV_THREADS 256
@@ -132,86 +138,87 @@ __device__ __forceinline__ void mma_bf16(float* c, unsigned a0, unsigned a1, uns
 #define GEMV_PARAMS                                                                          \
     const bf16 *__restrict__ w, const float *__restrict__ x, const int *__restrict__ rowmap, \
         const bf16 *__restrict__ g, float eps, int k, int n, int t, int s, int u, int mh,    \
-        int seg, float *out, int ldo, const bf16 *__restrict__ bias,                         \
+        int seg, int units, float *out, int ldo, const bf16 *__restrict__ bias,              \
         const float *__restrict__ inv_freq, const int *__restrict__ pos,                     \
         const int *__restrict__ cache_row, bf16 *kcache, bf16 *vcache, int nh, int nkv,      \
         int hd, int pdelta, float *stats
 #define GEMV_ARGS \
-    w, x, rowmap, g, eps, k, n, t, s, u, mh, seg, out, ldo, bias, inv_freq, pos, cache_row, \
-        kcache, vcache, nh, nkv, hd, pdelta, stats
+    w, x, rowmap, g, eps, k, n, t, s, u, mh, seg, units, out, ldo, bias, inv_freq, pos, \
+        cache_row, kcache, vcache, nh, nkv, hd, pdelta, stats
 
+// Gemv is one gemv launch's parameters and the per-thread state of its
+// software pipeline. A block works through units (blocks of MT tiles)
+// blockIdx.x, blockIdx.x + gridDim.x, ...; each warp through groups of U
+// k-blocks of each unit; every warp has the same number of groups per unit
+// (empty ones at the end of a short k range), so that the block-wide
+// epilogue after a unit's last group finds every warp there. The weights of
+// the next group are loaded while the current one is multiplied and while a
+// unit's epilogue runs.
 template <int EPI, int MT, int NT>
-__device__ __forceinline__ void gemv_body(GEMV_PARAMS) {
-    constexpr int U = 8 / MT;  // k-blocks in flight per warp
-    constexpr int R = MT * 16, C = NT * 8;
-    extern __shared__ float gsm[];
-    float* red = gsm;                        // [GEMV_WARPS][R][C]
-    float* sq = gsm + GEMV_WARPS * R * C;    // [GEMV_WARPS][C]
-    float* invs = sq + GEMV_WARPS * C;       // [C]
-    const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
-    const int gq = lane >> 2, tq = lane & 3;
-    const int b = blockIdx.x;
-    const int base = (b / s) * u + (b % s) * 16 * mh;
+struct Gemv {
+    static constexpr int U = 4 / MT;  // k-blocks per group
+    static constexpr int R = MT * 16, C = NT * 8;
+    const bf16* __restrict__ w;
+    const float* __restrict__ x;
+    const int* __restrict__ rowmap;
+    const bf16* __restrict__ g;
+    float eps;
+    int k, n, t, s, u, mh, seg, units;
+    float* out;
+    int ldo;
+    const bf16* __restrict__ bias;
+    const float* __restrict__ inv_freq;
+    const int* __restrict__ pos;
+    const int* __restrict__ cache_row;
+    bf16 *kcache, *vcache;
+    int nh, nkv, hd, pdelta;
+    float* stats;
 
-    pdl_trigger();
-
-    // This thread's weight rows: tile l, rows gq and gq + 8.
-    const bf16* wrow[MT][2];
-    bool wok[MT][2];
-#pragma unroll
-    for (int l = 0; l < MT; l++) {
-        int rs = base + (l % mh) * 16 + gq;
-        const bf16* p = w + ((size_t)((l / mh) * seg) + rs) * k;
-        wrow[l][0] = p;
-        wrow[l][1] = p + (size_t)8 * k;
-        wok[l][0] = rs < n;
-        wok[l][1] = rs + 8 < n;
-    }
-    const int kbn = (k + 31) >> 5;
-    const int nk = wid < kbn ? (kbn - 1 - wid) / GEMV_WARPS + 1 : 0;
-
+    int lane, wid, gq, tq, kbn, ng, tok;
     float acc[MT][NT][4];
-#pragma unroll
-    for (int l = 0; l < MT; l++)
-#pragma unroll
-        for (int c = 0; c < NT; c++)
-#pragma unroll
-            for (int i = 0; i < 4; i++) acc[l][c][i] = 0.f;
     float ssq[NT];
-#pragma unroll
-    for (int c = 0; c < NT; c++) ssq[c] = 0.f;
 
-    u32x4 wa[U][MT][2];
-    const u32x4 zero = {0, 0, 0, 0};
-    int tok = 0;  // pdl_wait_token: 0, once waited
-    for (int j0 = 0; j0 < nk; j0 += U) {
+    // unit and group of step q of this block, and the unit's first row.
+    __device__ __forceinline__ int unit_of(int q) const { return blockIdx.x + (q / ng) * gridDim.x; }
+    __device__ __forceinline__ int base_of(int un) const { return (un / s) * u + (un % s) * 16 * mh; }
+    __device__ __forceinline__ int kblock(int q, int jj) const {
+        return wid + GEMV_WARPS * ((q % ng) * U + jj);
+    }
+
+    // load issues the weight loads of step q into buf.
+    __device__ __forceinline__ void load(u32x4 (&buf)[U][MT][2], int q) const {
+        const int base = base_of(unit_of(q));
+        const u32x4 zero = {0, 0, 0, 0};
 #pragma unroll
-        for (int jj = 0; jj < U; jj++) {
-            int kk = (wid + GEMV_WARPS * (j0 + jj)) * 32 + tq * 8;
-            bool ok = j0 + jj < nk && kk < k;
+        for (int l = 0; l < MT; l++) {
+            int rs = base + (l % mh) * 16 + gq;
+            const bf16* p = w + ((size_t)((l / mh) * seg) + rs) * k;
 #pragma unroll
-            for (int l = 0; l < MT; l++)
-#pragma unroll
-                for (int h = 0; h < 2; h++)
-                    wa[jj][l][h] = ok && wok[l][h] ? ldg_weights(wrow[l][h] + kk) : zero;
-        }
-        if (j0 == 0) {
-            // The weights of the first k-blocks are on their way: now
-            // wait for the kernels this one depends on.
-            tok = pdl_wait_token();
-        }
-#pragma unroll
-        for (int jj = 0; jj < U; jj++) {
-            if (j0 + jj >= nk) {
-                break;
+            for (int jj = 0; jj < U; jj++) {
+                int kb = kblock(q, jj);
+                int kk = kb * 32 + tq * 8;
+                bool ok = kb < kbn && kk < k;
+                buf[jj][l][0] = ok && rs < n ? ldg_weights(p + kk) : zero;
+                buf[jj][l][1] = ok && rs + 8 < n ? ldg_weights(p + (size_t)8 * k + kk) : zero;
             }
-            int kk = (wid + GEMV_WARPS * (j0 + jj)) * 32 + tq * 8;
-            bool kin = kk < k;
+        }
+    }
+
+    // step multiplies the weights of step q (in buf) with the activations
+    // and, after a unit's last group, runs the unit's epilogue.
+    __device__ __forceinline__ void step(const u32x4 (&buf)[U][MT][2], int q, float* red) {
+#pragma unroll
+        for (int jj = 0; jj < U; jj++) {
+            int kb = kblock(q, jj);
+            int kk = kb * 32 + tq * 8;
+            if (kb >= kbn || kk >= k) {
+                continue;
+            }
 #pragma unroll
             for (int c = 0; c < NT; c++) {
                 int col = c * 8 + gq;
                 float v[8];
-                if (kin && col < t) {
+                if (col < t) {
                     int xr = (rowmap ? rowmap[col] : col) + tok;
                     ldg_act8(x + (size_t)xr * k + kk, v);
                     if (g) {
@@ -235,7 +242,7 @@ __device__ __forceinline__ void gemv_body(GEMV_PARAMS) {
                 }
 #pragma unroll
                 for (int l = 0; l < MT; l++) {
-                    const u32x4 a = wa[jj][l][0], a8 = wa[jj][l][1];
+                    const u32x4 a = buf[jj][l][0], a8 = buf[jj][l][1];
                     mma_bf16(acc[l][c], a.x, a8.x, a.y, a8.y, bh[0], bh[1]);
                     mma_bf16(acc[l][c], a.x, a8.x, a.y, a8.y, bl[0], bl[1]);
                     mma_bf16(acc[l][c], a.z, a8.z, a.w, a8.w, bh[2], bh[3]);
@@ -243,173 +250,227 @@ __device__ __forceinline__ void gemv_body(GEMV_PARAMS) {
                 }
             }
         }
-    }
-    if (nk == 0) {
-        pdl_wait();
+        if (q % ng == ng - 1) {
+            epilogue(unit_of(q), red);
+        }
     }
 
-    // Partial sums of every warp, then their sum in warp order.
+    // epilogue sums the warps' partials of unit un in a fixed order,
+    // applies the norm and writes the outputs; then clears the partials.
+    __device__ __forceinline__ void epilogue(int un, float* red) {
+        float* sq = red + GEMV_WARPS * R * C;  // [GEMV_WARPS][C]
+        float* invs = sq + GEMV_WARPS * C;     // [C]
+        const int tid = threadIdx.x;
+        const int base = base_of(un);
+#pragma unroll
+        for (int l = 0; l < MT; l++)
+#pragma unroll
+            for (int c = 0; c < NT; c++) {
+                float* r0 = red + (wid * R + l * 16 + gq) * C + c * 8 + 2 * tq;
+                r0[0] = acc[l][c][0];
+                r0[1] = acc[l][c][1];
+                r0[8 * C] = acc[l][c][2];
+                r0[8 * C + 1] = acc[l][c][3];
+#pragma unroll
+                for (int i = 0; i < 4; i++) acc[l][c][i] = 0.f;
+            }
+#pragma unroll
+        for (int c = 0; c < NT; c++) {
+            float v = ssq[c];
+            v += __shfl_xor_sync(0xffffffffu, v, 1);
+            v += __shfl_xor_sync(0xffffffffu, v, 2);
+            if (tq == 0) {
+                sq[wid * C + c * 8 + gq] = v;
+            }
+            ssq[c] = 0.f;
+        }
+        __syncthreads();
+        for (int e = tid; e < R * C; e += GEMV_THREADS) {
+            float v = red[e];
+#pragma unroll
+            for (int ww = 1; ww < GEMV_WARPS; ww++) v += red[ww * R * C + e];
+            red[e] = v;
+        }
+        if (tid < C) {
+            float inv = 1.f;
+            if (g) {
+                float v = 0.f;
+#pragma unroll
+                for (int ww = 0; ww < GEMV_WARPS; ww++) v += sq[ww * C + tid];
+                inv = rsqrtf(v / (float)k + eps);
+            }
+            invs[tid] = inv;
+        }
+        __syncthreads();
+        // fin[rl][col] = red[rl * C + col], rl the local row (tile rl / 16,
+        // row rl % 16), rows fastest so that stores coalesce.
+        for (int e = tid; e < R * t && e < R * C; e += GEMV_THREADS) {
+            int rl = e % R, col = e / R;
+            int l = rl >> 4;
+            int rs = base + (l % mh) * 16 + (rl & 15);
+            if (rs >= n) {
+                continue;
+            }
+            int row = (l / mh) * seg + rs;
+            float v = red[rl * C + col] * invs[col];
+            if (EPI == GEMV_STORE || EPI == GEMV_HEAD) {
+                out[(size_t)col * ldo + row] = v;
+            } else if (EPI == GEMV_RESID) {
+                float* o = out + (size_t)col * ldo + row;
+                *o = ldcg(o) + v;
+            } else if (EPI == GEMV_SILU) {
+                if (l < mh) {
+                    float up = red[(rl + mh * 16) * C + col] * invs[col];
+                    out[(size_t)col * ldo + rs] = v / (1.f + expf(-v)) * up;
+                }
+            } else if (EPI == GEMV_ROPE) {
+                int half = hd >> 1;
+                int hh = row / hd, i = row % hd;
+                if (i >= half) {
+                    continue;
+                }
+                float x1 = v, x2 = red[(rl + pdelta) * C + col] * invs[col];
+                if (bias) {
+                    x1 += bf2f(bias[row]);
+                    x2 += bf2f(bias[row + half]);
+                }
+                if (hh < nh + nkv) {
+                    float sn, cs;
+                    sincosf((float)pos[col] * inv_freq[i], &sn, &cs);
+                    float y1 = x1 * cs - x2 * sn;
+                    float y2 = x2 * cs + x1 * sn;
+                    x1 = y1;
+                    x2 = y2;
+                }
+                if (hh < nh) {
+                    out[(size_t)col * ldo + row] = x1;
+                    out[(size_t)col * ldo + row + half] = x2;
+                } else {
+                    int kvh = hh < nh + nkv ? hh - nh : hh - nh - nkv;
+                    bf16* cache = hh < nh + nkv ? kcache : vcache;
+                    size_t dst = ((size_t)cache_row[col] * nkv + kvh) * hd + i;
+                    cache[dst] = f2bf(x1);
+                    cache[dst + half] = f2bf(x2);
+                }
+            }
+        }
+        if (EPI == GEMV_HEAD) {
+            // Per token column, this unit's share of the softmax statistics.
+            for (int col = wid; col < t && col < C; col += GEMV_WARPS) {
+                float bv = NEG_INF, sum = 0.f;
+                int bi = 0x7fffffff, bad = 0;
+                for (int rl = lane; rl < R; rl += 32) {
+                    int l = rl >> 4;
+                    int rs = base + (l % mh) * 16 + (rl & 15);
+                    if (rs < n) {
+                        float v = red[rl * C + col] * invs[col];
+                        bad |= (__float_as_uint(v) & 0x7f800000u) == 0x7f800000u;
+                        if (better(v, rs, bv, bi)) {
+                            bv = v;
+                            bi = rs;
+                        }
+                    }
+                }
+                for (int o = 16; o > 0; o >>= 1) {
+                    float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+                    int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+                    if (better(ov, oi, bv, bi)) {
+                        bv = ov;
+                        bi = oi;
+                    }
+                    bad |= __shfl_xor_sync(0xffffffffu, bad, o);
+                }
+                for (int rl = lane; rl < R; rl += 32) {
+                    int l = rl >> 4;
+                    int rs = base + (l % mh) * 16 + (rl & 15);
+                    if (rs < n) {
+                        sum += expf(red[rl * C + col] * invs[col] - bv);
+                    }
+                }
+                sum = warp_sum(sum);
+                if (lane == 0) {
+                    float* st = stats + ((size_t)col * units + un) * 4;
+                    st[0] = bv;
+                    st[1] = __int_as_float(bi);
+                    st[2] = sum;
+                    st[3] = __int_as_float(bad);
+                }
+            }
+        }
+        __syncthreads();  // red is free for the next unit
+    }
+};
+
+template <int EPI, int MT, int NT>
+__device__ __forceinline__ void gemv_body(GEMV_PARAMS) {
+    extern __shared__ float gsm[];
+    pdl_trigger();
+    Gemv<EPI, MT, NT> m{w, x, rowmap, g, eps, k, n, t, s, u, mh, seg, units, out, ldo, bias,
+                        inv_freq, pos, cache_row, kcache, vcache, nh, nkv, hd, pdelta, stats};
+    const int lane = threadIdx.x & 31;
+    m.lane = lane;
+    m.wid = threadIdx.x >> 5;
+    m.gq = lane >> 2;
+    m.tq = lane & 3;
+    m.kbn = (k + 31) >> 5;
+    const int kpw = (m.kbn + GEMV_WARPS - 1) / GEMV_WARPS;  // k-blocks per warp, at most
+    m.ng = (kpw + Gemv<EPI, MT, NT>::U - 1) / Gemv<EPI, MT, NT>::U;
 #pragma unroll
     for (int l = 0; l < MT; l++)
 #pragma unroll
-        for (int c = 0; c < NT; c++) {
-            float* r0 = red + (wid * R + l * 16 + gq) * C + c * 8 + 2 * tq;
-            r0[0] = acc[l][c][0];
-            r0[1] = acc[l][c][1];
-            r0[8 * C] = acc[l][c][2];
-            r0[8 * C + 1] = acc[l][c][3];
-        }
+        for (int c = 0; c < NT; c++)
 #pragma unroll
-    for (int c = 0; c < NT; c++) {
-        float v = ssq[c];
-        v += __shfl_xor_sync(0xffffffffu, v, 1);
-        v += __shfl_xor_sync(0xffffffffu, v, 2);
-        if (tq == 0) {
-            sq[wid * C + c * 8 + gq] = v;
-        }
-    }
-    __syncthreads();
-    for (int e = tid; e < R * C; e += GEMV_THREADS) {
-        float v = red[e];
+            for (int i = 0; i < 4; i++) m.acc[l][c][i] = 0.f;
 #pragma unroll
-        for (int ww = 1; ww < GEMV_WARPS; ww++) v += red[ww * R * C + e];
-        red[e] = v;
+    for (int c = 0; c < NT; c++) m.ssq[c] = 0.f;
+    const int myunits = blockIdx.x < units ? (units - 1 - blockIdx.x) / gridDim.x + 1 : 0;
+    const int nq = myunits * m.ng;
+    u32x4 wa[Gemv<EPI, MT, NT>::U][MT][2], wb[Gemv<EPI, MT, NT>::U][MT][2];
+    if (nq > 0) {
+        m.load(wa, 0);  // weights only, before the wait
     }
-    if (tid < C) {
-        float inv = 1.f;
-        if (g) {
-            float v = 0.f;
-#pragma unroll
-            for (int ww = 0; ww < GEMV_WARPS; ww++) v += sq[ww * C + tid];
-            inv = rsqrtf(v / (float)k + eps);
+    m.tok = pdl_wait_token();
+    for (int q = 0; q < nq; q += 2) {
+        if (q + 1 < nq) {
+            m.load(wb, q + 1);
         }
-        invs[tid] = inv;
-    }
-    __syncthreads();
-
-    // Epilogue over fin[rl][col] = red[rl * C + col], rl the local row
-    // (tile rl / 16, row rl % 16), rows fastest so that stores coalesce.
-    for (int e = tid; e < R * t && e < R * C; e += GEMV_THREADS) {
-        int rl = e % R, col = e / R;
-        int l = rl >> 4;
-        int rs = base + (l % mh) * 16 + (rl & 15);
-        if (rs >= n) {
-            continue;
+        m.step(wa, q, gsm);
+        if (q + 1 >= nq) {
+            break;
         }
-        int row = (l / mh) * seg + rs;
-        float v = red[rl * C + col] * invs[col];
-        if (EPI == GEMV_STORE || EPI == GEMV_HEAD) {
-            out[(size_t)col * ldo + row] = v;
-        } else if (EPI == GEMV_RESID) {
-            float* o = out + (size_t)col * ldo + row;
-            *o = ldcg(o) + v;
-        } else if (EPI == GEMV_SILU) {
-            if (l < mh) {
-                float up = red[(rl + mh * 16) * C + col] * invs[col];
-                out[(size_t)col * ldo + rs] = v / (1.f + expf(-v)) * up;
-            }
-        } else if (EPI == GEMV_ROPE) {
-            int half = hd >> 1;
-            int hh = row / hd, i = row % hd;
-            if (i >= half) {
-                continue;
-            }
-            float x1 = v, x2 = red[(rl + pdelta) * C + col] * invs[col];
-            if (bias) {
-                x1 += bf2f(bias[row]);
-                x2 += bf2f(bias[row + half]);
-            }
-            if (hh < nh + nkv) {
-                float sn, cs;
-                sincosf((float)pos[col] * inv_freq[i], &sn, &cs);
-                float y1 = x1 * cs - x2 * sn;
-                float y2 = x2 * cs + x1 * sn;
-                x1 = y1;
-                x2 = y2;
-            }
-            if (hh < nh) {
-                out[(size_t)col * ldo + row] = x1;
-                out[(size_t)col * ldo + row + half] = x2;
-            } else {
-                int kvh = hh < nh + nkv ? hh - nh : hh - nh - nkv;
-                bf16* cache = hh < nh + nkv ? kcache : vcache;
-                size_t dst = ((size_t)cache_row[col] * nkv + kvh) * hd + i;
-                cache[dst] = f2bf(x1);
-                cache[dst + half] = f2bf(x2);
-            }
+        if (q + 2 < nq) {
+            m.load(wa, q + 2);
         }
-    }
-    if (EPI == GEMV_HEAD) {
-        // Per token column, this block's share of the softmax statistics.
-        for (int col = wid; col < t && col < C; col += GEMV_WARPS) {
-            float bv = NEG_INF, sum = 0.f;
-            int bi = 0x7fffffff, bad = 0;
-            for (int rl = lane; rl < R; rl += 32) {
-                int l = rl >> 4;
-                int rs = base + (l % mh) * 16 + (rl & 15);
-                if (rs < n) {
-                    float v = red[rl * C + col] * invs[col];
-                    bad |= (__float_as_uint(v) & 0x7f800000u) == 0x7f800000u;
-                    if (better(v, rs, bv, bi)) {
-                        bv = v;
-                        bi = rs;
-                    }
-                }
-            }
-            for (int o = 16; o > 0; o >>= 1) {
-                float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-                int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-                if (better(ov, oi, bv, bi)) {
-                    bv = ov;
-                    bi = oi;
-                }
-                bad |= __shfl_xor_sync(0xffffffffu, bad, o);
-            }
-            for (int rl = lane; rl < R; rl += 32) {
-                int l = rl >> 4;
-                int rs = base + (l % mh) * 16 + (rl & 15);
-                if (rs < n) {
-                    sum += expf(red[rl * C + col] * invs[col] - bv);
-                }
-            }
-            sum = warp_sum(sum);
-            if (lane == 0) {
-                float* st = stats + ((size_t)col * gridDim.x + b) * 4;
-                st[0] = bv;
-                st[1] = __int_as_float(bi);
-                st[2] = sum;
-                st[3] = __int_as_float(bad);
-            }
-        }
+        m.step(wb, q + 1, gsm);
     }
 }
 
-#define GEMV_ENTRY(name, epi, mt, nt)                                                 \
-    extern "C" __global__ void __launch_bounds__(GEMV_THREADS) name(GEMV_PARAMS) { \
-        gemv_body<epi, mt, nt>(GEMV_ARGS);                                            \
+#define GEMV_ENTRY(name, epi, mt, nt, minb)                                                 \
+    extern "C" __global__ void __launch_bounds__(GEMV_THREADS, minb) name(GEMV_PARAMS) { \
+        gemv_body<epi, mt, nt>(GEMV_ARGS);                                                  \
     }
 
-GEMV_ENTRY(gemv_store_m4_n1, GEMV_STORE, 4, 1)
-GEMV_ENTRY(gemv_store_m4_n2, GEMV_STORE, 4, 2)
-GEMV_ENTRY(gemv_store_m4_n4, GEMV_STORE, 4, 4)
-GEMV_ENTRY(gemv_head_m4_n1, GEMV_HEAD, 4, 1)
-GEMV_ENTRY(gemv_head_m4_n2, GEMV_HEAD, 4, 2)
-GEMV_ENTRY(gemv_head_m4_n4, GEMV_HEAD, 4, 4)
-GEMV_ENTRY(gemv_resid_m1_n1, GEMV_RESID, 1, 1)
-GEMV_ENTRY(gemv_resid_m1_n2, GEMV_RESID, 1, 2)
-GEMV_ENTRY(gemv_resid_m1_n4, GEMV_RESID, 1, 4)
-GEMV_ENTRY(gemv_resid_m2_n1, GEMV_RESID, 2, 1)
-GEMV_ENTRY(gemv_resid_m2_n2, GEMV_RESID, 2, 2)
-GEMV_ENTRY(gemv_resid_m2_n4, GEMV_RESID, 2, 4)
-GEMV_ENTRY(gemv_silu_m2_n1, GEMV_SILU, 2, 1)
-GEMV_ENTRY(gemv_silu_m2_n2, GEMV_SILU, 2, 2)
-GEMV_ENTRY(gemv_silu_m2_n4, GEMV_SILU, 2, 4)
-GEMV_ENTRY(gemv_silu_m4_n1, GEMV_SILU, 4, 1)
-GEMV_ENTRY(gemv_silu_m4_n2, GEMV_SILU, 4, 2)
-GEMV_ENTRY(gemv_silu_m4_n4, GEMV_SILU, 4, 4)
-GEMV_ENTRY(gemv_rope_m1_n1, GEMV_ROPE, 1, 1)
-GEMV_ENTRY(gemv_rope_m1_n2, GEMV_ROPE, 1, 2)
-GEMV_ENTRY(gemv_rope_m1_n4, GEMV_ROPE, 1, 4)
-GEMV_ENTRY(gemv_rope_m2_n1, GEMV_ROPE, 2, 1)
-GEMV_ENTRY(gemv_rope_m2_n2, GEMV_ROPE, 2, 2)
-GEMV_ENTRY(gemv_rope_m2_n4, GEMV_ROPE, 2, 4)
+GEMV_ENTRY(gemv_store_m4_n1, GEMV_STORE, 4, 1, 1)
+GEMV_ENTRY(gemv_store_m4_n2, GEMV_STORE, 4, 2, 1)
+GEMV_ENTRY(gemv_store_m4_n4, GEMV_STORE, 4, 4, 1)
+GEMV_ENTRY(gemv_head_m4_n1, GEMV_HEAD, 4, 1, 1)
+GEMV_ENTRY(gemv_head_m4_n2, GEMV_HEAD, 4, 2, 1)
+GEMV_ENTRY(gemv_head_m4_n4, GEMV_HEAD, 4, 4, 1)
+GEMV_ENTRY(gemv_resid_m1_n1, GEMV_RESID, 1, 1, 2)
+GEMV_ENTRY(gemv_resid_m1_n2, GEMV_RESID, 1, 2, 2)
+GEMV_ENTRY(gemv_resid_m1_n4, GEMV_RESID, 1, 4, 2)
+GEMV_ENTRY(gemv_resid_m2_n1, GEMV_RESID, 2, 1, 2)
+GEMV_ENTRY(gemv_resid_m2_n2, GEMV_RESID, 2, 2, 2)
+GEMV_ENTRY(gemv_resid_m2_n4, GEMV_RESID, 2, 4, 1)
+GEMV_ENTRY(gemv_silu_m2_n1, GEMV_SILU, 2, 1, 2)
+GEMV_ENTRY(gemv_silu_m2_n2, GEMV_SILU, 2, 2, 2)
+GEMV_ENTRY(gemv_silu_m2_n4, GEMV_SILU, 2, 4, 1)
+GEMV_ENTRY(gemv_silu_m4_n1, GEMV_SILU, 4, 1, 1)
+GEMV_ENTRY(gemv_silu_m4_n2, GEMV_SILU, 4, 2, 1)
+GEMV_ENTRY(gemv_silu_m4_n4, GEMV_SILU, 4, 4, 1)
+GEMV_ENTRY(gemv_rope_m1_n1, GEMV_ROPE, 1, 1, 2)
+GEMV_ENTRY(gemv_rope_m1_n2, GEMV_ROPE, 1, 2, 2)
+GEMV_ENTRY(gemv_rope_m1_n4, GEMV_ROPE, 1, 4, 2)
+GEMV_ENTRY(gemv_rope_m2_n1, GEMV_ROPE, 2, 1, 2)
+GEMV_ENTRY(gemv_rope_m2_n2, GEMV_ROPE, 2, 2, 2)
+GEMV_ENTRY(gemv_rope_m2_n4, GEMV_ROPE, 2, 4, 1)
