@@ -211,14 +211,14 @@ struct Gemv {
         for (int jj = 0; jj < U; jj++) {
             int kb = kblock(q, jj);
             int kk = kb * 32 + tq * 8;
-            if (kb >= kbn || kk >= k) {
-                continue;
+            if (kb >= kbn) {
+                continue;  // uniform across the warp: the mma below is warp-wide
             }
 #pragma unroll
             for (int c = 0; c < NT; c++) {
                 int col = c * 8 + gq;
                 float v[8];
-                if (col < t) {
+                if (col < t && kk < k) {
                     int xr = (rowmap ? rowmap[col] : col) + tok;
                     ldg_act8(x + (size_t)xr * k + kk, v);
                     if (g) {
