@@ -118,10 +118,10 @@ gotest() {
 
 if [ "$MODE" = kernels ]; then
 	step "kernels: compile, references, bandwidth"
-	gotest kernels -test.run 'TestKernelSource|TestSkinnyKernels|TestAttentionKernel|TestSampleKernel|TestSkinnyBandwidth|TestPlanSkinny|TestWorkspaceBytes' -test.timeout 300s || status=1
+	gotest kernels -test.run 'TestKernelSource|TestSkinnyKernels|TestAttentionKernel|TestSampleKernel|TestSkinnyBandwidth|TestPlanSkinny|TestWorkspaceBytes' -test.timeout 150s || status=1
 	grep -A80 'skinny products' "$OUT/kernels.log" | head -120
 	step "conformance on every path, graphs (short)"
-	gotest conformance -test.run 'TestConformance|TestGraphs|TestGraphErrors|TestGraphLongRun|TestMemoryReport' -test.short -test.timeout 300s || status=1
+	gotest conformance -test.run 'TestConformance|TestGraphs|TestGraphErrors|TestGraphLongRun|TestMemoryReport' -test.short -test.timeout 200s || status=1
 	step "decode timing, random Llama-3.2-1B weights (transformers' init)"
 	python3 - "$WORK/llama1b" "$HERE" <<'EOF' 2>&1 | tee -a "$LOG"
 import sys, time
