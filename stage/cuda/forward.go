@@ -316,7 +316,8 @@ func (s *Stage) head(sh shape) error {
 	var stats gpu.DevicePtr
 	nstat := 0
 	if s.sk.use(sh.rows) {
-		stats, nstat = s.b.stats, s.sk.head.grid
+		info := s.dev.Info()
+		stats, nstat = s.b.stats, s.sk.call(&s.sk.head, sh.rows).stats(sh.rows, info.SMs, info.MaxSharedPerBlockOptin)
 		err := s.gemv("lm_head+norm", &s.sk.head, s.weights.lmHead, sh.rows, gemvIO{x: s.b.resid, rowmap: rows, g: s.weights.norm,
 			out: s.b.logits, ldo: m.VocabSize, stats: stats})
 		if err != nil {

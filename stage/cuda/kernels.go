@@ -55,6 +55,19 @@ var attentionVariants = []int{1, 2, 4, 8}
 
 func attentionName(r int) string { return fmt.Sprintf("attention_r%d", r) }
 
+// gemvfVariants are the epilogues of the GEMVF_ENTRY instances of
+// gemvf.cu, each compiled for gemvfTokens token rows.
+var (
+	gemvfVariants = []string{epiHead, epiResid, epiSilu, epiRope}
+	gemvfTokens   = []int{1, 2}
+)
+
+func gemvfName(epi string, t int) string { return fmt.Sprintf("gemvf_%s_t%d", epi, t) }
+
+// gemvfSmem is the dynamic shared memory of a gemvf kernel for t token
+// rows of width k: the staged activations and 32 floats of scratch.
+func gemvfSmem(t, k int) int { return (t*k + 32) * 4 }
+
 // gemvNT are the token-column groups each variant is compiled for.
 var gemvNT = []int{1, 2, 4}
 
@@ -79,6 +92,11 @@ var kernelNames = func() []string {
 			n = append(n, gemvName(v, nt))
 		}
 	}
+	for _, e := range gemvfVariants {
+		for _, t := range gemvfTokens {
+			n = append(n, gemvfName(e, t))
+		}
+	}
 	return n
 }()
 
@@ -94,7 +112,7 @@ const (
 	maxHeadDim       = 256  // the row size of attention.cu's shared partials
 	sampleThreads    = 1024 // SAMPLE_THREADS in sample.cu
 	sampleParams     = 9    // SAMPLE_PARAMS in sample.cu
-	gemvThreads      = 256  // GEMV_THREADS in gemv.cu
+	gemvThreads      = 256  // GEMV_THREADS in gemv.cu, GEMVF_THREADS in gemvf.cu
 	gemvWarps        = 8    // GEMV_WARPS
 	gemvMaxTokens    = 32   // 8 * the largest NT
 	normThreads      = 256

@@ -16,7 +16,7 @@ func TestKernelSource(t *testing.T) {
 		t.Errorf("program does not start with the common definitions:\n%.200s", src)
 	}
 	for _, name := range kernelNames {
-		re := regexp.MustCompile(`(extern "C" __global__ void (__launch_bounds__\(\w+\)\s+)?` + name + `\(|GEMV_ENTRY\(` + name + `,)`)
+		re := regexp.MustCompile(`(extern "C" __global__ void (__launch_bounds__\(\w+\)\s+)?` + name + `\(|GEMVF?_ENTRY\(` + name + `,)`)
 		if n := len(re.FindAllString(src, -1)); n != 1 {
 			t.Errorf("kernel %s defined %d times in the program; want once", name, n)
 		}

@@ -110,14 +110,15 @@ func (s *Stage) loadModule(img []byte, dir string) error {
 		}
 	}
 	s.mod = mod
-	s.fn, err = lookupKernels(mod)
+	s.fn, err = lookupKernels(mod, s.dev.Info())
 	return err
 }
 
 // lookupKernels finds every kernel of the program in mod and raises the
-// shared memory limit of those that need more than the default 48 KiB.
-// Device goroutine only.
-func lookupKernels(mod gpu.Module) (map[string]gpu.Function, error) {
+// shared memory limit of those that need more than the default 48 KiB (the
+// gemvf kernels: the device's whole limit, as their need depends on the
+// model). Device goroutine only.
+func lookupKernels(mod gpu.Module, info gpu.DeviceInfo) (map[string]gpu.Function, error) {
 	fn := make(map[string]gpu.Function, len(kernelNames))
 	for _, name := range kernelNames {
 		f, err := mod.Function(name)
@@ -130,6 +131,15 @@ func lookupKernels(mod gpu.Module) (map[string]gpu.Function, error) {
 		for _, nt := range gemvNT {
 			if n := gemvSmem(v.mt, nt); n > 48<<10 {
 				if err := fn[gemvName(v, nt)].SetMaxDynamicSharedMem(n); err != nil {
+					return nil, err
+				}
+			}
+		}
+	}
+	if info.MaxSharedPerBlockOptin > 48<<10 {
+		for _, e := range gemvfVariants {
+			for _, t := range gemvfTokens {
+				if err := fn[gemvfName(e, t)].SetMaxDynamicSharedMem(info.MaxSharedPerBlockOptin); err != nil {
 					return nil, err
 				}
 			}

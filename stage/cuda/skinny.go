@@ -6,31 +6,36 @@ import (
 )
 
 // DefaultSkinnyTokens is the most token rows a step may have for its
-// products to run on the skinny kernels (gemv.cu) rather than cuBLAS, when
-// Config.SkinnyTokens is 0. Measured on an H200 with the Llama-3.2-1B and
-// Llama-3.1-8B shapes (NOTES.md): at 1 to 32 rows the skinny kernels read
-// the weights at 85-90% of the copy bandwidth, cuBLAS (compensated, twice
-// the rows) at 55-65%.
-const DefaultSkinnyTokens = gemvMaxTokens
+// products to run on the skinny kernels rather than cuBLAS, when
+// Config.SkinnyTokens is 0: past it cuBLAS's wide tiles read the weights
+// faster than the tensor-core skinny kernels, fusion included (NOTES.md).
+const DefaultSkinnyTokens = 8
 
 // skinnyPlan is how a stage runs its products in steps of at most
-// maxTokens token rows (0: never): one gemv launch per product, with the
-// norms folded into the q|k|v, gate|up and LM-head products and the rest of
-// the layer into their epilogues (rotary embedding and KV-cache write;
+// maxTokens token rows (0: never): one launch per product, with the norms
+// folded into the q|k|v, gate|up and LM-head products and the rest of the
+// layer into their epilogues (rotary embedding and KV-cache write;
 // SiLU·mul; the residual adds of the o and down projections; the LM head's
-// softmax partials).
+// softmax partials). Steps of at most fmaTokens rows use the fp32
+// multiply-add kernels (gemvf.cu), longer ones the tensor-core kernels
+// (gemv.cu).
 type skinnyPlan struct {
-	maxTokens                  int
-	qkv, o, gateUp, down, head gemvCall
+	maxTokens, fmaTokens       int
+	qkv, o, gateUp, down, head product
 }
 
-// gemvCall is one product's launch: the kernel variant, the input width k,
-// the rows per segment n, the row mapping (s, u, mh, seg; gemv.cu), the
-// rotary partner's distance in local rows (q|k|v) and the number of units
-// (blocks of mt tiles; the grid is at most that, see blocks).
+// product is one product's launch on either kernel family.
+type product struct{ mma, fma gemvCall }
+
+// gemvCall is one product's launch: the kernel variant (mt 0: the gemvf
+// family), the input width k, the rows per segment n, the row mapping (s,
+// u, mh, seg; gemv.cu — for gemvf s, u, seg = d and dn; gemvf.cu), the
+// rotary partner's distance in local rows (q|k|v, gemv.cu) and the number
+// of units (gemv: blocks of mt tiles; gemvf: warp units of 4 rows).
 type gemvCall struct {
 	v                   gemvVariant
 	k, n, s, u, mh, seg int
+	dn                  int
 	pdelta, grid        int
 }
 
@@ -39,46 +44,77 @@ func plain(v gemvVariant, k, n int) gemvCall {
 	return gemvCall{v: v, k: k, n: n, s: 1, u: 16 * v.mt, mh: v.mt, grid: (n + 16*v.mt - 1) / (16 * v.mt)}
 }
 
+// smemOptinDefault is the shared memory a block may have on the devices
+// the workspace estimate assumes (Hopper) when none is at hand.
+const smemOptinDefault = 227 << 10
+
 // planSkinny plans the skinny products of model m, limited to max token
-// rows (Config.SkinnyTokens: 0 the default, negative never). It returns a
-// plan with maxTokens 0 when the kernels cannot serve the model: widths
-// that are not multiples of 8 (16-byte rows), or a head dim whose rotary
-// pairs a block cannot hold (neither a multiple of 32 nor a divisor of 16),
-// or a device without bf16 tensor cores (tensorCores false).
-func planSkinny(m *model.Config, max int, tensorCores bool) skinnyPlan {
+// rows (limit: Config.SkinnyTokens, 0 the default, negative never), on a device
+// with bf16 tensor cores or not and smemOptin bytes of shared memory a
+// block can take. The tensor-core kernels need widths that are multiples
+// of 8 (16-byte rows) and a head dim whose rotary pairs a block can hold
+// (a multiple of 32 or a divisor of 16); the fp32 ones need the
+// activations of their steps in shared memory. A plan with maxTokens 0
+// runs every product on cuBLAS.
+func planSkinny(m *model.Config, limit int, tensorCores bool, smemOptin int) skinnyPlan {
 	switch {
-	case max == 0:
-		max = DefaultSkinnyTokens
-	case max < 0:
+	case limit == 0:
+		limit = DefaultSkinnyTokens
+	case limit < 0:
 		return skinnyPlan{}
 	}
 	H, I, hd := m.HiddenSize, m.IntermediateSize, m.HeadDim
 	qDim := m.QDim()
 	qkvRows := qDim + 2*m.KVDim()
-	if !tensorCores || H%8 != 0 || I%8 != 0 || qDim%8 != 0 {
+	if H%8 != 0 || I%8 != 0 || qDim%8 != 0 || hd%4 != 0 {
 		return skinnyPlan{}
 	}
-	p := skinnyPlan{maxTokens: min(max, gemvMaxTokens)}
+	var p skinnyPlan
+	maxK := max(H, I, qDim)
+	for _, tt := range gemvfTokens {
+		if tt <= limit && gemvfSmem(tt, maxK) <= smemOptin {
+			p.fmaTokens = tt
+		}
+	}
+	heads := m.NumHeads + 2*m.NumKVHeads
+	p.qkv.fma = gemvCall{v: gemvVariant{epi: epiRope}, k: H, n: qkvRows, s: hd / 4, u: hd, seg: hd / 2, dn: hd / 2, grid: heads * hd / 4}
+	p.o.fma = gemvCall{v: gemvVariant{epi: epiResid}, k: qDim, n: H, s: 1, u: 4, seg: 2, dn: 2, grid: (H + 3) / 4}
+	p.gateUp.fma = gemvCall{v: gemvVariant{epi: epiSilu}, k: H, n: I, s: 1, u: 2, seg: I, grid: (I + 1) / 2}
+	p.down.fma = gemvCall{v: gemvVariant{epi: epiResid}, k: I, n: H, s: 1, u: 4, seg: 2, dn: 2, grid: (H + 3) / 4}
+	p.head.fma = gemvCall{v: gemvVariant{epi: epiHead}, k: H, n: m.VocabSize, s: 1, u: 4, seg: 2, dn: 2, grid: (m.VocabSize + 3) / 4}
+	p.maxTokens = p.fmaTokens
+	if !tensorCores {
+		return p
+	}
 	switch {
 	case hd%32 == 0:
 		// Block = tiles j and j + hd/32 of one head: rows i and i + hd/2.
 		s := hd / 32
-		p.qkv = gemvCall{v: gemvVariant{epiRope, 2}, k: H, n: qkvRows, s: s, u: hd, mh: 1, seg: hd / 2,
-			pdelta: 16, grid: (m.NumHeads + 2*m.NumKVHeads) * s}
+		p.qkv.mma = gemvCall{v: gemvVariant{epiRope, 2}, k: H, n: qkvRows, s: s, u: hd, mh: 1, seg: hd / 2,
+			pdelta: 16, grid: heads * s}
 	case 16%hd == 0:
 		// Block = one tile of whole heads.
-		p.qkv = plain(gemvVariant{epiRope, 1}, H, qkvRows)
-		p.qkv.pdelta = hd / 2
+		p.qkv.mma = plain(gemvVariant{epiRope, 1}, H, qkvRows)
+		p.qkv.mma.pdelta = hd / 2
 	default:
-		return skinnyPlan{}
+		return p
 	}
-	p.o = plain(gemvVariant{epiResid, 1}, qDim, H)
-	p.gateUp = plain(gemvVariant{epiSilu, 2}, H, I)
-	p.gateUp.mh, p.gateUp.u, p.gateUp.seg = 1, 16, I
-	p.gateUp.grid = (I + 15) / 16
-	p.down = plain(gemvVariant{epiResid, 1}, I, H)
-	p.head = plain(gemvVariant{epiHead, 4}, H, m.VocabSize)
+	p.o.mma = plain(gemvVariant{epiResid, 1}, qDim, H)
+	p.gateUp.mma = plain(gemvVariant{epiSilu, 2}, H, I)
+	p.gateUp.mma.mh, p.gateUp.mma.u, p.gateUp.mma.seg = 1, 16, I
+	p.gateUp.mma.grid = (I + 15) / 16
+	p.down.mma = plain(gemvVariant{epiResid, 1}, I, H)
+	p.head.mma = plain(gemvVariant{epiHead, 4}, H, m.VocabSize)
+	p.maxTokens = max(p.fmaTokens, min(limit, gemvMaxTokens))
 	return p
+}
+
+// call is the launch of product p for t token rows.
+func (sp *skinnyPlan) call(p *product, t int) *gemvCall {
+	if t <= sp.fmaTokens {
+		return &p.fma
+	}
+	return &p.mma
 }
 
 // use reports whether a step of t token rows runs on the skinny kernels.
@@ -109,19 +145,37 @@ type gemvIO struct {
 	kcache, vcache, stats gpu.DevicePtr
 }
 
-// gemv launches product c of weights w for t token rows.
-func (s *Stage) gemv(label string, c *gemvCall, w gpu.DevicePtr, t int, io gemvIO) error {
-	nt := gemvNTFor(t)
+// gemv launches product p of weights w for t token rows.
+func (s *Stage) gemv(label string, p *product, w gpu.DevicePtr, t int, io gemvIO) error {
+	c := s.sk.call(p, t)
+	info := s.dev.Info()
+	name, grid, smem := c.launch(t, info.SMs, info.MaxSharedPerBlockOptin)
 	a := c.args(s.args.Reset(), &s.m, w, t, io, s.b.invFreq)
-	grid := gpu.Dim3{X: uint32(c.blocks(nt, s.dev.Info().SMs))}
-	return s.launchDep(label, gemvName(c.v, nt), grid, gpu.Dim3{X: gemvThreads}, gemvSmem(c.v.mt, nt), a)
+	return s.launchDep(label, name, gpu.Dim3{X: uint32(grid)}, gpu.Dim3{X: gemvThreads}, smem, a)
 }
 
-// blocks is the grid of a launch of c for nt token groups on a device of
-// sms multiprocessors: the persistent blocks that fit at once, at most one
-// per unit (c.grid).
-func (c *gemvCall) blocks(nt, sms int) int {
-	return max(1, min(c.grid, sms*gemvBlocksPerSM(c.v, nt)))
+// launch is the kernel, grid and dynamic shared memory of a launch of c
+// for t token rows on a device of sms multiprocessors and smemOptin bytes
+// of shared memory per block. Blocks are persistent: as many as fit at
+// once, at most one per unit (gemv) or per 8 warp units (gemvf).
+func (c *gemvCall) launch(t, sms, smemOptin int) (name string, grid, smem int) {
+	if c.v.mt == 0 {
+		smem = gemvfSmem(t, c.k)
+		per := max(1, min(2, smemOptin/smem))
+		return gemvfName(c.v.epi, t), max(1, min((c.grid+7)/8, sms*per)), smem
+	}
+	nt := gemvNTFor(t)
+	return gemvName(c.v, nt), max(1, min(c.grid, sms*gemvBlocksPerSM(c.v, nt))), gemvSmem(c.v.mt, nt)
+}
+
+// stats is how many softmax partials per token row the LM-head launch c
+// writes for t tokens: one per unit (gemv) or per warp (gemvf).
+func (c *gemvCall) stats(t, sms, smemOptin int) int {
+	_, grid, _ := c.launch(t, sms, smemOptin)
+	if c.v.mt == 0 {
+		return 8 * grid
+	}
+	return c.grid
 }
 
 // gemvBlocksPerSM is the resident blocks a gemv kernel is compiled for
@@ -134,14 +188,22 @@ func gemvBlocksPerSM(v gemvVariant, nt int) int {
 	return 2
 }
 
-// args appends the parameters of a launch of c (GEMV_PARAMS in gemv.cu).
+// args appends the parameters of a launch of c (GEMV_PARAMS in gemv.cu,
+// GEMVF_PARAMS in gemvf.cu).
 func (c *gemvCall) args(a *gpu.KernelArgs, m *model.Config, w gpu.DevicePtr, t int, io gemvIO, invFreq gpu.DevicePtr) *gpu.KernelArgs {
-	return a.Ptr(w).Ptr(io.x).Ptr(io.rowmap).Ptr(io.g).Float32(float32(m.RMSNormEps)).
-		Int32(int32(c.k)).Int32(int32(c.n)).Int32(int32(t)).
-		Int32(int32(c.s)).Int32(int32(c.u)).Int32(int32(c.mh)).Int32(int32(c.seg)).Int32(int32(c.grid)).
-		Ptr(io.out).Int32(int32(io.ldo)).Ptr(io.bias).Ptr(invFreq).Ptr(io.pos).Ptr(io.cacheRow).
-		Ptr(io.kcache).Ptr(io.vcache).Int32(int32(m.NumHeads)).Int32(int32(m.NumKVHeads)).Int32(int32(m.HeadDim)).
-		Int32(int32(c.pdelta)).Ptr(io.stats)
+	a.Ptr(w).Ptr(io.x).Ptr(io.rowmap).Ptr(io.g).Float32(float32(m.RMSNormEps)).
+		Int32(int32(c.k)).Int32(int32(c.n)).Int32(int32(t)).Int32(int32(c.s)).Int32(int32(c.u))
+	if c.v.mt == 0 {
+		a.Int32(int32(c.seg)).Int32(int32(c.dn))
+	} else {
+		a.Int32(int32(c.mh)).Int32(int32(c.seg))
+	}
+	a.Int32(int32(c.grid)).Ptr(io.out).Int32(int32(io.ldo)).Ptr(io.bias).Ptr(invFreq).Ptr(io.pos).Ptr(io.cacheRow).
+		Ptr(io.kcache).Ptr(io.vcache).Int32(int32(m.NumHeads)).Int32(int32(m.NumKVHeads)).Int32(int32(m.HeadDim))
+	if c.v.mt != 0 {
+		a.Int32(int32(c.pdelta))
+	}
+	return a.Ptr(io.stats)
 }
 
 // attnPlan is how attention splits the sequence (flash-decoding): enough

@@ -88,7 +88,7 @@ func newKernelRig(t *testing.T) *kernelRig {
 		if err != nil {
 			return err
 		}
-		if r.fn, err = lookupKernels(mod); err != nil {
+		if r.fn, err = lookupKernels(mod, dev.Info()); err != nil {
 			return err
 		}
 		hmod, err := gpu.LoadModule(nulTerminated(himg))
@@ -243,14 +243,14 @@ func (r *kernelRig) launchGemv(t *testing.T, m *model.Config, c *gemvCall, w gpu
 }
 
 func (r *kernelRig) gemv(m *model.Config, c *gemvCall, w gpu.DevicePtr, tok int, io gemvIO, invFreq gpu.DevicePtr, dep bool) error {
-	nt := gemvNTFor(tok)
+	info := r.dev.Info()
+	name, grid, smem := c.launch(tok, info.SMs, info.MaxSharedPerBlockOptin)
 	a := c.args(r.args.Reset(), m, w, tok, io, invFreq)
-	f := r.fn[gemvName(c.v, nt)]
-	grid, block := gpu.Dim3{X: uint32(c.blocks(nt, r.dev.Info().SMs))}, gpu.Dim3{X: gemvThreads}
+	f := r.fn[name]
 	if dep {
-		return f.LaunchDependent(grid, block, gemvSmem(c.v.mt, nt), r.st, a)
+		return f.LaunchDependent(gpu.Dim3{X: uint32(grid)}, gpu.Dim3{X: gemvThreads}, smem, r.st, a)
 	}
-	return f.Launch(grid, block, gemvSmem(c.v.mt, nt), r.st, a)
+	return f.Launch(gpu.Dim3{X: uint32(grid)}, gpu.Dim3{X: gemvThreads}, smem, r.st, a)
 }
 
 // gemvCase is one product of a model shape.
@@ -259,14 +259,21 @@ type gemvCase struct {
 	call gemvCall
 }
 
-// gemvCases are the products of m's skinny plan, with the alternative
-// variants of each.
+// gemvCases are the products of m's skinny plan on both kernel families
+// (name/f: the fp32 multiply-add one, for at most 2 tokens), with the
+// alternative tensor-core variants.
 func gemvCases(m *model.Config) []gemvCase {
-	p := planSkinny(m, 0, true)
+	p := planSkinny(m, 0, true, smemOptinDefault)
 	if p.maxTokens == 0 {
 		return nil
 	}
-	cs := []gemvCase{{"qkv", p.qkv}, {"o", p.o}, {"gate_up", p.gateUp}, {"down", p.down}, {"lm_head", p.head}}
+	var cs []gemvCase
+	for _, pr := range []struct {
+		name string
+		p    product
+	}{{"qkv", p.qkv}, {"o", p.o}, {"gate_up", p.gateUp}, {"down", p.down}, {"lm_head", p.head}} {
+		cs = append(cs, gemvCase{pr.name, pr.p.mma}, gemvCase{pr.name + "/f", pr.p.fma})
+	}
 	gu4 := plain(gemvVariant{epiSilu, 4}, m.HiddenSize, m.IntermediateSize)
 	gu4.mh, gu4.u, gu4.seg = 2, 32, m.IntermediateSize
 	gu4.grid = (m.IntermediateSize + 31) / 32
@@ -315,7 +322,10 @@ func TestSkinnyKernels(t *testing.T) {
 	for _, name := range names {
 		m := shapes[name]
 		for _, c := range gemvCases(m) {
-			for _, tok := range []int{1, 3, 8, 13, 32} {
+			for _, tok := range []int{1, 2, 3, 8, 13, 32} {
+				if (c.call.v.mt == 0) != (tok <= 2) {
+					continue
+				}
 				t.Run(fmt.Sprintf("%s/%s/t%d", name, c.name, tok), func(t *testing.T) {
 					checkGemv(t, r, m, c.call, tok)
 				})
@@ -429,8 +439,8 @@ func checkGemv(t *testing.T, r *kernelRig, m *model.Config, c gemvCall, tok int)
 		r.poison(t, out, tok*c.n*4)
 		var stats gpu.DevicePtr
 		if c.v.epi == epiHead {
-			stats = r.alloc(t, tok*c.grid*16)
-			r.poison(t, stats, tok*c.grid*16)
+			stats = r.alloc(t, tok*(c.grid+8)*16)
+			r.poison(t, stats, tok*(c.grid+8)*16)
 		}
 		r.launchGemv(t, m, &c, w, tok, gemvIO{x: x, rowmap: rowmap, g: g, out: out, ldo: c.n, stats: stats}, 0)
 		oh := r.f32s(t, out, tok*c.n)
@@ -445,26 +455,40 @@ func checkGemv(t *testing.T, r *kernelRig, m *model.Config, c gemvCall, tok int)
 		if stats == 0 {
 			return
 		}
-		sh := r.f32s(t, stats, tok*c.grid*4)
+		info := r.dev.Info()
+		nstat := c.stats(tok, info.SMs, info.MaxSharedPerBlockOptin)
+		sh := r.f32s(t, stats, tok*nstat*4)
 		for col := 0; col < tok; col++ {
-			for b := 0; b < c.grid; b++ {
-				lo, hi := b*16*c.v.mt, min(c.n, (b+1)*16*c.v.mt)
-				row := oh[col*c.n+lo : col*c.n+hi]
-				best := 0
-				for i, x := range row {
-					if x > row[best] {
-						best = i
-					}
+			row := oh[col*c.n : (col+1)*c.n]
+			best := 0
+			for i, x := range row {
+				if x > row[best] {
+					best = i
 				}
-				var sum float64
-				for _, x := range row {
-					sum += math.Exp(float64(x - row[best]))
+			}
+			var sum float64
+			for _, x := range row {
+				sum += math.Exp(float64(x - row[best]))
+			}
+			// Merge the partials as the sampler does.
+			m, arg, z := math.Inf(-1), math.MaxInt32, 0.0
+			for b := 0; b < nstat; b++ {
+				s := sh[(col*nstat+b)*4:]
+				if math.Float32bits(s[3]) != 0 {
+					t.Fatalf("token %d partial %d flags a non-finite logit", col, b)
 				}
-				s := sh[(col*c.grid+b)*4:]
-				if s[0] != row[best] || int(math.Float32bits(s[1])) != lo+best || math.Abs(float64(s[2])-sum) > 1e-4*sum || math.Float32bits(s[3]) != 0 {
-					t.Fatalf("token %d block %d: stats (%v, %d, %v, %d), want (%v, %d, %v, 0)", col, b, s[0], math.Float32bits(s[1]), s[2],
-						math.Float32bits(s[3]), row[best], lo+best, sum)
+				if v, i := float64(s[0]), int(int32(math.Float32bits(s[1]))); v > m || v == m && i < arg {
+					m, arg = v, i
 				}
+			}
+			for b := 0; b < nstat; b++ {
+				s := sh[(col*nstat+b)*4:]
+				if !math.IsInf(float64(s[0]), -1) {
+					z += float64(s[2]) * math.Exp(float64(s[0])-m)
+				}
+			}
+			if m != float64(row[best]) || arg != best || math.Abs(z-sum) > 1e-4*sum {
+				t.Fatalf("token %d: partials give (%v, %d, %v), want (%v, %d, %v)", col, m, arg, z, row[best], best, sum)
 			}
 		}
 	case epiResid:
@@ -771,7 +795,7 @@ func TestSkinnyBandwidth(t *testing.T) {
 	g := r.alloc(t, maxK*2)
 	r.fill(t, g, maxK, true, 0.2, 1)
 	out := r.alloc(t, 64*maxRows*4)
-	stats := r.alloc(t, 32*(maxRows/64+1)*16)
+	stats := r.alloc(t, 32*(maxRows/4+8)*16)
 	xb := r.alloc(t, 64*maxK*2) // cuBLAS input: 2T bf16 rows
 	r.fill(t, xb, 64*maxK, true, 1, 0)
 	invFreq := r.alloc(t, 4*64)
@@ -793,7 +817,11 @@ func TestSkinnyBandwidth(t *testing.T) {
 			bytes := c.call.weightRows() * c.call.k * 2
 			copies := max(1, min(64, pool/bytes))
 			reps := copies * max(1, (24+copies-1)/copies)
-			for _, tok := range []int{1, 8, 16, 32} {
+			toks := []int{1, 8, 16, 32}
+			if c.call.v.mt == 0 {
+				toks = []int{1, 2}
+			}
+			for _, tok := range toks {
 				io := gemvIO{x: x, out: out, ldo: c.call.n, stats: stats}
 				switch c.call.v.epi {
 				case epiSilu, epiHead, epiStore:

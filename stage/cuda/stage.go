@@ -265,7 +265,7 @@ func (s *Stage) init(cfg *Config) error {
 	s.qkvDim = s.qDim + 2*s.kvDim
 	lay := newLayout(cfg)
 	info := s.dev.Info()
-	s.sk = planSkinny(m, cfg.SkinnyTokens, info.Major >= 8)
+	s.sk = planSkinny(m, cfg.SkinnyTokens, info.Major >= 8, info.MaxSharedPerBlockOptin)
 	s.at = newAttnPlan(m)
 	s.pdl = !cfg.NoDependentLaunch && info.Major >= 9 && gpu.LaunchDependentAvailable()
 	s.pl = planner{lay: lay, first: s.first, last: s.last, vocab: m.VocabSize, maxPos: m.MaxPositions,

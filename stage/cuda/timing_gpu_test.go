@@ -279,7 +279,7 @@ func timeDecode(t *testing.T, dev *gpu.Device, bw float64, bm benchModel) {
 			res[fmt.Sprintf("batch_%d_%s", batch, mode)] = r
 			fmt.Fprintf(&table, "%6d %-20s %9.3f %9.3f %7.2f\n", batch, mode, r["wall_ms"], r["gpu_ms"], r["wall_ms"]/(floor*1e3))
 		}
-		if batch != 8 {
+		{
 			// Per-kernel breakdown of one more decode step on each path
 			// (the first profiled step of a path warms it up).
 			for _, path := range []string{"cublas", "skinny"} {

@@ -78,7 +78,10 @@ func planWorkspace(m *model.Config, lay layout, first, last bool, sk *skinnyPlan
 	if last {
 		w.logits = a.take(lay.maxLogitRows * m.VocabSize * f32)
 		if sk.maxTokens > 0 {
-			w.stats = a.take(min(lay.maxLogitRows, sk.maxTokens) * sk.head.grid * 4 * f32)
+			// Softmax partials: one per unit (gemv) or per warp, at most
+			// one per warp unit (gemvf).
+			n := max(min(lay.maxLogitRows, sk.maxTokens)*sk.head.mma.grid, sk.fmaTokens*(sk.head.fma.grid+8))
+			w.stats = a.take(n * 4 * f32)
 		}
 		w.sampleOut = a.take(lay.maxSeqs * (2 + 2*MaxLogprobs) * i32)
 		w.hoOut = a.take(lay.maxSeqs * stage.HandoffCols * i32)
@@ -113,7 +116,7 @@ func WorkspaceBytes(cfg Config) (int64, error) {
 	}
 	m := cfg.Model
 	lay := newLayout(&cfg)
-	sk := planSkinny(m, cfg.SkinnyTokens, true)
+	sk := planSkinny(m, cfg.SkinnyTokens, true, smemOptinDefault)
 	w := planWorkspace(m, lay, false, true, &sk, newAttnPlan(m))
 	first := planWorkspace(m, lay, true, false, &sk, newAttnPlan(m))
 	return int64(max(w.size, first.size)), nil

@@ -23,7 +23,7 @@ func TestWorkspaceBytes(t *testing.T) {
 		}
 		lay := newLayout(&cfg)
 		for _, skinny := range []int{0, -1} {
-			sk := planSkinny(&m, skinny, true)
+			sk := planSkinny(&m, skinny, true, smemOptinDefault)
 			for _, pl := range []struct{ first, last bool }{{true, true}, {true, false}, {false, false}, {false, true}} {
 				w := planWorkspace(&m, lay, pl.first, pl.last, &sk, newAttnPlan(&m))
 				if int64(w.size) > est {
@@ -44,37 +44,48 @@ func TestWorkspaceBytes(t *testing.T) {
 // mapping of their products.
 func TestPlanSkinny(t *testing.T) {
 	m := *llama1B()
-	p := planSkinny(&m, 0, true)
-	if p.maxTokens != 32 || p.qkv.grid != 48*2 || p.qkv.v != (gemvVariant{epiRope, 2}) || p.head.grid != (128256+63)/64 || p.gateUp.grid != 8192/16 {
+	p := planSkinny(&m, 0, true, smemOptinDefault)
+	if p.maxTokens != 8 || p.fmaTokens != 2 || p.qkv.mma.grid != 48*2 || p.qkv.mma.v != (gemvVariant{epiRope, 2}) ||
+		p.head.mma.grid != (128256+63)/64 || p.gateUp.mma.grid != 8192/16 || p.qkv.fma.grid != 48*16 {
 		t.Errorf("1B plan %+v", p)
 	}
-	if p := planSkinny(&m, 8, true); p.maxTokens != 8 || !p.use(8) || p.use(9) || p.use(0) {
+	if p := planSkinny(&m, 8, true, smemOptinDefault); p.maxTokens != 8 || !p.use(8) || p.use(9) || p.use(0) {
 		t.Errorf("SkinnyTokens 8: %+v", p)
 	}
-	if p := planSkinny(&m, 100, true); p.maxTokens != 32 {
+	if p := planSkinny(&m, 100, true, smemOptinDefault); p.maxTokens != 32 {
 		t.Errorf("SkinnyTokens 100: max %d, want the kernels' 32", p.maxTokens)
 	}
+	if p := planSkinny(&m, 0, false, smemOptinDefault); p.maxTokens != 2 || p.fmaTokens != 2 {
+		t.Errorf("no tensor cores: %+v, want the fp32 kernels alone", p)
+	}
+	if p := planSkinny(&m, 0, true, 48<<10); p.fmaTokens != 1 || p.call(&p.o, 2) != &p.o.mma {
+		t.Errorf("48 KiB of shared memory: %+v, want 1 token on the fp32 kernels (8192 floats staged)", p)
+	}
 	for _, off := range []func(*planTest){
-		func(c *planTest) { c.m.HeadDim = 48 },     // rotary pairs fit no block
 		func(c *planTest) { c.m.HiddenSize = 100 }, // rows not 16-byte multiples
 		func(c *planTest) { c.skinny = -1 },
-		func(c *planTest) { c.tc = false },
 	} {
 		c := planTest{m: *llama1B(), tc: true}
 		off(&c)
-		if p := planSkinny(&c.m, c.skinny, c.tc); p.maxTokens != 0 {
+		if p := planSkinny(&c.m, c.skinny, c.tc, smemOptinDefault); p.maxTokens != 0 {
 			t.Errorf("%+v: skinny plan %+v, want none", c, p)
 		}
 	}
+	// A head dim whose rotary pairs no tensor-core block holds: fp32 only.
+	hd48 := *llama1B()
+	hd48.HeadDim = 48
+	if p := planSkinny(&hd48, 0, true, smemOptinDefault); p.maxTokens != 2 {
+		t.Errorf("head dim 48: max %d, want 2 (fp32 kernels only)", p.maxTokens)
+	}
 	// Rows of the gate|up product: tile 0 of block b is gate rows 16b..,
 	// tile 1 the up rows I + 16b...
-	c := p.gateUp
+	c := p.gateUp.mma
 	row := func(b, l, r int) int { return (l/c.mh)*c.seg + (b/c.s)*c.u + (b%c.s)*16*c.mh + (l%c.mh)*16 + r }
 	if row(3, 0, 5) != 48+5 || row(3, 1, 5) != 8192+48+5 {
 		t.Errorf("gate|up rows %d, %d", row(3, 0, 5), row(3, 1, 5))
 	}
 	// q|k|v: block 2h+s holds rows i and i + 32 of head h.
-	c = p.qkv
+	c = p.qkv.mma
 	if row(2*7+1, 0, 3) != 7*64+16+3 || row(2*7+1, 1, 3) != 7*64+32+16+3 {
 		t.Errorf("q|k|v rows %d, %d", row(15, 0, 3), row(15, 1, 3))
 	}
