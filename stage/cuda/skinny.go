@@ -149,31 +149,48 @@ type gemvIO struct {
 func (s *Stage) gemv(label string, p *product, w gpu.DevicePtr, t int, io gemvIO) error {
 	c := s.sk.call(p, t)
 	info := s.dev.Info()
-	name, grid, smem := c.launch(t, info.SMs, info.MaxSharedPerBlockOptin)
-	a := c.args(s.args.Reset(), &s.m, w, t, io, s.b.invFreq)
-	return s.launchDep(label, name, gpu.Dim3{X: uint32(grid)}, gpu.Dim3{X: gemvThreads}, smem, a)
+	l := c.launch(t, info.SMs, info.MaxSharedPerBlockOptin)
+	a := c.args(s.args.Reset(), &s.m, w, t, io, s.b.invFreq, l.kw)
+	return s.launchDep(label, l.name, gpu.Dim3{X: uint32(l.grid)}, gpu.Dim3{X: gemvThreads}, l.smem, a)
 }
 
-// launch is the kernel, grid and dynamic shared memory of a launch of c
-// for t token rows on a device of sms multiprocessors and smemOptin bytes
-// of shared memory per block. Blocks are persistent: as many as fit at
-// once, at most one per unit (gemv) or per 8 warp units (gemvf).
-func (c *gemvCall) launch(t, sms, smemOptin int) (name string, grid, smem int) {
+// gemvLaunch is how a product is launched on a device: the kernel, its
+// grid and dynamic shared memory, and (gemvf) the warps that split each
+// unit's k range.
+type gemvLaunch struct {
+	name           string
+	grid, smem, kw int
+}
+
+// launch is the launch of c for t token rows on a device of sms
+// multiprocessors and smemOptin bytes of shared memory per block. Blocks
+// are persistent: as many as fit at once (two per multiprocessor, one for
+// the kernels with the most registers or shared memory), at most one per
+// unit (gemv) or per 8/kw warp units (gemvf). A gemvf unit is split over
+// the fewest warps (kw) that give every warp slot of the device a unit's
+// share, keeping at least two 256-element chunks per warp.
+func (c *gemvCall) launch(t, sms, smemOptin int) gemvLaunch {
 	if c.v.mt == 0 {
-		smem = gemvfSmem(t, c.k)
+		nj := (c.k + 255) / 256
+		kw := 1
+		for kw < gemvWarps && c.grid*kw < 2*gemvWarps*sms && nj >= 4*kw {
+			kw *= 2
+		}
+		smem := gemvfSmem(t, c.k)
 		per := max(1, min(2, smemOptin/smem))
-		return gemvfName(c.v.epi, t), max(1, min((c.grid+7)/8, sms*per)), smem
+		g := gemvWarps / kw
+		return gemvLaunch{name: gemvfName(c.v.epi, t), grid: max(1, min((c.grid+g-1)/g, sms*per)), smem: smem, kw: kw}
 	}
 	nt := gemvNTFor(t)
-	return gemvName(c.v, nt), max(1, min(c.grid, sms*gemvBlocksPerSM(c.v, nt))), gemvSmem(c.v.mt, nt)
+	return gemvLaunch{name: gemvName(c.v, nt), grid: max(1, min(c.grid, sms*gemvBlocksPerSM(c.v, nt))), smem: gemvSmem(c.v.mt, nt)}
 }
 
 // stats is how many softmax partials per token row the LM-head launch c
-// writes for t tokens: one per unit (gemv) or per warp (gemvf).
+// writes for t tokens: one per unit (gemv) or per unit slot (gemvf).
 func (c *gemvCall) stats(t, sms, smemOptin int) int {
-	_, grid, _ := c.launch(t, sms, smemOptin)
+	l := c.launch(t, sms, smemOptin)
 	if c.v.mt == 0 {
-		return 8 * grid
+		return l.grid * gemvWarps / l.kw
 	}
 	return c.grid
 }
@@ -189,8 +206,8 @@ func gemvBlocksPerSM(v gemvVariant, nt int) int {
 }
 
 // args appends the parameters of a launch of c (GEMV_PARAMS in gemv.cu,
-// GEMVF_PARAMS in gemvf.cu).
-func (c *gemvCall) args(a *gpu.KernelArgs, m *model.Config, w gpu.DevicePtr, t int, io gemvIO, invFreq gpu.DevicePtr) *gpu.KernelArgs {
+// GEMVF_PARAMS in gemvf.cu, kw from its launch).
+func (c *gemvCall) args(a *gpu.KernelArgs, m *model.Config, w gpu.DevicePtr, t int, io gemvIO, invFreq gpu.DevicePtr, kw int) *gpu.KernelArgs {
 	a.Ptr(w).Ptr(io.x).Ptr(io.rowmap).Ptr(io.g).Float32(float32(m.RMSNormEps)).
 		Int32(int32(c.k)).Int32(int32(c.n)).Int32(int32(t)).Int32(int32(c.s)).Int32(int32(c.u))
 	if c.v.mt == 0 {
@@ -202,6 +219,8 @@ func (c *gemvCall) args(a *gpu.KernelArgs, m *model.Config, w gpu.DevicePtr, t i
 		Ptr(io.kcache).Ptr(io.vcache).Int32(int32(m.NumHeads)).Int32(int32(m.NumKVHeads)).Int32(int32(m.HeadDim))
 	if c.v.mt != 0 {
 		a.Int32(int32(c.pdelta))
+	} else {
+		a.Int32(int32(kw))
 	}
 	return a.Ptr(io.stats)
 }

@@ -56,7 +56,7 @@ __device__ __forceinline__ void attention_body(ATT_PARAMS) {
     __shared__ float wm[ATT_WARPS][ATT_RMAX], wl[ATT_WARPS][ATT_RMAX];
     __shared__ float wacc[ATT_WARPS][ATT_RMAX][256];
     __shared__ int last;
-    pdl_start();
+    pdl_trigger();
     const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
     const int t = blockIdx.x, sp = blockIdx.z;
     const int R = nh / nkv;
@@ -65,13 +65,19 @@ __device__ __forceinline__ void attention_body(ATT_PARAMS) {
     const int r0 = (blockIdx.y % groups) * RM;
     const int nr = min(RM, R - r0);
     const int h0 = kh * R + r0;  // first query head of the block
+    // The batch description and the keys of earlier steps are there before
+    // the kernels this one depends on end: read them first.
     const int n = pos[t] + 1;
     const int chunk = max((n + splits - 1) / splits, ATT_MIN_CHUNK);
     const int parts = (n + chunk - 1) / chunk;
     if (sp >= parts) {
+        pdl_wait();
         return;
     }
     const int jb = sp * chunk, je = min(n, jb + chunk);
+    // Keys this step writes (a chunk of at most gridDim.x positions ending
+    // at pos[t]) are read after the wait; those before, at once.
+    const int fresh = n - (int)gridDim.x;
     const int* tab = tables + table_off[t];
     const int kvdim = nkv * hd;
     const int G = hd >> 3;  // 16-byte chunks per row
@@ -83,6 +89,38 @@ __device__ __forceinline__ void attention_body(ATT_PARAMS) {
     const int kslot = lane / gp;
     const int kpw = 32 / gp;  // keys a warp takes at once
     const bool active = c < G;
+    // Keys jb + wid*kpw + kslot + ATT_WARPS*kpw*i, two at a time, the next
+    // two loading while the current ones are used; the loop is uniform
+    // across the warp (its shuffles need every lane).
+    const int stride = ATT_WARPS * kpw;
+    unsigned nk[2][4], nv[2][4];
+    bool loaded[2];
+    auto load = [&](int j0, bool early) {
+#pragma unroll
+        for (int u = 0; u < 2; u++) {
+            int j = j0 + kslot + u * stride;
+            loaded[u] = false;
+            if (j < je && active && (!early || j < fresh)) {
+                size_t off = ((size_t)(tab[j / bs] * bs + j % bs) * kvdim + kh * hd + 8 * c);
+                ldcg_u4(kcache + off, nk[u]);
+                ldcg_u4(vcache + off, nv[u]);
+                loaded[u] = true;
+            }
+        }
+    };
+    const int jstart = jb + wid * kpw;
+    load(jstart, true);
+    pdl_wait();
+    // What the early load left out (this step's keys).
+#pragma unroll
+    for (int u = 0; u < 2; u++) {
+        int j = jstart + kslot + u * stride;
+        if (!loaded[u] && j < je && active) {
+            size_t off = ((size_t)(tab[j / bs] * bs + j % bs) * kvdim + kh * hd + 8 * c);
+            ldcg_u4(kcache + off, nk[u]);
+            ldcg_u4(vcache + off, nv[u]);
+        }
+    }
 
     float qr[RM][8];
 #pragma unroll
@@ -99,24 +137,21 @@ __device__ __forceinline__ void attention_body(ATT_PARAMS) {
         for (int i = 0; i < 8; i++) acc[r][i] = 0.f;
     }
 
-    // Keys jb + wid*kpw + kslot + ATT_WARPS*kpw*i, two at a time; the loop
-    // is uniform across the warp (its shuffles need every lane).
-    const int stride = ATT_WARPS * kpw;
-    for (int j0 = jb + wid * kpw; j0 < je; j0 += 2 * stride) {
+    for (int j0 = jstart; j0 < je; j0 += 2 * stride) {
         unsigned kw[2][4], vw[2][4];
         bool ok[2];
 #pragma unroll
         for (int u = 0; u < 2; u++) {
             int j = j0 + kslot + u * stride;
             ok[u] = j < je;
-            if (ok[u] && active) {
-                size_t off = ((size_t)(tab[j / bs] * bs + j % bs) * kvdim + kh * hd + 8 * c);
-                ldcg_u4(kcache + off, kw[u]);
-                ldcg_u4(vcache + off, vw[u]);
-            } else {
 #pragma unroll
-                for (int i = 0; i < 4; i++) kw[u][i] = vw[u][i] = 0u;
+            for (int i = 0; i < 4; i++) {
+                kw[u][i] = ok[u] && active ? nk[u][i] : 0u;
+                vw[u][i] = ok[u] && active ? nv[u][i] : 0u;
             }
+        }
+        if (j0 + 2 * stride < je) {
+            load(j0 + 2 * stride, false);
         }
 #pragma unroll
         for (int u = 0; u < 2; u++) {
