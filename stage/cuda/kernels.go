@@ -59,7 +59,7 @@ func attentionName(r int) string { return fmt.Sprintf("attention_r%d", r) }
 // gemvf.cu, each compiled for gemvfTokens token rows.
 var (
 	gemvfVariants = []string{epiHead, epiResid, epiSilu, epiRope}
-	gemvfTokens   = []int{1, 2, 4}
+	gemvfTokens   = []int{1, 2}
 )
 
 func gemvfName(epi string, t int) string { return fmt.Sprintf("gemvf_%s_t%d", epi, t) }

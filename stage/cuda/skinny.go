@@ -164,25 +164,36 @@ type gemvLaunch struct {
 
 // launch is the launch of c for t token rows on a device of sms
 // multiprocessors and smemOptin bytes of shared memory per block. Blocks
-// are persistent: as many as fit at once (two per multiprocessor, one for
-// the kernels with the most registers or shared memory), at most one per
-// unit (gemv) or per 8/kw warp units (gemvf). A gemvf unit is split over
-// the fewest warps (kw) that give every warp slot of the device a unit's
-// share, keeping at least two 256-element chunks per warp.
+// are persistent: gemv as many as fit at once (two per multiprocessor, one
+// for the kernels with the most accumulators), at most one per unit; gemvf
+// one per multiprocessor (leaving room for the next kernel's blocks to
+// start early), at most one per 8/kw warp units, a unit split over the
+// fewest warps (kw) that give each of the block's warps a unit's share,
+// keeping at least four 256-element chunks per warp.
 func (c *gemvCall) launch(t, sms, smemOptin int) gemvLaunch {
 	if c.v.mt == 0 {
 		nj := (c.k + 255) / 256
 		kw := 1
-		for kw < gemvWarps && c.grid*kw < 2*gemvWarps*sms && nj >= 4*kw {
+		for kw < gemvWarps && c.grid*kw < gemvWarps*sms && nj >= 4*kw {
 			kw *= 2
 		}
-		smem := gemvfSmem(t, c.k)
-		per := max(1, min(2, smemOptin/smem))
+		tt := gemvfTT(t)
 		g := gemvWarps / kw
-		return gemvLaunch{name: gemvfName(c.v.epi, t), grid: max(1, min((c.grid+g-1)/g, sms*per)), smem: smem, kw: kw}
+		return gemvLaunch{name: gemvfName(c.v.epi, tt), grid: max(1, min((c.grid+g-1)/g, sms)), smem: gemvfSmem(tt, c.k), kw: kw}
 	}
 	nt := gemvNTFor(t)
 	return gemvLaunch{name: gemvName(c.v, nt), grid: max(1, min(c.grid, sms*gemvBlocksPerSM(c.v, nt))), smem: gemvSmem(c.v.mt, nt)}
+}
+
+// gemvfTT is the gemvf kernel for t tokens: the fewest rows compiled
+// that hold t.
+func gemvfTT(t int) int {
+	for _, tt := range gemvfTokens {
+		if tt >= t {
+			return tt
+		}
+	}
+	return gemvfTokens[len(gemvfTokens)-1]
 }
 
 // stats is how many softmax partials per token row the LM-head launch c

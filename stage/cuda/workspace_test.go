@@ -45,7 +45,7 @@ func TestWorkspaceBytes(t *testing.T) {
 func TestPlanSkinny(t *testing.T) {
 	m := *llama1B()
 	p := planSkinny(&m, 0, true, smemOptinDefault)
-	if p.maxTokens != 8 || p.fmaTokens != 4 || p.qkv.mma.grid != 48*2 || p.qkv.mma.v != (gemvVariant{epiRope, 2}) ||
+	if p.maxTokens != 8 || p.fmaTokens != 2 || p.qkv.mma.grid != 48*2 || p.qkv.mma.v != (gemvVariant{epiRope, 2}) ||
 		p.head.mma.grid != (128256+63)/64 || p.gateUp.mma.grid != 8192/16 || p.qkv.fma.grid != 48*16 {
 		t.Errorf("1B plan %+v", p)
 	}
@@ -55,7 +55,7 @@ func TestPlanSkinny(t *testing.T) {
 	if p := planSkinny(&m, 100, true, smemOptinDefault); p.maxTokens != 32 {
 		t.Errorf("SkinnyTokens 100: max %d, want the kernels' 32", p.maxTokens)
 	}
-	if p := planSkinny(&m, 0, false, smemOptinDefault); p.maxTokens != 4 || p.fmaTokens != 4 {
+	if p := planSkinny(&m, 0, false, smemOptinDefault); p.maxTokens != 2 || p.fmaTokens != 2 {
 		t.Errorf("no tensor cores: %+v, want the fp32 kernels alone", p)
 	}
 	if p := planSkinny(&m, 0, true, 48<<10); p.fmaTokens != 1 || p.call(&p.o, 2) != &p.o.mma {
@@ -74,12 +74,12 @@ func TestPlanSkinny(t *testing.T) {
 	// A head dim whose rotary pairs no tensor-core block holds: fp32 only.
 	hd48 := *llama1B()
 	hd48.HeadDim = 48
-	if p := planSkinny(&hd48, 0, true, smemOptinDefault); p.maxTokens != 4 {
-		t.Errorf("head dim 48: max %d, want 4 (fp32 kernels only)", p.maxTokens)
+	if p := planSkinny(&hd48, 0, true, smemOptinDefault); p.maxTokens != 2 {
+		t.Errorf("head dim 48: max %d, want 2 (fp32 kernels only)", p.maxTokens)
 	}
-	// The 8B shape's 14336-wide down projection: 4 rows take 225 KiB.
-	if p := planSkinny(llama8B(), 0, true, 200<<10); p.fmaTokens != 2 {
-		t.Errorf("8B with 200 KiB of shared memory: fp32 kernels for %d tokens, want 2", p.fmaTokens)
+	// The 8B shape's 14336-wide down projection: 2 rows take 112 KiB.
+	if p := planSkinny(llama8B(), 0, true, 100<<10); p.fmaTokens != 1 {
+		t.Errorf("8B with 100 KiB of shared memory: fp32 kernels for %d tokens, want 1", p.fmaTokens)
 	}
 	// Rows of the gate|up product: tile 0 of block b is gate rows 16b..,
 	// tile 1 the up rows I + 16b...

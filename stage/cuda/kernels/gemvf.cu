@@ -16,11 +16,12 @@
 // while a + e < n, the second while a + e + dn < n. A unit is taken by kw
 // warps of a block (kw in 1, 2, 4, 8; the block takes 8/kw units at once),
 // warp q of them reading the 256-element chunks q, q + kw, ... of each row:
-// lane L elements 8L..8L+7 of a chunk (16-byte loads, 16 in flight, a warp
+// lane L elements 8L..8L+7 of a chunk (16-byte loads, 32 in flight, a warp
 // reading 512 contiguous bytes of a row per load); each warp adds its lanes
 // up (butterfly shuffles) and the unit's first warp its warps' sums, in a
-// fixed order. Blocks are persistent: block b takes the units of slots
-// b, b + grid, ... Epilogues as gemv.cu's; for GEMV_HEAD each unit slot
+// fixed order. Blocks are persistent, one per multiprocessor (so that the
+// next kernel's blocks fit beside them and start early): block b takes the
+// units of slots b, b + grid, ... Epilogues as gemv.cu's; for GEMV_HEAD each unit slot
 // (block, unit of the block) keeps its own running softmax statistics over
 // its rows and writes them at the end to stats[(t * slots + slot) * 4]
 // (slots = grid * 8 / kw).
@@ -55,7 +56,7 @@ __device__ __forceinline__ float dot8(u32x4 wv, const float* xv, float a) {
 
 template <int EPI, int TT>
 __device__ __forceinline__ void gemvf_body(GEMVF_PARAMS) {
-    constexpr int J = 4;  // 256-element chunks per batch of loads (16 loads in flight)
+    constexpr int J = 8;  // 256-element chunks per batch of loads (32 loads in flight)
     extern __shared__ float xs[];  // [TT][k], then 32 floats of scratch, then the warps' sums
     float* scratch = xs + TT * k;
     float* red = scratch + 32;  // [GEMVF_WARPS][4 * TT]
@@ -171,7 +172,11 @@ __device__ __forceinline__ void gemvf_body(GEMVF_PARAMS) {
                     red[wid * 4 * TT + e * TT + tt] = v;
                 }
             }
-        __syncthreads();
+        if (W > 1) {
+            __syncthreads();
+        } else {
+            __syncwarp();
+        }
         if (kq == 0 && wu < wunits) {
 #pragma unroll
             for (int e = 0; e < 4; e++)
@@ -261,7 +266,11 @@ __device__ __forceinline__ void gemvf_body(GEMVF_PARAMS) {
                 }
             }
         }
-        __syncthreads();  // red is free for the next units
+        if (W > 1) {
+            __syncthreads();  // red is free for the next units
+        } else {
+            __syncwarp();
+        }
     }
     if (EPI == GEMV_HEAD && kq == 0 && lane == 0) {
         const int nstat = gridDim.x * G, slot = blockIdx.x * G + grp;
@@ -279,7 +288,7 @@ __device__ __forceinline__ void gemvf_body(GEMVF_PARAMS) {
 }
 
 #define GEMVF_ENTRY(name, epi, tt)                                                       \
-    extern "C" __global__ void __launch_bounds__(GEMVF_THREADS, 2) name(GEMVF_PARAMS) { \
+    extern "C" __global__ void __launch_bounds__(GEMVF_THREADS, 1) name(GEMVF_PARAMS) { \
         gemvf_body<epi, tt>(GEMVF_ARGS);                                                 \
     }
 
@@ -291,7 +300,3 @@ GEMVF_ENTRY(gemvf_silu_t1, GEMV_SILU, 1)
 GEMVF_ENTRY(gemvf_silu_t2, GEMV_SILU, 2)
 GEMVF_ENTRY(gemvf_rope_t1, GEMV_ROPE, 1)
 GEMVF_ENTRY(gemvf_rope_t2, GEMV_ROPE, 2)
-GEMVF_ENTRY(gemvf_head_t4, GEMV_HEAD, 4)
-GEMVF_ENTRY(gemvf_resid_t4, GEMV_RESID, 4)
-GEMVF_ENTRY(gemvf_silu_t4, GEMV_SILU, 4)
-GEMVF_ENTRY(gemvf_rope_t4, GEMV_ROPE, 4)
