@@ -65,9 +65,8 @@ var (
 func gemvfName(epi string, t int) string { return fmt.Sprintf("gemvf_%s_t%d", epi, t) }
 
 // gemvfSmem is the dynamic shared memory of a gemvf kernel for t token
-// rows of width k: the staged activations, 32 floats of scratch and the
-// warps' sums.
-func gemvfSmem(t, k int) int { return (t*k + 32 + 32*t) * 4 }
+// rows of width k: the staged activations and 32 floats of scratch.
+func gemvfSmem(t, k int) int { return (t*k + 32) * 4 }
 
 // gemvNT are the token-column groups each variant is compiled for.
 var gemvNT = []int{1, 2, 4}

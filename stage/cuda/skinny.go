@@ -150,36 +150,28 @@ func (s *Stage) gemv(label string, p *product, w gpu.DevicePtr, t int, io gemvIO
 	c := s.sk.call(p, t)
 	info := s.dev.Info()
 	l := c.launch(t, info.SMs, info.MaxSharedPerBlockOptin)
-	a := c.args(s.args.Reset(), &s.m, w, t, io, s.b.invFreq, l.kw)
+	a := c.args(s.args.Reset(), &s.m, w, t, io, s.b.invFreq)
 	return s.launchDep(label, l.name, gpu.Dim3{X: uint32(l.grid)}, gpu.Dim3{X: gemvThreads}, l.smem, a)
 }
 
 // gemvLaunch is how a product is launched on a device: the kernel, its
-// grid and dynamic shared memory, and (gemvf) the warps that split each
-// unit's k range.
+// grid and dynamic shared memory.
 type gemvLaunch struct {
-	name           string
-	grid, smem, kw int
+	name       string
+	grid, smem int
 }
 
 // launch is the launch of c for t token rows on a device of sms
 // multiprocessors and smemOptin bytes of shared memory per block. Blocks
-// are persistent: gemv as many as fit at once (two per multiprocessor, one
-// for the kernels with the most accumulators), at most one per unit; gemvf
-// one per multiprocessor (leaving room for the next kernel's blocks to
-// start early), at most one per 8/kw warp units, a unit split over the
-// fewest warps (kw) that give each of the block's warps a unit's share,
-// keeping at least four 256-element chunks per warp.
+// are persistent: as many as fit at once (two per multiprocessor, one for
+// the kernels with the most accumulators or shared memory), at most one
+// per unit (gemv) or per 8 warp units (gemvf).
 func (c *gemvCall) launch(t, sms, smemOptin int) gemvLaunch {
 	if c.v.mt == 0 {
-		nj := (c.k + 255) / 256
-		kw := 1
-		for kw < gemvWarps && c.grid*kw < gemvWarps*sms && nj >= 4*kw {
-			kw *= 2
-		}
 		tt := gemvfTT(t)
-		g := gemvWarps / kw
-		return gemvLaunch{name: gemvfName(c.v.epi, tt), grid: max(1, min((c.grid+g-1)/g, sms)), smem: gemvfSmem(tt, c.k), kw: kw}
+		smem := gemvfSmem(tt, c.k)
+		per := max(1, min(2, smemOptin/smem))
+		return gemvLaunch{name: gemvfName(c.v.epi, tt), grid: max(1, min((c.grid+gemvWarps-1)/gemvWarps, sms*per)), smem: smem}
 	}
 	nt := gemvNTFor(t)
 	return gemvLaunch{name: gemvName(c.v, nt), grid: max(1, min(c.grid, sms*gemvBlocksPerSM(c.v, nt))), smem: gemvSmem(c.v.mt, nt)}
@@ -197,11 +189,10 @@ func gemvfTT(t int) int {
 }
 
 // stats is how many softmax partials per token row the LM-head launch c
-// writes for t tokens: one per unit (gemv) or per unit slot (gemvf).
+// writes for t tokens: one per unit (gemv) or per warp (gemvf).
 func (c *gemvCall) stats(t, sms, smemOptin int) int {
-	l := c.launch(t, sms, smemOptin)
 	if c.v.mt == 0 {
-		return l.grid * gemvWarps / l.kw
+		return c.launch(t, sms, smemOptin).grid * gemvWarps
 	}
 	return c.grid
 }
@@ -217,8 +208,8 @@ func gemvBlocksPerSM(v gemvVariant, nt int) int {
 }
 
 // args appends the parameters of a launch of c (GEMV_PARAMS in gemv.cu,
-// GEMVF_PARAMS in gemvf.cu, kw from its launch).
-func (c *gemvCall) args(a *gpu.KernelArgs, m *model.Config, w gpu.DevicePtr, t int, io gemvIO, invFreq gpu.DevicePtr, kw int) *gpu.KernelArgs {
+// GEMVF_PARAMS in gemvf.cu).
+func (c *gemvCall) args(a *gpu.KernelArgs, m *model.Config, w gpu.DevicePtr, t int, io gemvIO, invFreq gpu.DevicePtr) *gpu.KernelArgs {
 	a.Ptr(w).Ptr(io.x).Ptr(io.rowmap).Ptr(io.g).Float32(float32(m.RMSNormEps)).
 		Int32(int32(c.k)).Int32(int32(c.n)).Int32(int32(t)).Int32(int32(c.s)).Int32(int32(c.u))
 	if c.v.mt == 0 {
@@ -230,8 +221,6 @@ func (c *gemvCall) args(a *gpu.KernelArgs, m *model.Config, w gpu.DevicePtr, t i
 		Ptr(io.kcache).Ptr(io.vcache).Int32(int32(m.NumHeads)).Int32(int32(m.NumKVHeads)).Int32(int32(m.HeadDim))
 	if c.v.mt != 0 {
 		a.Int32(int32(c.pdelta))
-	} else {
-		a.Int32(int32(kw))
 	}
 	return a.Ptr(io.stats)
 }

@@ -245,7 +245,7 @@ func (r *kernelRig) launchGemv(t *testing.T, m *model.Config, c *gemvCall, w gpu
 func (r *kernelRig) gemv(m *model.Config, c *gemvCall, w gpu.DevicePtr, tok int, io gemvIO, invFreq gpu.DevicePtr, dep bool) error {
 	info := r.dev.Info()
 	l := c.launch(tok, info.SMs, info.MaxSharedPerBlockOptin)
-	a := c.args(r.args.Reset(), m, w, tok, io, invFreq, l.kw)
+	a := c.args(r.args.Reset(), m, w, tok, io, invFreq)
 	f := r.fn[l.name]
 	if dep {
 		return f.LaunchDependent(gpu.Dim3{X: uint32(l.grid)}, gpu.Dim3{X: gemvThreads}, l.smem, r.st, a)

@@ -7,28 +7,22 @@
 // with the activations kept in fp32 (no bf16 split: closer still).
 //
 // Each block stages its activation rows, times the norm weight, in shared
-// memory (and their sums of squares for the norm), then works through warp
-// units of 4 weight rows: rows a, a+1, a+d, a+d+1 with
+// memory (and their sums of squares for the norm), then its warps work
+// through warp units of 4 weight rows: rows a, a+1, a+d, a+d+1 with
 //   a = (wu / s) * u + (wu % s) * 2
 // for warp unit wu (plain: s 1, u 4, d 2; gate|up: u 2, d the intermediate
 // size, the first pair gate rows and the second their up rows; q|k|v: s
 // hd/4, u hd, d hd/2, each pair's rotary partners). The first pair is valid
-// while a + e < n, the second while a + e + dn < n. A unit is taken by kw
-// warps of a block (kw in 1, 2, 4, 8; the block takes 8/kw units at once),
-// warp q of them reading the 256-element chunks q, q + kw, ... of each row:
-// lane L elements 8L..8L+7 of a chunk (16-byte loads, 32 in flight, a warp
-// reading 512 contiguous bytes of a row per load); each warp adds its lanes
-// up (butterfly shuffles) and the unit's first warp its warps' sums, in a
-// fixed order. Blocks are persistent, one per multiprocessor (so that the
-// next kernel's blocks fit beside them and start early): block b takes the
-// units of slots b, b + grid, ... Epilogues as gemv.cu's; for GEMV_HEAD each unit slot
-// (block, unit of the block) keeps its own running softmax statistics over
-// its rows and writes them at the end to stats[(t * slots + slot) * 4]
-// (slots = grid * 8 / kw).
+// while a + e < n, the second while a + e + dn < n. Lane L of a warp reads
+// elements 8L..8L+7 of every 256 of each row (16-byte loads, 16 in flight),
+// multiplies them with the staged activations, and the warp adds its lanes
+// up (butterfly shuffles, a fixed order). Blocks are persistent: warp wu
+// takes units w, w + 8 * grid, ... Epilogues as gemv.cu's; for GEMV_HEAD
+// each warp keeps its own running softmax statistics over its rows and
+// writes them at the end to stats[(t * warps + warp) * 4] (warps = 8 * grid).
 //
-// Dynamic shared memory: gemvf_smem(TT, k) = (TT * k + 32 + 32 * TT) * 4 bytes.
+// Dynamic shared memory: gemvf_smem(TT, k) = (TT * k + 32) * 4 bytes.
 #define GEMVF_THREADS 256
-#define GEMVF_WARPS 8
 
 #define GEMVF_PARAMS                                                                         \
     const bf16 *__restrict__ w, const float *__restrict__ x, const int *__restrict__ rowmap, \
@@ -36,10 +30,10 @@
         int dn, int wunits, float *out, int ldo, const bf16 *__restrict__ bias,              \
         const float *__restrict__ inv_freq, const int *__restrict__ pos,                     \
         const int *__restrict__ cache_row, bf16 *kcache, bf16 *vcache, int nh, int nkv,      \
-        int hd, int kw, float *stats
+        int hd, float *stats
 #define GEMVF_ARGS \
     w, x, rowmap, g, eps, k, n, t, s, u, d, dn, wunits, out, ldo, bias, inv_freq, pos, \
-        cache_row, kcache, vcache, nh, nkv, hd, kw, stats
+        cache_row, kcache, vcache, nh, nkv, hd, stats
 
 // dot8 adds the products of 8 bf16 weights (4 words) and 8 floats.
 __device__ __forceinline__ float dot8(u32x4 wv, const float* xv, float a) {
@@ -56,15 +50,12 @@ __device__ __forceinline__ float dot8(u32x4 wv, const float* xv, float a) {
 
 template <int EPI, int TT>
 __device__ __forceinline__ void gemvf_body(GEMVF_PARAMS) {
-    constexpr int J = 8;  // 256-element chunks per batch of loads (32 loads in flight)
-    extern __shared__ float xs[];  // [TT][k], then 32 floats of scratch, then the warps' sums
+    constexpr int J = 4;  // 256-element chunks per batch of loads (16 loads in flight)
+    extern __shared__ float xs[];  // [TT][k], then 32 floats of scratch
     float* scratch = xs + TT * k;
-    float* red = scratch + 32;  // [GEMVF_WARPS][4 * TT]
     const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
-    const int W = kw, G = GEMVF_WARPS / kw;  // warps per unit, units per block at once
-    const int grp = wid / W, kq = wid % W;   // this warp's unit slot and k slice
-    const int nj = (k + 255) / 256;
-    const int nit = (wunits + gridDim.x * G - 1) / (gridDim.x * G);
+    const int warps = gridDim.x * (GEMVF_THREADS / 32);
+    const int gw = blockIdx.x * (GEMVF_THREADS / 32) + wid;
     pdl_trigger();
 
     // Weight rows of warp unit wu, and whether each is valid.
@@ -73,27 +64,25 @@ __device__ __forceinline__ void gemvf_body(GEMVF_PARAMS) {
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             int r = a + (e >> 1) * d + (e & 1);
-            ok[e] = wu < wunits && a + (e & 1) + (e >> 1) * dn < n;
-            p[e] = w + (size_t)(ok[e] ? r : 0) * k;
+            ok[e] = a + (e & 1) + (e >> 1) * dn < n;
+            p[e] = w + (size_t)r * k;
         }
         return a;
     };
-    auto load = [&](u32x4(&wv)[J][4], const bf16** p, const bool* ok, int j0) {
-        const u32x4 zero = {0, 0, 0, 0};
-#pragma unroll
-        for (int jj = 0; jj < J; jj++) {
-            int kk = (j0 + jj * W) * 256 + lane * 8;
-#pragma unroll
-            for (int e = 0; e < 4; e++) wv[jj][e] = ok[e] && kk < k ? ldg_weights(p[e] + kk) : zero;
-        }
-    };
     // The first loads of this warp's first unit, before the wait.
     u32x4 wv[J][4];
-    {
+    const u32x4 zero = {0, 0, 0, 0};
+    const int nj = (k + 255) / 256;
+    if (gw < wunits) {
         const bf16* p[4];
         bool ok[4];
-        rows_of(blockIdx.x * G + grp, p, ok);
-        load(wv, p, ok, kq);
+        rows_of(gw, p, ok);
+#pragma unroll
+        for (int j = 0; j < J; j++) {
+            int kk = j * 256 + lane * 8;
+#pragma unroll
+            for (int e = 0; e < 4; e++) wv[j][e] = ok[e] && kk < k ? ldg_weights(p[e] + kk) : zero;
+        }
     }
     const int tok = pdl_wait_token();
 
@@ -124,7 +113,7 @@ __device__ __forceinline__ void gemvf_body(GEMVF_PARAMS) {
     }
     __syncthreads();
 
-    float hm[TT], hs[TT];  // GEMV_HEAD: running maximum and sum of this warp group
+    float hm[TT], hs[TT];  // GEMV_HEAD: running maximum and sum of this warp
     int hi[TT], hbad = 0;
 #pragma unroll
     for (int tt = 0; tt < TT; tt++) {
@@ -132,8 +121,8 @@ __device__ __forceinline__ void gemvf_body(GEMVF_PARAMS) {
         hs[tt] = 0.f;
         hi[tt] = 0x7fffffff;
     }
-    for (int it = 0; it < nit; it++) {
-        const int wu = (blockIdx.x + it * gridDim.x) * G + grp;
+    bool first = true;
+    for (int wu = gw; wu < wunits; wu += warps) {
         const bf16* p[4];
         bool ok[4];
         const int a = rows_of(wu, p, ok);
@@ -142,13 +131,19 @@ __device__ __forceinline__ void gemvf_body(GEMVF_PARAMS) {
         for (int e = 0; e < 4; e++)
 #pragma unroll
             for (int tt = 0; tt < TT; tt++) acc[e][tt] = 0.f;
-        for (int j0 = kq; j0 < nj; j0 += W * J) {
-            if (it > 0 || j0 > kq) {
-                load(wv, p, ok, j0);
-            }
+        for (int j0 = 0; j0 < nj; j0 += J) {
+            if (!first) {
 #pragma unroll
-            for (int jj = 0; jj < J; jj++) {
-                int kk = (j0 + jj * W) * 256 + lane * 8;
+                for (int j = 0; j < J; j++) {
+                    int kk = (j0 + j) * 256 + lane * 8;
+#pragma unroll
+                    for (int e = 0; e < 4; e++) wv[j][e] = ok[e] && kk < k ? ldg_weights(p[e] + kk) : zero;
+                }
+            }
+            first = false;
+#pragma unroll
+            for (int j = 0; j < J; j++) {
+                int kk = (j0 + j) * 256 + lane * 8;
                 if (kk < k) {
 #pragma unroll
                     for (int tt = 0; tt < TT; tt++) {
@@ -157,127 +152,100 @@ __device__ __forceinline__ void gemvf_body(GEMVF_PARAMS) {
 #pragma unroll
                         for (int i = 0; i < 8; i++) xr[i] = xv[i];
 #pragma unroll
-                        for (int e = 0; e < 4; e++) acc[e][tt] = dot8(wv[jj][e], xr, acc[e][tt]);
+                        for (int e = 0; e < 4; e++) acc[e][tt] = dot8(wv[j][e], xr, acc[e][tt]);
                     }
                 }
             }
         }
-        // Each warp's sums, then the unit's: its k slices added in order.
 #pragma unroll
         for (int e = 0; e < 4; e++)
 #pragma unroll
-            for (int tt = 0; tt < TT; tt++) {
-                float v = warp_sum(acc[e][tt]);
-                if (lane == 0) {
-                    red[wid * 4 * TT + e * TT + tt] = v;
-                }
-            }
-        if (W > 1) {
-            __syncthreads();
-        } else {
-            __syncwarp();
-        }
-        if (kq == 0 && wu < wunits) {
-#pragma unroll
-            for (int e = 0; e < 4; e++)
-#pragma unroll
-                for (int tt = 0; tt < TT; tt++) {
-                    float v = 0.f;
-                    for (int q = 0; q < W; q++) v += red[(wid + q) * 4 * TT + e * TT + tt];
-                    acc[e][tt] = v * inv[tt];
-                }
-            // Epilogue: lane l takes value (e, tt) = (l / TT, l % TT).
-            if (EPI == GEMV_STORE || EPI == GEMV_HEAD || EPI == GEMV_RESID) {
-                if (lane < 4 * TT) {
-                    int e = lane / TT, tt = lane % TT;
-                    float v = 0.f;
-#pragma unroll
-                    for (int e2 = 0; e2 < 4; e2++)
-#pragma unroll
-                        for (int t2 = 0; t2 < TT; t2++)
-                            if (e2 == e && t2 == tt) v = acc[e2][t2];
-                    int row = a + (e >> 1) * d + (e & 1);
-                    if (ok[e] && tt < t) {
-                        float* o = out + (size_t)tt * ldo + row;
-                        *o = EPI == GEMV_RESID ? ldcg(o) + v : v;
-                    }
-                }
-            } else if (lane < 2 * TT) {
+            for (int tt = 0; tt < TT; tt++) acc[e][tt] = warp_sum(acc[e][tt]) * inv[tt];
+        // Epilogue: lane l takes value (e, tt) = (l / TT, l % TT).
+        if (EPI == GEMV_STORE || EPI == GEMV_HEAD || EPI == GEMV_RESID) {
+            if (lane < 4 * TT) {
                 int e = lane / TT, tt = lane % TT;
-                float v1 = 0.f, v2 = 0.f;
+                float v = 0.f;
 #pragma unroll
-                for (int e2 = 0; e2 < 2; e2++)
+                for (int e2 = 0; e2 < 4; e2++)
 #pragma unroll
                     for (int t2 = 0; t2 < TT; t2++)
-                        if (e2 == e && t2 == tt) {
-                            v1 = acc[e2][t2];
-                            v2 = acc[e2 + 2][t2];
-                        }
+                        if (e2 == e && t2 == tt) v = acc[e2][t2];
+                int row = a + (e >> 1) * d + (e & 1);
                 if (ok[e] && tt < t) {
-                    if (EPI == GEMV_SILU) {
-                        out[(size_t)tt * ldo + a + e] = v1 / (1.f + expf(-v1)) * v2;
-                    } else {  // GEMV_ROPE: rows r and r + half of head hh
-                        int row = a + e, half = hd >> 1;
-                        int hh = row / hd, i = row % hd;
-                        if (bias) {
-                            v1 += bf2f(bias[row]);
-                            v2 += bf2f(bias[row + half]);
-                        }
-                        if (hh < nh + nkv) {
-                            float sn, cs;
-                            sincosf((float)pos[tt] * inv_freq[i], &sn, &cs);
-                            float y1 = v1 * cs - v2 * sn;
-                            float y2 = v2 * cs + v1 * sn;
-                            v1 = y1;
-                            v2 = y2;
-                        }
-                        if (hh < nh) {
-                            out[(size_t)tt * ldo + row] = v1;
-                            out[(size_t)tt * ldo + row + half] = v2;
-                        } else {
-                            int kvh = hh < nh + nkv ? hh - nh : hh - nh - nkv;
-                            bf16* cache = hh < nh + nkv ? kcache : vcache;
-                            size_t dst = ((size_t)cache_row[tt] * nkv + kvh) * hd + i;
-                            cache[dst] = f2bf(v1);
-                            cache[dst + half] = f2bf(v2);
-                        }
-                    }
+                    float* o = out + (size_t)tt * ldo + row;
+                    *o = EPI == GEMV_RESID ? ldcg(o) + v : v;
                 }
             }
-            if (EPI == GEMV_HEAD) {
-                // Every lane holds every value: all keep the same statistics.
+        } else if (lane < 2 * TT) {
+            int e = lane / TT, tt = lane % TT;
+            float v1 = 0.f, v2 = 0.f;
 #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    int row = a + (e >> 1) * d + (e & 1);
-                    if (!ok[e]) {
-                        continue;
+            for (int e2 = 0; e2 < 2; e2++)
+#pragma unroll
+                for (int t2 = 0; t2 < TT; t2++)
+                    if (e2 == e && t2 == tt) {
+                        v1 = acc[e2][t2];
+                        v2 = acc[e2 + 2][t2];
                     }
-#pragma unroll
-                    for (int tt = 0; tt < TT; tt++) {
-                        float v = acc[e][tt];
-                        hbad |= (__float_as_uint(v) & 0x7f800000u) == 0x7f800000u;
-                        if (better(v, row, hm[tt], hi[tt])) {
-                            hs[tt] = hm[tt] == NEG_INF ? hs[tt] : hs[tt] * expf(hm[tt] - v);
-                            hm[tt] = v;
-                            hi[tt] = row;
-                        }
-                        hs[tt] += expf(v - hm[tt]);
+            if (ok[e] && tt < t) {
+                if (EPI == GEMV_SILU) {
+                    out[(size_t)tt * ldo + a + e] = v1 / (1.f + expf(-v1)) * v2;
+                } else {  // GEMV_ROPE: rows r and r + half of head hh
+                    int row = a + e, half = hd >> 1;
+                    int hh = row / hd, i = row % hd;
+                    if (bias) {
+                        v1 += bf2f(bias[row]);
+                        v2 += bf2f(bias[row + half]);
+                    }
+                    if (hh < nh + nkv) {
+                        float sn, cs;
+                        sincosf((float)pos[tt] * inv_freq[i], &sn, &cs);
+                        float y1 = v1 * cs - v2 * sn;
+                        float y2 = v2 * cs + v1 * sn;
+                        v1 = y1;
+                        v2 = y2;
+                    }
+                    if (hh < nh) {
+                        out[(size_t)tt * ldo + row] = v1;
+                        out[(size_t)tt * ldo + row + half] = v2;
+                    } else {
+                        int kvh = hh < nh + nkv ? hh - nh : hh - nh - nkv;
+                        bf16* cache = hh < nh + nkv ? kcache : vcache;
+                        size_t dst = ((size_t)cache_row[tt] * nkv + kvh) * hd + i;
+                        cache[dst] = f2bf(v1);
+                        cache[dst + half] = f2bf(v2);
                     }
                 }
             }
         }
-        if (W > 1) {
-            __syncthreads();  // red is free for the next units
-        } else {
-            __syncwarp();
+        if (EPI == GEMV_HEAD) {
+            // Every lane holds every value: all keep the same statistics.
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int row = a + (e >> 1) * d + (e & 1);
+                if (!ok[e]) {
+                    continue;
+                }
+#pragma unroll
+                for (int tt = 0; tt < TT; tt++) {
+                    float v = acc[e][tt];
+                    hbad |= (__float_as_uint(v) & 0x7f800000u) == 0x7f800000u;
+                    if (better(v, row, hm[tt], hi[tt])) {
+                        hs[tt] = hm[tt] == NEG_INF ? hs[tt] : hs[tt] * expf(hm[tt] - v);
+                        hm[tt] = v;
+                        hi[tt] = row;
+                    }
+                    hs[tt] += expf(v - hm[tt]);
+                }
+            }
         }
     }
-    if (EPI == GEMV_HEAD && kq == 0 && lane == 0) {
-        const int nstat = gridDim.x * G, slot = blockIdx.x * G + grp;
+    if (EPI == GEMV_HEAD && lane == 0) {
 #pragma unroll
         for (int tt = 0; tt < TT; tt++) {
             if (tt < t) {
-                float* st = stats + ((size_t)tt * nstat + slot) * 4;
+                float* st = stats + ((size_t)tt * warps + gw) * 4;
                 st[0] = hm[tt];
                 st[1] = __int_as_float(hi[tt]);
                 st[2] = hs[tt];
@@ -288,7 +256,7 @@ __device__ __forceinline__ void gemvf_body(GEMVF_PARAMS) {
 }
 
 #define GEMVF_ENTRY(name, epi, tt)                                                       \
-    extern "C" __global__ void __launch_bounds__(GEMVF_THREADS, 1) name(GEMVF_PARAMS) { \
+    extern "C" __global__ void __launch_bounds__(GEMVF_THREADS, 2) name(GEMVF_PARAMS) { \
         gemvf_body<epi, tt>(GEMVF_ARGS);                                                 \
     }
 
