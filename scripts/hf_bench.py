@@ -12,8 +12,8 @@ against (scripts/gpu-check.sh), in three forms on the same random bf16 model:
 For each batch size: a random prompt of --prompt tokens is prefilled, then
 --steps greedy decode steps run; the figure is the wall time of the steps
 over their number (the host's part included, as tandem's figures do),
-median of 3 runs. Each form is tried on its own: one that fails prints why
-and is left out. Writes JSON to --out.
+median of --runs runs. Each form is tried on its own: one that fails prints
+why and is left out. Writes JSON to --out after each figure.
 """
 import argparse
 import inspect
@@ -119,7 +119,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--shape", choices=sorted(hf_ref.SHAPES), required=True)
     ap.add_argument("--batches", default="1,32")
-    ap.add_argument("--forms", default="eager,graph,compile")
+    ap.add_argument("--forms", default="compile,graph,eager")
     ap.add_argument("--prompt", type=int, default=64)
     ap.add_argument("--steps", type=int, default=128)
     ap.add_argument("--runs", type=int, default=3)
@@ -146,8 +146,8 @@ def main():
                 traceback.print_exc()
             torch._dynamo.reset()
             torch.cuda.empty_cache()
-    with open(args.out, "w") as f:
-        json.dump(res, f, indent=1)
+            with open(args.out, "w") as f:  # after each figure: a time limit may end the run
+                json.dump(res, f, indent=1)
     print(json.dumps(res))
 
 

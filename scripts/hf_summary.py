@@ -16,6 +16,79 @@ def load(pattern, suffix):
     return out
 
 
+def fmt(v, spec=".3f"):
+    return "-" if v is None else format(v, spec)
+
+
+def decode_tables(work, res):
+    """Decode steps of tandem (FULL_AND_PIECEWISE graphs), the baseline
+    revision and transformers side by side; per-kernel breakdowns; skinny
+    product bandwidth; prefill; the API."""
+    base = res.get("baseline_decode", {})
+    for name in ("llama1b", "llama8b"):
+        dec = res.get("decode_" + name)
+        if not dec:
+            continue
+        bench = {}
+        path = os.path.join(work, name + ".bench.json")
+        if os.path.exists(path):
+            with open(path) as f:
+                bench = json.load(f).get("decode_ms", {})
+        floor = dec["floor_ms"]
+        print(f"-- decode step, {name} shape ({dec['weight_bytes']} weight bytes), {dec['device']}: copy bandwidth "
+              f"{dec['copy_bw_bytes_per_s'] / 1e12:.2f} TB/s -> HBM floor {floor:.3f} ms; skinny kernels up to "
+              f"{dec.get('skinny_tokens')} tokens, dependent launches {dec.get('dependent_launch')}")
+        print(f"   graphs: {dec['graph_keys']} keys, {dec['graphs']} graphs, captured in {dec['capture_s']:.3f} s, "
+              f"{dec['graph_bytes'] / 2**20:.1f} MiB")
+        print(f"{'batch':>6} {'tandem wall':>12} {'GPU':>7} {'x floor':>8} {'before':>8} {'HF eager':>9} {'HF graph':>9} "
+              f"{'HF compile':>11} {'vs compile':>11} {'tok/s':>8}")
+        for b in ("1", "8", "32"):
+            d = dec.get(f"batch_{b}_FULL_AND_PIECEWISE")
+            if not d:
+                continue
+            before = base.get(f"batch_{b}_FULL_AND_PIECEWISE", {}).get("wall_ms") if name == "llama1b" else None
+            hc = bench.get(f"compile_{b}")
+            ratio = f"{hc / d['wall_ms']:.2f}x" if hc else "-"
+            print(f"{b:>6} {d['wall_ms']:>12.3f} {d['gpu_ms']:>7.3f} {d['wall_ms'] / floor:>8.2f} {fmt(before):>8} "
+                  f"{fmt(bench.get(f'eager_{b}')):>9} {fmt(bench.get(f'graph_{b}')):>9} {fmt(hc):>11} {ratio:>11} "
+                  f"{int(b) / d['wall_ms'] * 1e3:>8.0f}")
+        for n in (512, 2048):
+            if f"prefill_{n}_gpu_ms" in dec:
+                print(f"   eager prefill of {n} tokens: {dec[f'prefill_{n}_gpu_ms']:.3f} ms GPU, "
+                      f"{dec[f'prefill_{n}_tflops']:.0f} TFLOP/s ({100 * dec[f'prefill_{n}_tflops'] / 790:.0f}% of 790)")
+        for b in ("1", "32"):
+            cb, sk = dec.get(f"profile_batch_{b}_cublas"), dec.get(f"profile_batch_{b}_skinny")
+            if not cb or not sk:
+                continue
+            print(f"   per-kernel GPU time of one eager decode step at batch {b} (CUDA events around each kernel):")
+            print(f"   {'cuBLAS path (unfused)':<28} {'ms':>7}   {'this path at batch ' + b:<28} {'ms':>7}")
+            left = sorted(cb["kernels"].items(), key=lambda kv: -kv[1]["ms"])
+            right = sorted(sk["kernels"].items(), key=lambda kv: -kv[1]["ms"])
+            for i in range(max(len(left), len(right))):
+                l = f"{left[i][0]} x{left[i][1]['count']}" if i < len(left) else ""
+                lm = f"{left[i][1]['ms']:.3f}" if i < len(left) else ""
+                r = f"{right[i][0]} x{right[i][1]['count']}" if i < len(right) else ""
+                rm = f"{right[i][1]['ms']:.3f}" if i < len(right) else ""
+                print(f"   {l:<28} {lm:>7}   {r:<28} {rm:>7}")
+            print(f"   {'sum':<28} {cb['sum_ms']:>7.3f}   {'sum':<28} {sk['sum_ms']:>7.3f}")
+    sk = res.get("skinny")
+    if sk:
+        print(f"-- skinny products: fraction of the copy bandwidth ({sk['copy_bw'] / 1e12:.2f} TB/s), CUDA graphs of "
+              "dependent launches; cuBLAS (compensated: twice the rows) alongside")
+        for key in sorted(k for k in sk if isinstance(sk[k], dict)):
+            v = sk[key]
+            print(f"   {key:<28} {v['dep_us']:>8.2f} us {100 * v['dep_frac']:>4.0f}%   cuBLAS {v['cublas_us']:>8.2f} us "
+                  f"{100 * v['cublas_frac']:>4.0f}%")
+        for key in sorted(k for k in sk if "attention" in k):
+            print(f"   {key:<28} {sk[key]:>8.2f} us")
+    api = [res[k] for k in sorted(res, key=lambda k: int(k[5:]) if k.startswith("api_c") else 0) if k.startswith("api_c")]
+    if api:
+        print("-- tandemctl bench through the gRPC API (leader + one CUDA stage, llama1b checkpoint, 64-token prompts, 256 tokens)")
+        for b in api:
+            print(f"   concurrency {b['concurrency']:>3}: {b['tokens_per_s']:>8.0f} tokens/s, ITL p50 {b['itl_p50_ms']:.3f} ms, "
+                  f"p99 {b['itl_p99_ms']:.3f} ms, TTFT p50 {b['ttft_p50_ms']:.1f} ms")
+
+
 def main():
     work, results, out, header = sys.argv[1:5]
     hf = load(os.path.join(work, "*.hf.json"), ".hf.json")
@@ -53,27 +126,7 @@ def main():
         for name, s in sorted(cg.items()):
             print(f"{name:24} {s['positions']:>4} {s['max_rel_l2']:>10.3g} {s['mean_rel_l2']:>10.3g} "
                   f"{str(s['top1_agree']) + '/' + str(s['positions']):>11}")
-    dec = res.get("decode")
-    if dec:
-        hft = hf.get("llama1b", {}).get("hf_eager_decode_ms", {})
-        floor = dec["floor_ms"]
-        print(f"-- decode step, Llama-3.2-1B shape ({dec['weight_bytes']} weight bytes), {dec['device']}")
-        print(f"   copy bandwidth {dec['copy_bw_bytes_per_s'] / 1e12:.2f} TB/s -> HBM floor {floor:.3f} ms")
-        print(f"   CUDA graphs (FULL_AND_PIECEWISE keys, 1-512 tokens, full decode 1-32): {dec['graph_keys']} keys, "
-              f"{dec['graphs']} graphs, {dec['graph_nodes']} nodes, captured in {dec['capture_s']:.3f} s, "
-              f"{dec['graph_bytes'] / 2**20:.1f} MiB (full decode graphs {dec['full_graph_bytes'] / 2**20:.1f} MiB, "
-              f"{dec['piecewise_graphs']} piecewise graphs {dec['piecewise_graph_bytes'] / 2**20:.1f} MiB)")
-        print(f"{'batch':>6} {'mode':<19} {'wall ms':>8} {'GPU ms':>8} {'wall/GPU':>9} {'x floor':>8} {'HF eager ms':>12}")
-        for b in ("1", "8", "32"):
-            h = hft.get(b)
-            hs = f"{h:.3f}" if h is not None else "-"
-            for mode in ("NONE", "PIECEWISE", "FULL", "FULL_AND_PIECEWISE"):
-                d = dec.get(f"batch_{b}_{mode}")
-                if not d:
-                    continue
-                print(f"{b:>6} {mode:<19} {d['wall_ms']:>8.3f} {d['gpu_ms']:>8.3f} {d['wall_ms'] / d['gpu_ms']:>9.3f} "
-                      f"{d['wall_ms'] / floor:>8.2f} {hs:>12}")
-        print(f"   eager prefill of 512 tokens: {dec['prefill_512_gpu_ms']:.3f} ms GPU")
+    decode_tables(work, res)
     lr = res.get("graphs_long_run")
     if lr:
         print(f"-- CUDA graphs, long run: {lr['requests']} requests in {lr['steps']} steps ({lr['full_steps']} FULL, "
