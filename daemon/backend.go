@@ -3,6 +3,7 @@ package daemon
 import (
 	"github.com/tandem-llm/tandem/daemon/placement"
 	"github.com/tandem-llm/tandem/model"
+	"github.com/tandem-llm/tandem/stage/cuda"
 )
 
 // backendCost is what a stage of the backend holds, as placement counts
