@@ -4,7 +4,7 @@
 #
 #   bash scripts/gpu-check.sh [build [DIR]]
 #                        here (with Go): builds the stage/cuda test binary,
-#                        tandemctl and tandemd into DIR/cuda (DIR: $TANDEM_CARRY,
+#                        tandemctl and tandemd (gzipped) into DIR/cuda (DIR: $TANDEM_CARRY,
 #                        else .carry) and copies this script and the Python it
 #                        runs into DIR/scripts, so the device runs them from the
 #                        carried folder (carry [DIR]); with BASELINE=<git ref>
@@ -57,8 +57,11 @@ if [ "${1:-build}" = build ]; then
 	mkdir -p "$DIR/cuda" "$DIR/scripts"
 	DIR=$(cd "$DIR" && pwd)
 	CGO_ENABLED=0 go test -c -ldflags="-s -w" -o "$DIR/cuda/cuda.test" ./stage/cuda
-	CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o "$DIR/cuda/tandemctl" ./cmd/tandemctl
-	CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o "$DIR/cuda/tandemd" ./cmd/tandemd
+	# The daemons travel gzipped: the device tool carries at most 64 MiB.
+	for cmd in tandemctl tandemd; do
+		CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o "$DIR/cuda/$cmd" ./cmd/$cmd
+		gzip -9f "$DIR/cuda/$cmd"
+	done
 	cp scripts/gpu-check.sh scripts/hf_ref.py scripts/hf_summary.py scripts/hf_bench.py "$DIR/scripts/"
 	if [ -n "${BASELINE:-}" ]; then
 		src=$(mktemp -d)
@@ -84,6 +87,16 @@ OUT=${OUT:-/tmp/tandem-gpu-check}
 WORK=${WORK:-/tmp/tandem-hf}
 RESULTS=$WORK/results
 mkdir -p "$OUT" "$WORK" "$RESULTS"
+# tandemctl and tandemd, unpacked (they travel gzipped).
+TOOLS=$WORK/bin
+mkdir -p "$TOOLS"
+for cmd in tandemctl tandemd; do
+	if [ -f "$BIN/$cmd.gz" ]; then
+		gunzip -c "$BIN/$cmd.gz" >"$TOOLS/$cmd" && chmod +x "$TOOLS/$cmd"
+	elif [ -x "$BIN/$cmd" ]; then
+		ln -sf "$BIN/$cmd" "$TOOLS/$cmd"
+	fi
+done
 LOG=$OUT/check.log
 status=0
 step() { echo "== $(date -u +%T) $*" | tee -a "$LOG"; }
@@ -171,8 +184,8 @@ for arch in llama qwen2; do
 	extra=()
 	[ "$arch" = llama ] && extra=(--rope-scaling)
 	{
-		"$BIN/tandemctl" model init --out "$src" --arch "$arch" --seed 5 "${extra[@]}" &&
-			"$BIN/tandemctl" tokenize --tokenizer "$src/tokenizer.json" <"$WORK/init-texts.json" >"$WORK/init-$arch.ids.json" &&
+		"$TOOLS/tandemctl" model init --out "$src" --arch "$arch" --seed 5 "${extra[@]}" &&
+			"$TOOLS/tandemctl" tokenize --tokenizer "$src/tokenizer.json" <"$WORK/init-texts.json" >"$WORK/init-$arch.ids.json" &&
 			python3 "$HERE/hf_ref.py" --from "$src" --name "init-$arch" --out "$WORK" \
 				--texts "$WORK/init-texts.json" --tandem-ids "$WORK/init-$arch.ids.json"
 	} 2>&1 | tee -a "$LOG" || status=1
@@ -201,19 +214,19 @@ fi
 if [ -z "$quick" ]; then
 	step "(8) the 1B checkpoint through the gRPC API: tandemctl bench"
 	MODEL=$WORK/llama1b
-	"$BIN/tandemctl" model init --out "$WORK/tok" --vocab 128256 --layers 1 --hidden 64 --heads 2 --kv-heads 1 --intermediate 64 >>"$LOG" 2>&1 &&
+	"$TOOLS/tandemctl" model init --out "$WORK/tok" --vocab 128256 --layers 1 --hidden 64 --heads 2 --kv-heads 1 --intermediate 64 >>"$LOG" 2>&1 &&
 		cp "$WORK/tok/tokenizer.json" "$MODEL/"
 	LEADER=127.0.0.1:17400
 	common=(serve --model "$MODEL" --leader leader --fast-gossip --max-seqs 64 --max-batch-tokens 512 --log-level info)
 	mkdir -p "$WORK/logs"
-	"$BIN/tandemd" "${common[@]}" --name leader --stage=false --backend cpu --grpc "$LEADER" --gossip 127.0.0.1:17401 \
+	"$TOOLS/tandemd" "${common[@]}" --name leader --stage=false --backend cpu --grpc "$LEADER" --gossip 127.0.0.1:17401 \
 		--expect-stages 1 >/dev/null 2>"$WORK/logs/leader.log" &
 	PIDS=($!)
-	TANDEM_CACHE_DIR=$WORK/cache "$BIN/tandemd" "${common[@]}" --name gpu0 --backend cuda \
+	TANDEM_CACHE_DIR=$WORK/cache "$TOOLS/tandemd" "${common[@]}" --name gpu0 --backend cuda \
 		--grpc 127.0.0.1:17410 --gossip 127.0.0.1:17411 --seeds 127.0.0.1:17401 >/dev/null 2>"$WORK/logs/gpu0.log" &
 	PIDS+=($!)
 	start=$SECONDS
-	until "$BIN/tandemctl" --addr "$LEADER" status --json 2>/dev/null | python3 -c 'import json,sys; sys.exit(0 if json.load(sys.stdin).get("serving") else 1)' 2>/dev/null; do
+	until "$TOOLS/tandemctl" --addr "$LEADER" status --json 2>/dev/null | python3 -c 'import json,sys; sys.exit(0 if json.load(sys.stdin).get("serving") else 1)' 2>/dev/null; do
 		if ((SECONDS - start > 180)); then
 			echo "not serving after 180 s" | tee -a "$LOG"
 			status=1
@@ -223,7 +236,7 @@ if [ -z "$quick" ]; then
 	done
 	echo "serving $((SECONDS - start)) s after start" | tee -a "$LOG"
 	for n in 1 32 64; do
-		"$BIN/tandemctl" --addr "$LEADER" bench --timeout 300s --concurrency "$n" --requests "$n" --prompt-tokens 64 --max-tokens 256 \
+		"$TOOLS/tandemctl" --addr "$LEADER" bench --timeout 300s --concurrency "$n" --requests "$n" --prompt-tokens 64 --max-tokens 256 \
 			--vocab 128256 --seed 1000 --json >"$RESULTS/api_c$n.json" 2>>"$LOG" || status=1
 		python3 -c 'import json,sys; b=json.load(open(sys.argv[1])); print("concurrency %d: %.0f tokens/s, ITL p50 %.3f ms p99 %.3f ms, TTFT p50 %.1f ms" % (b["concurrency"], b["tokens_per_s"], b["itl_p50_ms"], b["itl_p99_ms"], b["ttft_p50_ms"]))' \
 			"$RESULTS/api_c$n.json" 2>&1 | tee -a "$LOG"
