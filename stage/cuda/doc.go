@@ -14,32 +14,68 @@
 // version, options), written atomically (temporary file and rename) and
 // checksummed: an unreadable, damaged or unloadable entry is compiled
 // afresh and replaced. The sources need no CUDA headers (bf16 is handled as
-// raw 16-bit patterns). Matrix products go through cuBLAS (bf16 inputs,
-// fp32 accumulation and output); q|k|v and gate|up weights are fused so each
-// is one GEMM. Per layer: RMSNorm of the residual stream (fp32 statistics,
-// adding the previous layer's pending down projection first) into bf16;
-// the q|k|v GEMM; one kernel that adds the Qwen2 bias, applies rotary
-// embeddings (rotate_half layout, fp32 angles pos·inv_freq with llama3
-// scaling of inv_freq precomputed on the host) and writes q and the KV
-// cache in bf16; causal grouped-query attention with an fp32 online
-// softmax, one block per (token, head), reading keys and values through
-// the sequence's block table; the o GEMM; RMSNorm, adding the o
-// projection into the residual stream first; the gate|up GEMM;
-// SiLU-and-multiply into bf16; the down GEMM. The last stage normalises
-// only the rows it needs logits for and computes them in fp32; other
-// stages end by adding the last down projection into the residual stream
-// they hand on.
+// raw 16-bit patterns).
 //
-// The layer GEMMs are compensated: each bf16 input holds a value's bf16
-// rounding and, T rows further, the bf16 rounding of the remainder, so one
-// GEMM of 2T rows against the same weights (read once) computes x·Wᵀ as
-// if x had about 16 significant bits, and the kernel reading its output
-// sums the two halves. Decode is bound by the weight reads, so this costs
-// about 2-3% of a decode step and 24% of a long prefill (NOTES.md). What
-// is still rounded to bf16: q, the KV cache, and the LM head's input.
+// A step takes one of three paths by its token count T (skinnyPlan):
+//
+//   - T <= 2 (decode of one or two sequences): the fp32 multiply-add
+//     products of gemvf.cu, each warp streaming 512 contiguous bytes of a
+//     weight row per load with the activations staged in shared memory in
+//     fp32;
+//   - T <= Config.SkinnyTokens (default 8): the tensor-core products of
+//     gemv.cu (mma.sync with the weights as the A operand, the token
+//     columns split into bf16 value and remainder);
+//   - longer steps: cuBLAS (bf16 inputs, fp32 accumulation and output).
+//
+// On the two skinny paths a layer is four product kernels and attention:
+// the q|k|v product with the input RMSNorm folded into it (the norm's sum
+// of squares gathered from the same loads, its weight applied to the
+// activations, the scale applied to the sums) and, in its epilogue, the
+// Qwen2 bias, rotary embeddings (rotate_half layout, fp32 angles
+// pos·inv_freq with llama3 scaling precomputed on the host) and the KV
+// cache write; attention; the o projection adding into the residual
+// stream; the gate|up product with the post-attention norm folded in and
+// SiLU·mul in its epilogue; the down projection adding into the residual
+// stream. The last stage's LM head folds the final norm in, selects its
+// rows through the batch description, writes fp32 logits and per-block
+// softmax partials (maximum, arg-max, sum of exponentials), from which the
+// sampler takes the greedy token and the log partition function without a
+// pass over the logits (unless a partial saw a non-finite logit). Every
+// kernel may start as a programmatic dependent launch of the one before
+// it (griddepcontrol; Config.NoDependentLaunch turns that off): a skinny
+// product loads its first weights before waiting for its predecessor.
+//
+// On the cuBLAS path q|k|v and gate|up weights are fused so each is one
+// GEMM. Per layer: RMSNorm of the residual stream (fp32 statistics, adding
+// the previous layer's pending down projection first) into bf16; the
+// q|k|v GEMM; one kernel that adds the bias, applies rotary embeddings and
+// writes q (fp32) and the KV cache (bf16); attention; the o GEMM; RMSNorm,
+// adding the o projection into the residual stream first; the gate|up
+// GEMM; SiLU-and-multiply into bf16; the down GEMM, added into the residual
+// stream by the next norm or, at the stage's end, by residual_add.
+//
+// Attention (attention.cu, every path) is causal grouped-query attention
+// over the paged KV cache, one block per (token, kv head, group of its
+// query heads, part of the sequence): the sequence is cut into up to 16
+// parts of at least 32 keys (flash-decoding) so that a decode step's few
+// tokens keep the device busy, each block runs an fp32 online softmax, and
+// the last block of a (token, head group) to finish merges the parts in a
+// fixed order. Keys written by earlier steps are read before waiting for
+// the q|k|v kernel.
+//
+// The GEMM inputs are compensated: each bf16 input holds a value's bf16
+// rounding and the bf16 rounding of the remainder (on the cuBLAS path T
+// rows further: one GEMM of 2T rows against the same weights, read once;
+// on the tensor-core skinny path two products into one accumulator), so
+// x·Wᵀ is computed as if x had about 16 significant bits; the fp32 skinny
+// path multiplies the fp32 activations themselves. What is still rounded
+// to bf16: the KV cache, and on the cuBLAS path the LM head's input.
 // Against transformers' float32 forward on the same bf16 weights the
-// logits stray half as far as without compensation and a third as far as
-// transformers' own bf16 forward (scripts/gpu-check.sh measures both).
+// logits stray about a quarter as far as transformers' own bf16 forward
+// (scripts/gpu-check.sh measures both; NOTES.md).
+//
+// ProfileStep runs a step eagerly with CUDA events around every kernel and
+// returns each kind's device time (the breakdowns of NOTES.md).
 //
 // # Memory
 //
@@ -51,7 +87,8 @@
 // MaxLogitRows rows, the packed batch description, the hand-off buffers, a
 // cuBLAS workspace, pinned host buffers for results, and the KV cache,
 // after holding back Config.GraphMemory for CUDA graphs. Forward allocates
-// no device memory.
+// no device memory. One function lays the workspace out (workspace.go);
+// WorkspaceBytes gives placement its size before any stage exists.
 //
 // The KV cache is paged: per layer, NumBlocks·BlockSize rows plus one
 // scratch row of [kv heads][head dim] bf16, for K and again for V (Info
