@@ -106,10 +106,14 @@ func runSampleKernel(t *testing.T, logits [][]float32, reqs []sampleReq, withSta
 						}
 					}
 					var sum float64
+					var bad uint32
 					for _, v := range blk {
 						sum += math.Exp(float64(v - blk[best]))
+						if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
+							bad = 1
+						}
 					}
-					st = append(st, blk[best], math.Float32frombits(uint32(b*64+best)), float32(sum), 0)
+					st = append(st, blk[best], math.Float32frombits(uint32(b*64+best)), float32(sum), math.Float32frombits(bad))
 				}
 			}
 			if sp, err = up(gpu.AsBytes(st)); err != nil {
@@ -247,7 +251,15 @@ func TestSampleKernelNonFinite(t *testing.T) {
 			reqs = append(reqs, q)
 		}
 	}
-	res := runSampleKernel(t, rows, reqs)
+	for _, withStats := range []bool{false, true} {
+		checkNonFinite(t, reqs, runSampleKernel(t, rows, reqs, withStats))
+	}
+}
+
+// checkNonFinite checks the sampler's refusals of the rows of
+// TestSampleKernelNonFinite.
+func checkNonFinite(t *testing.T, reqs []sampleReq, res []sampleResult) {
+	t.Helper()
 	wantBad := []int32{0, 8, 1, 2}
 	for i, q := range reqs {
 		r := res[i]
