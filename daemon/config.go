@@ -19,6 +19,7 @@ import (
 	"github.com/tandem-llm/tandem/daemon/stagehost"
 	"github.com/tandem-llm/tandem/daemon/supervise"
 	"github.com/tandem-llm/tandem/graphs"
+	"github.com/tandem-llm/tandem/linkauth"
 	"github.com/tandem-llm/tandem/progress"
 	"github.com/tandem-llm/tandem/sched"
 )
@@ -104,8 +105,16 @@ type ClusterConfig struct {
 	// is noticed within a few seconds.
 	FastFailureDetection bool `toml:"fast_failure_detection"`
 	// GossipKeyFile holds a base64 AES key of 16, 24 or 32 bytes; gossip is
-	// encrypted when set.
+	// encrypted when set. Without KeyFile, it is also the cluster secret.
 	GossipKeyFile string `toml:"gossip_key_file"`
+	// KeyFile holds the cluster secret, base64, at least 16 bytes
+	// (`openssl rand -base64 32`), the same on every node: Node calls,
+	// control links and data links prove with it that they come from the
+	// cluster, and, without GossipKeyFile, gossip is encrypted with a key
+	// derived from it. Without it the gossip key is the secret; with
+	// neither, every listener must be on loopback unless
+	// security.insecure.
+	KeyFile string `toml:"key_file"`
 	// DrainTimeout bounds how long shutdown waits for requests in flight
 	// (default 30s).
 	DrainTimeout Duration `toml:"drain_timeout"`
@@ -183,6 +192,10 @@ type SecurityConfig struct {
 	TLSCAFile string `toml:"tls_ca_file"`
 	// AdminTokenFile holds the token every Admin and Node call must carry.
 	AdminTokenFile string `toml:"admin_token_file"`
+	// Insecure lets a node without a cluster secret (cluster.key_file or
+	// cluster.gossip_key_file) listen beyond loopback, with a warning:
+	// anyone who reaches its ports can then drive its stage.
+	Insecure bool `toml:"insecure"`
 }
 
 // PlanRange is one stage of an explicit plan: a node and its layers [Lo,
@@ -412,6 +425,9 @@ func (c *Config) validate() error {
 			bad("%s %q: %v", key, addr, err)
 		}
 	}
+	if exposed := c.exposedListeners(); len(exposed) > 0 && !c.hasClusterSecret() && !c.Security.Insecure {
+		bad("%s: listening beyond loopback needs a cluster secret (cluster.key_file or cluster.gossip_key_file, --cluster-key-file), so that only the cluster can drive this node; or security.insecure (--insecure) to run without one", strings.Join(exposed, ", "))
+	}
 	for _, s := range c.Cluster.Seeds {
 		if _, _, err := net.SplitHostPort(s); err != nil {
 			bad("cluster.seeds: %q: %v", s, err)
@@ -458,6 +474,41 @@ func (c *Config) validate() error {
 	return errors.Join(errs...)
 }
 
+// hasClusterSecret reports whether a cluster secret is configured.
+func (c *Config) hasClusterSecret() bool {
+	return c.Cluster.KeyFile != "" || c.Cluster.GossipKeyFile != ""
+}
+
+// exposedListeners are the listeners configured beyond loopback, as
+// "key addr", in a fixed order.
+func (c *Config) exposedListeners() []string {
+	var out []string
+	for _, l := range []struct{ key, addr string }{
+		{"listen.grpc", c.Listen.GRPC}, {"listen.gossip", c.Listen.Gossip}, {"listen.control", c.Listen.Control},
+		{"listen.data", c.Listen.Data}, {"listen.metrics", c.Listen.Metrics}, {"listen.http", c.Listen.HTTP},
+	} {
+		if l.addr != "" && !loopback(l.addr) {
+			out = append(out, fmt.Sprintf("%s %s", l.key, l.addr))
+		}
+	}
+	return out
+}
+
+// loopback reports whether addr (host:port) binds a loopback address
+// only: "localhost" or a loopback IP. Any other name, and the empty host
+// (every interface), are not.
+func loopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
 // LogValue implements slog.LogValuer: the configuration without secrets
 // (only the files that hold them are named).
 func (c Config) LogValue() slog.Value {
@@ -479,15 +530,26 @@ func (c Config) LogValue() slog.Value {
 		slog.Bool("handoff", c.Stage.Handoff != nil && *c.Stage.Handoff),
 		slog.Bool("tls", c.Security.TLSCertFile != ""),
 		slog.Bool("admin_token", c.Security.AdminTokenFile != ""),
-		slog.Bool("gossip_encrypted", c.Cluster.GossipKeyFile != ""),
+		slog.Bool("gossip_encrypted", c.hasClusterSecret()),
+		slog.Bool("cluster_secret", c.hasClusterSecret()),
+		slog.Bool("insecure", c.Security.Insecure),
 	)
 }
 
-// secrets are the contents of the files the configuration names.
+// secrets are the contents of the files the configuration names, and
+// what is derived from them.
 type secrets struct {
 	adminToken string
-	gossipKey  []byte
+	// gossipKey encrypts gossip: the gossip key file's, else derived from
+	// the cluster key file's secret.
+	gossipKey []byte
+	// cred is the cluster credential (nil: no secret configured).
+	cred *linkauth.Credential
 }
+
+// gossipKeyInfo derives the gossip encryption key from the cluster secret
+// when no gossip key is configured (linkauth.DeriveKey).
+const gossipKeyInfo = "tandem gossip encryption v1"
 
 func (c *Config) readSecrets() (secrets, error) {
 	var s secrets
@@ -514,6 +576,30 @@ func (c *Config) readSecrets() (secrets, error) {
 			return s, fmt.Errorf("cluster.gossip_key_file %s: key of %d bytes, want 16, 24 or 32", f, n)
 		}
 		s.gossipKey = key
+	}
+	secret := s.gossipKey
+	if f := c.Cluster.KeyFile; f != "" {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			return s, fmt.Errorf("cluster.key_file: %w", err)
+		}
+		if secret, err = base64.StdEncoding.DecodeString(strings.TrimSpace(string(b))); err != nil {
+			return s, fmt.Errorf("cluster.key_file %s: not base64: %w", f, err)
+		}
+		if len(secret) < linkauth.MinSecret {
+			return s, fmt.Errorf("cluster.key_file %s: a secret of %d bytes, want at least %d (openssl rand -base64 32)", f, len(secret), linkauth.MinSecret)
+		}
+		if s.gossipKey == nil {
+			if s.gossipKey, err = linkauth.DeriveKey(secret, gossipKeyInfo, 32); err != nil {
+				return s, fmt.Errorf("cluster.key_file %s: %w", f, err)
+			}
+		}
+	}
+	if secret != nil {
+		var err error
+		if s.cred, err = linkauth.NewCredential(secret); err != nil {
+			return s, fmt.Errorf("cluster secret: %w", err)
+		}
 	}
 	return s, nil
 }

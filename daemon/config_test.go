@@ -157,3 +157,82 @@ func TestSecretsStayOut(t *testing.T) {
 		}
 	}
 }
+
+// TestListenersNeedSecret: without a cluster secret every listener must
+// be on loopback, unless security.insecure; with one (the cluster key or
+// the gossip key), any address goes.
+func TestListenersNeedSecret(t *testing.T) {
+	exposed := ListenConfig{GRPC: "10.0.0.7:7400", Gossip: "127.0.0.1:7401", HTTP: "0.0.0.0:8000", Advertise: "10.0.0.7"}
+	for _, tc := range []struct {
+		name string
+		cfg  Config
+		want string // "" for no error
+	}{
+		{"loopback", Config{Listen: ListenConfig{GRPC: "127.0.0.1:7400", Gossip: "[::1]:7401", Control: "localhost:0", Metrics: "127.0.0.2:9400"}}, ""},
+		{"exposed", Config{Listen: exposed}, "listen.grpc 10.0.0.7:7400, listen.http 0.0.0.0:8000: listening beyond loopback needs a cluster secret"},
+		{"a host name", Config{Listen: ListenConfig{GRPC: "node-a:7400"}}, "listen.grpc node-a:7400"},
+		{"cluster key", Config{Listen: exposed, Cluster: ClusterConfig{KeyFile: "k"}}, ""},
+		{"gossip key", Config{Listen: exposed, Cluster: ClusterConfig{GossipKeyFile: "k"}}, ""},
+		{"insecure", Config{Listen: exposed, Security: SecurityConfig{Insecure: true}}, ""},
+	} {
+		tc.cfg.Name, tc.cfg.Model = "n", "m"
+		_, err := tc.cfg.withDefaults()
+		switch {
+		case tc.want == "" && err != nil:
+			t.Errorf("%s: %v", tc.name, err)
+		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+			t.Errorf("%s: %v, want an error mentioning %q", tc.name, err, tc.want)
+		}
+	}
+}
+
+// TestClusterSecret: the cluster key file makes the credential and, with
+// no gossip key, the gossip key; the gossip key alone is the secret;
+// nodes configured alike derive credentials that check each other.
+func TestClusterSecret(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name string, secret []byte) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(base64.StdEncoding.EncodeToString(secret)+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	cluster := write("cluster", []byte("a cluster secret of 32 bytes...."))
+	gossip := write("gossip", []byte("0123456789abcdef"))
+	read := func(c ClusterConfig) secrets {
+		t.Helper()
+		s, err := (&Config{Cluster: c}).readSecrets()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	none := read(ClusterConfig{})
+	if none.cred != nil || none.gossipKey != nil {
+		t.Errorf("no secret configured: %+v", none)
+	}
+	a, b := read(ClusterConfig{KeyFile: cluster}), read(ClusterConfig{KeyFile: cluster})
+	if a.cred == nil || len(a.gossipKey) != 32 || string(a.gossipKey) != string(b.gossipKey) {
+		t.Errorf("cluster key: credential %v, gossip key of %d bytes", a.cred, len(a.gossipKey))
+	}
+	if sig := a.cred.Sign("test", []byte("x")); !b.cred.Verify(sig, "test", []byte("x")) {
+		t.Error("two nodes with the same cluster key do not check each other")
+	}
+	both := read(ClusterConfig{KeyFile: cluster, GossipKeyFile: gossip})
+	if string(both.gossipKey) != "0123456789abcdef" || !both.cred.Verify(a.cred.Sign("test"), "test") {
+		t.Error("with both keys, gossip must use the gossip key and links the cluster key")
+	}
+	g := read(ClusterConfig{GossipKeyFile: gossip})
+	if g.cred == nil || g.cred.Verify(a.cred.Sign("test"), "test") {
+		t.Error("the gossip key alone must make a credential of its own")
+	}
+	for _, tc := range []struct{ name, file, want string }{
+		{"short", write("short", []byte("short")), "5 bytes, want at least 16"},
+		{"missing", filepath.Join(dir, "missing"), "cluster.key_file"},
+	} {
+		if _, err := (&Config{Cluster: ClusterConfig{KeyFile: tc.file}}).readSecrets(); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v, want an error mentioning %q", tc.name, err, tc.want)
+		}
+	}
+}

@@ -89,6 +89,7 @@ type Daemon struct {
 	dialOpts   []grpc.DialOption
 	meta       membership.Meta
 	sup        *supervise.Supervisor
+	leaders    leaderWatch // the leader the supervisor sees, for Node calls
 
 	mu         sync.Mutex
 	draining   bool
@@ -115,6 +116,7 @@ func New(cfg Config, log *slog.Logger) (*Daemon, error) {
 	if err != nil {
 		return nil, fmt.Errorf("config: %w", err)
 	}
+	dialOpts = append(dialOpts, nodeSigner(cfg.Name, sec))
 	return &Daemon{cfg: cfg, sec: sec, log: log.With("node", cfg.Name), baseLog: log, listening: make(chan struct{}), dialOpts: dialOpts}, nil
 }
 
@@ -145,7 +147,7 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 	auth := tokenAuth{token: d.sec.adminToken}
 	rec := recovery{log: d.log}
 	srv := grpc.NewServer(grpc.Creds(creds),
-		grpc.ChainUnaryInterceptor(rec.unary, auth.unary),
+		grpc.ChainUnaryInterceptor(rec.unary, auth.unary, d.nodeVerifier().Unary),
 		grpc.ChainStreamInterceptor(rec.stream, auth.stream))
 	d.health = health.NewServer()
 	d.setHealth(false)
@@ -158,9 +160,10 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 		Cost: func(backend string, maxBatchTokens, maxSeqs int) placement.Cost {
 			return backendCost(d.ckpt.Config(), backend, maxBatchTokens, maxSeqs)
 		},
-		OnServing: d.onStageServing,
-		Log:       d.log,
-		Progress:  d.cfg.Progress,
+		Credential: d.sec.cred,
+		OnServing:  d.onStageServing,
+		Log:        d.log,
+		Progress:   d.cfg.Progress,
 	}
 	if *d.cfg.Stage.Enabled {
 		if d.dev, err = stagehost.OpenDevice(d.cfg.Stage.Backend, d.cfg.Stage.Device, d.log); err != nil {
@@ -228,6 +231,9 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 	}
 	d.addrs.Gossip = d.memb.LocalAddr()
 	d.sup = d.newSupervisor()
+	if exposed := d.cfg.exposedListeners(); len(exposed) > 0 && d.sec.cred == nil {
+		d.log.Warn("insecure: listening beyond loopback without a cluster secret: whoever reaches these ports can drive this node's stage and join its cluster; configure cluster.key_file", "listeners", exposed)
+	}
 	d.log.Info("daemon listening", "grpc", d.addrs.GRPC, "gossip", d.addrs.Gossip, "metrics", d.addrs.Metrics, "http", d.addrs.HTTP, "config", d.cfg)
 	close(d.listening)
 
@@ -319,6 +325,7 @@ func (d *Daemon) startMembership(ctx context.Context) error {
 		Version:        Version,
 		ModelID:        d.ckpt.Identity(),
 		LeaderEligible: *d.cfg.Cluster.LeaderEligible,
+		Protocol:       nodewire.Protocol,
 	}
 	if *d.cfg.Stage.Enabled {
 		d.meta.DataAddr = nodewire.Advertised(d.cfg.Listen.Data, d.cfg.Listen.Advertise)

@@ -140,13 +140,13 @@ func runDaemon(t *testing.T, cfg Config, logs io.Writer) (d *Daemon, stop func()
 	return d, stop
 }
 
-func dialTLS(t *testing.T, addr string, sec SecurityConfig, token string) *grpc.ClientConn {
+func dialTLS(t *testing.T, addr string, sec SecurityConfig, token string, more ...grpc.DialOption) *grpc.ClientConn {
 	t.Helper()
 	pool, err := loadCAs(sec.TLSCAFile)
 	if err != nil {
 		t.Fatal(err)
 	}
-	opts := []grpc.DialOption{grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: pool}))}
+	opts := append([]grpc.DialOption{grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: pool}))}, more...)
 	if token != "" {
 		opts = append(opts, grpc.WithPerRPCCredentials(bearer{token: token, secure: true}))
 	}
@@ -232,12 +232,19 @@ func TestSecureCluster(t *testing.T) {
 		}
 	}
 
+	// Node calls must also be signed with the cluster secret (here the
+	// gossip key) by the leader, a.
+	secrets, err := ca.readSecrets()
+	if err != nil {
+		t.Fatal(err)
+	}
+	asLeader := nodeSigner("a", secrets)
 	t.Run("admin token", func(t *testing.T) {
 		for _, tc := range []struct {
 			name, token string
 			want        codes.Code
 		}{{"none", "", codes.Unauthenticated}, {"wrong", "guess", codes.Unauthenticated}, {"right", admin, codes.OK}} {
-			c := dialTLS(t, b.Addrs().GRPC, sec, tc.token)
+			c := dialTLS(t, b.Addrs().GRPC, sec, tc.token, asLeader)
 			_, err := tandemv1.NewAdminClient(c).Status(ctx, &tandemv1.StatusRequest{})
 			_, nerr := tandemv1.NewNodeClient(c).Release(ctx, &tandemv1.ReleaseRequest{Epoch: 1})
 			if status.Code(err) != tc.want {
@@ -247,10 +254,15 @@ func TestSecureCluster(t *testing.T) {
 				t.Errorf("Node.Release (stale epoch 1) with %s token: %v, want %v", tc.name, nerr, want)
 			}
 		}
+		// The admin token alone does not make a Node call.
+		c := dialTLS(t, b.Addrs().GRPC, sec, admin)
+		if _, err := tandemv1.NewNodeClient(c).Release(ctx, &tandemv1.ReleaseRequest{Epoch: 1}); status.Code(err) != codes.Unauthenticated {
+			t.Errorf("unsigned Node.Release with the admin token: %v, want UNAUTHENTICATED", err)
+		}
 	})
 	t.Run("stale epoch", func(t *testing.T) {
 		var trailer metadata.MD
-		_, err := tandemv1.NewNodeClient(conn).Load(ctx, &tandemv1.LoadRequest{Epoch: st.GetEpoch() - 1, ModelId: st.GetModelId(), LayerLo: 0, LayerHi: 1, MaxBatchTokens: 8, MaxSeqs: 1}, grpc.Trailer(&trailer))
+		_, err := tandemv1.NewNodeClient(dialTLS(t, a.Addrs().GRPC, sec, admin, asLeader)).Load(ctx, &tandemv1.LoadRequest{Epoch: st.GetEpoch() - 1, ModelId: st.GetModelId(), LayerLo: 0, LayerHi: 1, MaxBatchTokens: 8, MaxSeqs: 1}, grpc.Trailer(&trailer))
 		if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "stale leader epoch") {
 			t.Errorf("Load with an older epoch: %v, want FAILED_PRECONDITION", err)
 		}

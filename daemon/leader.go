@@ -8,6 +8,7 @@ import (
 	"google.golang.org/grpc"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/tandem-llm/tandem/daemon/nodewire"
 	"github.com/tandem-llm/tandem/daemon/placement"
 	"github.com/tandem-llm/tandem/daemon/supervise"
 	tandemv1 "github.com/tandem-llm/tandem/proto/tandem/v1"
@@ -27,7 +28,7 @@ func (d *Daemon) newSupervisor() *supervise.Supervisor {
 	}
 	return supervise.New(supervise.Config{
 		Core: supervise.CoreConfig{
-			Name: d.cfg.Name, Leader: d.cfg.Cluster.Leader, ModelID: d.ckpt.Identity(),
+			Name: d.cfg.Name, Leader: d.cfg.Cluster.Leader, ModelID: d.ckpt.Identity(), Protocol: nodewire.Protocol,
 			ExpectStages: d.cfg.Cluster.ExpectStages, Plan: ranges, Place: d.place,
 			RecoveryTimeout: time.Duration(d.cfg.Cluster.RecoveryTimeout), AutoRebalance: *d.cfg.Cluster.AutoRebalance,
 		},
@@ -35,7 +36,7 @@ func (d *Daemon) newSupervisor() *supervise.Supervisor {
 			Leader: d.cfg.Name, Model: d.ckpt.Config(), ModelID: d.ckpt.Identity(),
 			MaxBatchTokens: d.cfg.Stage.MaxBatchTokens, MaxSeqs: d.cfg.Stage.MaxSeqs, BlockSize: d.cfg.Stage.BlockSize,
 			Handoff: *d.cfg.Stage.Handoff, GraphMode: d.cfg.graphMode(), NewDispatcher: d.cfg.newDispatcher,
-			Nodes: nodeDialer{d.dialOpts}, StepTimeout: time.Duration(d.cfg.Cluster.StepTimeout),
+			Nodes: nodeDialer{d.dialOpts}, Credential: d.sec.cred, StepTimeout: time.Duration(d.cfg.Cluster.StepTimeout),
 			Counters: &d.counters,
 		},
 		Probe:         d.probe,
@@ -87,6 +88,7 @@ func (d *Daemon) probe(ctx context.Context, addr string) error {
 // onStatus follows the supervisor: health is SERVING while a pipeline this
 // node leads serves, and systemd hears READY=1 once one does.
 func (d *Daemon) onStatus(s supervise.Snapshot) {
+	d.leaders.set(s.Leader.Name)
 	d.mu.Lock()
 	serving := s.Epoch != 0 && !d.draining
 	changed := serving != d.serving

@@ -131,3 +131,38 @@ func (c *Credential) ProveIf(role Role, link string, epoch uint64, dialerNonce, 
 	}
 	return c.Prove(role, link, epoch, dialerNonce, listenerNonce)
 }
+
+// signInfo separates Sign's MACs from Prove's: Prove's first field is
+// credentialInfo, Sign's this, so neither can stand for the other.
+const signInfo = "tandem signed message v1"
+
+// Sign returns an HMAC-SHA256 of the credential over purpose and fields,
+// each length-prefixed, for messages that are not a link handshake (for
+// example an internal RPC: its method, caller, time, nonce and body).
+// Purpose separates the uses of one credential.
+func (c *Credential) Sign(purpose string, fields ...[]byte) []byte {
+	m := hmac.New(sha256.New, c.key)
+	field(m, []byte(signInfo))
+	field(m, []byte(purpose))
+	for _, f := range fields {
+		field(m, f)
+	}
+	return m.Sum(nil)
+}
+
+// Verify reports whether sig is Sign(purpose, fields...), in constant
+// time.
+func (c *Credential) Verify(sig []byte, purpose string, fields ...[]byte) bool {
+	return hmac.Equal(sig, c.Sign(purpose, fields...))
+}
+
+// DeriveKey derives a key of n bytes from secret for another use than
+// link authentication, named by info (for example the gossip encryption
+// key from the cluster secret), unrelated to the credential and to keys
+// of other infos.
+func DeriveKey(secret []byte, info string, n int) ([]byte, error) {
+	if len(secret) < MinSecret {
+		return nil, fmt.Errorf("derive %s: secret of %d bytes, want at least %d", info, len(secret), MinSecret)
+	}
+	return hkdf.Key(sha256.New, secret, nil, info, n)
+}

@@ -74,3 +74,39 @@ func TestHandshake(t *testing.T) {
 		}
 	}
 }
+
+// TestSign checks Sign and Verify: the same credential verifies, another
+// secret, purpose or field does not, and moving bytes between fields
+// changes the MAC (fields are length-prefixed).
+func TestSign(t *testing.T) {
+	a := mustCred(t, "0123456789abcdef0123456789abcdef")
+	same := mustCred(t, "0123456789abcdef0123456789abcdef")
+	other := mustCred(t, "fedcba9876543210fedcba9876543210")
+	sig := a.Sign("node call", []byte("Load"), []byte("leader"))
+	if !same.Verify(sig, "node call", []byte("Load"), []byte("leader")) {
+		t.Error("the same secret does not verify")
+	}
+	for name, ok := range map[string]bool{
+		"another secret":  other.Verify(sig, "node call", []byte("Load"), []byte("leader")),
+		"another purpose": same.Verify(sig, "other", []byte("Load"), []byte("leader")),
+		"another field":   same.Verify(sig, "node call", []byte("Load"), []byte("stage-1")),
+		"moved bytes":     same.Verify(sig, "node call", []byte("Loadl"), []byte("eader")),
+		"truncated":       same.Verify(sig[:16], "node call", []byte("Load"), []byte("leader")),
+		"a link proof":    same.Verify(a.Prove(Dialer, "Load", 0, []byte("leader"), nil), "node call", []byte("Load"), []byte("leader")),
+	} {
+		if ok {
+			t.Errorf("%s verifies", name)
+		}
+	}
+	k1, err := DeriveKey([]byte("0123456789abcdef"), "gossip", 32)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k2, _ := DeriveKey([]byte("0123456789abcdef"), "other", 32)
+	if len(k1) != 32 || bytes.Equal(k1, k2) {
+		t.Errorf("derived keys: %x and %x", k1, k2)
+	}
+	if _, err := DeriveKey([]byte("short"), "gossip", 32); err == nil {
+		t.Error("a 5-byte secret was accepted")
+	}
+}

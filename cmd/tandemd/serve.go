@@ -81,7 +81,8 @@ func (o *serveFlags) register(f *pflag.FlagSet) {
 	f.StringVar(&c.Cluster.Leader, "leader", "", "the leader's name (default: the eligible member with the smallest name)")
 	f.IntVar(&c.Cluster.ExpectStages, "expect-stages", 1, "stage nodes the leader waits for before placing the model")
 	f.BoolVar(&c.Cluster.FastFailureDetection, "fast-gossip", false, "loopback gossip timings: dead nodes noticed within seconds")
-	f.StringVar(&c.Cluster.GossipKeyFile, "gossip-key-file", "", "file holding the base64 gossip encryption key")
+	f.StringVar(&c.Cluster.GossipKeyFile, "gossip-key-file", "", "file holding the base64 gossip encryption key (also the cluster secret without --cluster-key-file)")
+	f.StringVar(&c.Cluster.KeyFile, "cluster-key-file", "", "file holding the base64 cluster secret, the same on every node (openssl rand -base64 32): internal calls and links prove they come from the cluster, gossip is encrypted")
 	f.DurationVar(&o.recovery, "recovery-timeout", daemon.DefaultRecoveryTimeout, "how long requests wait for a new pipeline after a stage is lost before they fail")
 	f.DurationVar(&o.stepTimeout, "step-timeout", daemon.DefaultStepTimeout, "a pipeline step whose result takes longer fails the pipeline (a hung stage), which is rebuilt")
 	f.BoolVar(&o.rebalance, "auto-rebalance", true, "move the pipeline when a restarted or undrained node can rejoin, or the KV capacity would rise by 10% or more")
@@ -103,6 +104,7 @@ func (o *serveFlags) register(f *pflag.FlagSet) {
 	f.StringVar(&c.Security.TLSKeyFile, "tls-key", "", "TLS key file")
 	f.StringVar(&c.Security.TLSCAFile, "tls-ca", "", "CA file verifying other nodes' certificates")
 	f.StringVar(&c.Security.AdminTokenFile, "admin-token-file", "", "file holding the admin token")
+	f.BoolVar(&c.Security.Insecure, "insecure", false, "allow listening beyond loopback without a cluster secret (anyone who reaches the ports can drive this node)")
 }
 
 // resolve reads the configuration file, if any, and applies the flags that
@@ -137,6 +139,7 @@ func (o *serveFlags) resolve(fs *pflag.FlagSet) (daemon.Config, error) {
 	set("expect-stages", func() { cfg.Cluster.ExpectStages = c.Cluster.ExpectStages })
 	set("fast-gossip", func() { cfg.Cluster.FastFailureDetection = c.Cluster.FastFailureDetection })
 	set("gossip-key-file", func() { cfg.Cluster.GossipKeyFile = c.Cluster.GossipKeyFile })
+	set("cluster-key-file", func() { cfg.Cluster.KeyFile = c.Cluster.KeyFile })
 	set("recovery-timeout", func() { cfg.Cluster.RecoveryTimeout = daemon.Duration(o.recovery) })
 	set("step-timeout", func() { cfg.Cluster.StepTimeout = daemon.Duration(o.stepTimeout) })
 	set("auto-rebalance", func() { cfg.Cluster.AutoRebalance = &o.rebalance })
@@ -155,6 +158,7 @@ func (o *serveFlags) resolve(fs *pflag.FlagSet) (daemon.Config, error) {
 	set("tls-key", func() { cfg.Security.TLSKeyFile = c.Security.TLSKeyFile })
 	set("tls-ca", func() { cfg.Security.TLSCAFile = c.Security.TLSCAFile })
 	set("admin-token-file", func() { cfg.Security.AdminTokenFile = c.Security.AdminTokenFile })
+	set("insecure", func() { cfg.Security.Insecure = c.Security.Insecure })
 	if fs.Changed("memory") {
 		m, err := daemon.ParseByteSize(o.memory)
 		if err != nil {

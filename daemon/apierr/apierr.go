@@ -30,6 +30,10 @@ const (
 	// Overloaded: too many requests wait; the client should retry later
 	// (RESOURCE_EXHAUSTED; HTTP 429).
 	Overloaded
+	// Forbidden: the caller is authenticated but may not make the call,
+	// such as a Node call from a node that is not the leader
+	// (PERMISSION_DENIED).
+	Forbidden
 )
 
 // kindError is an error of a kind; its message is the error's.
@@ -62,6 +66,9 @@ func Preconditionf(format string, args ...any) error { return New(Precondition, 
 // Overloadedf is an Overloaded error.
 func Overloadedf(format string, args ...any) error { return New(Overloaded, format, args...) }
 
+// Forbiddenf is a Forbidden error.
+func Forbiddenf(format string, args ...any) error { return New(Forbidden, format, args...) }
+
 // Unauthenticatedf is an Unauthenticated error.
 func Unauthenticatedf(format string, args ...any) error {
 	return New(Unauthenticated, format, args...)
@@ -83,6 +90,7 @@ var grpcCodes = map[Kind]codes.Code{
 	Precondition:    codes.FailedPrecondition,
 	Unauthenticated: codes.Unauthenticated,
 	Overloaded:      codes.ResourceExhausted,
+	Forbidden:       codes.PermissionDenied,
 }
 
 // GRPC turns an error of the daemon into the gRPC status a client gets:

@@ -32,20 +32,25 @@ type Meta struct {
 	ModelID string
 	// LeaderEligible is true when the node may be chosen leader.
 	LeaderEligible bool
+	// Protocol names the internal protocol versions the daemon speaks
+	// (nodewire.Protocol); the leader places only stage nodes that speak
+	// its own. Empty from a daemon older than meta version 2.
+	Protocol string
 }
 
-// The metadata wire format, version 1 (all integers unsigned varints,
+// The metadata wire format, version 2 (all integers unsigned varints,
 // strings a varint length then UTF-8 bytes):
 //
-//	version byte (1)
+//	version byte (2)
 //	flags byte (bit 0 LeaderEligible, bit 1 leaving)
 //	Name, Backend, Device (strings)
 //	MemTotal, MemFree (varints)
 //	GRPCAddr, DataAddr, Version, ModelID (strings)
+//	Protocol (string; version 2 on)
 //
 // A later version only appends fields and flag bits, so a decoder reads the
 // fields it knows and ignores what follows; a version below 1 is invalid.
-const metaVersion = 1
+const metaVersion = 2
 
 const (
 	flagLeaderEligible = 1 << 0
@@ -87,7 +92,7 @@ func (m *Meta) strings() []namedString {
 	return []namedString{
 		{"name", &m.Name}, {"backend", &m.Backend}, {"device", &m.Device},
 		{"grpc address", &m.GRPCAddr}, {"data address", &m.DataAddr},
-		{"version", &m.Version}, {"model id", &m.ModelID},
+		{"version", &m.Version}, {"model id", &m.ModelID}, {"protocol", &m.Protocol},
 	}
 }
 
@@ -133,7 +138,7 @@ func decodeMeta(b []byte) (m Meta, leaving bool, err error) {
 	if len(b) < 2 {
 		return Meta{}, false, fmt.Errorf("decode meta header: %w", errShortMeta)
 	}
-	if b[0] < metaVersion {
+	if b[0] < 1 {
 		return Meta{}, false, fmt.Errorf("decode meta: version %d", b[0])
 	}
 	flags := b[1]
@@ -145,6 +150,9 @@ func decodeMeta(b []byte) (m Meta, leaving bool, err error) {
 	m.MemTotal = d.uvarint("memory total")
 	m.MemFree = d.uvarint("memory free")
 	for _, f := range s[3:] {
+		if f.v == &m.Protocol && b[0] < 2 {
+			break // appended in version 2
+		}
 		*f.v = d.string(f.name)
 	}
 	if d.err != nil {

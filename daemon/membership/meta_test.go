@@ -18,7 +18,7 @@ func TestMetaRoundTrip(t *testing.T) {
 	}{
 		{"zero", Meta{}, false},
 		{"full", Meta{Name: "gpu-07", Backend: BackendCUDA, Device: "NVIDIA H100 80GB HBM3", MemTotal: 85 << 30, MemFree: 84 << 30,
-			GRPCAddr: "10.0.0.7:7070", DataAddr: "10.0.0.7:7071", Version: "v0.3.0", ModelID: strings.Repeat("ab", 32), LeaderEligible: true}, false},
+			GRPCAddr: "10.0.0.7:7070", DataAddr: "10.0.0.7:7071", Version: "v0.3.0", ModelID: strings.Repeat("ab", 32), LeaderEligible: true, Protocol: "node/1 control/1 data/2"}, false},
 		{"leaving", Meta{Name: "cpu", Backend: BackendCPU, MemTotal: 1<<64 - 1, MemFree: 1}, true},
 		{"unicode", Meta{Name: "nœud", Device: "日本"}, false},
 	}
@@ -42,11 +42,11 @@ func TestMetaRoundTrip(t *testing.T) {
 // TestMetaWireFormat pins the encoding against a hand-built message, so a
 // change of the format cannot go unnoticed.
 func TestMetaWireFormat(t *testing.T) {
-	m := Meta{Name: "n", Backend: "cpu", Device: "", MemTotal: 300, MemFree: 1, GRPCAddr: "g", DataAddr: "d", Version: "v", ModelID: "id", LeaderEligible: true}
-	want := []byte{1, flagLeaderEligible | flagLeaving,
+	m := Meta{Name: "n", Backend: "cpu", Device: "", MemTotal: 300, MemFree: 1, GRPCAddr: "g", DataAddr: "d", Version: "v", ModelID: "id", LeaderEligible: true, Protocol: "p"}
+	want := []byte{2, flagLeaderEligible | flagLeaving,
 		1, 'n', 3, 'c', 'p', 'u', 0,
 		0xac, 0x02, 1, // 300 as a varint, then 1
-		1, 'g', 1, 'd', 1, 'v', 2, 'i', 'd'}
+		1, 'g', 1, 'd', 1, 'v', 2, 'i', 'd', 1, 'p'}
 	got, err := encodeMeta(m, true)
 	if err != nil {
 		t.Fatal(err)
@@ -54,8 +54,15 @@ func TestMetaWireFormat(t *testing.T) {
 	if !bytes.Equal(got, want) {
 		t.Fatalf("encoded % x, want % x", got, want)
 	}
+	// Version 1, without the protocol, decodes with none.
+	v1 := append([]byte{1}, want[1:len(want)-2]...)
+	old := m
+	old.Protocol = ""
+	if dm, _, err := decodeMeta(v1); err != nil || dm != old {
+		t.Fatalf("version 1: %+v %v, want %+v", dm, err, old)
+	}
 	// A newer version with an extra trailing field still decodes.
-	newer := append([]byte{2}, want[1:]...)
+	newer := append([]byte{3}, want[1:]...)
 	newer = binary.AppendUvarint(newer, 99)
 	dm, leaving, err := decodeMeta(newer)
 	if err != nil || dm != m || !leaving {
@@ -64,7 +71,7 @@ func TestMetaWireFormat(t *testing.T) {
 }
 
 func TestMetaDecodeErrors(t *testing.T) {
-	valid, err := encodeMeta(Meta{Name: "n", Backend: "cpu", ModelID: "id"}, false)
+	valid, err := encodeMeta(Meta{Name: "n", Backend: "cpu", ModelID: "id", Protocol: "p"}, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -77,7 +84,7 @@ func TestMetaDecodeErrors(t *testing.T) {
 		{"one byte", []byte{1}, "header: truncated"},
 		{"version 0", []byte{0, 0}, "version 0"},
 		{"no fields", []byte{1, 0}, "name length: bad varint"},
-		{"cut string", valid[:len(valid)-1], "model id: length 2, 1 bytes left"},
+		{"cut string", valid[:len(valid)-3], "model id: length 2, 1 bytes left"},
 		{"cut varint", []byte{1, 0, 0, 0, 0, 0x80}, "memory total: bad varint"},
 		{"long varint", append([]byte{1, 0, 0, 0, 0}, bytes.Repeat([]byte{0xff}, 11)...), "memory total: bad varint"},
 		{"bad utf8", []byte{1, 0, 1, 0xff}, "name: not valid UTF-8"},

@@ -18,6 +18,7 @@ import (
 	"github.com/tandem-llm/tandem/daemon/apierr"
 	"github.com/tandem-llm/tandem/daemon/nodewire"
 	"github.com/tandem-llm/tandem/daemon/placement"
+	"github.com/tandem-llm/tandem/linkauth"
 	"github.com/tandem-llm/tandem/model"
 	"github.com/tandem-llm/tandem/pipeline"
 	"github.com/tandem-llm/tandem/progress"
@@ -49,6 +50,9 @@ type Config struct {
 	// Cost is what a stage of a backend holds for the batch bounds, as
 	// placement counts it: Load sizes the KV cache with it.
 	Cost func(backend string, maxBatchTokens, maxSeqs int) placement.Cost
+	// Credential is the cluster credential the stage's links prove
+	// themselves with (nil: none; see auth.go).
+	Credential *linkauth.Credential
 	// OnServing is called when a stage starts and stops serving (nil:
 	// not called).
 	OnServing func(serving bool)
@@ -185,7 +189,7 @@ func (s *Slot) load(ctx context.Context, in *tandemv1.LoadRequest) (*tandemv1.Lo
 		a.closeAll()
 		return nil, err
 	}
-	if a.ctlLn, err = pipeline.ListenControl(s.cfg.ControlAddr); err != nil {
+	if a.ctlLn, err = s.controlConfig(a.epoch).Listen(s.cfg.ControlAddr); err != nil {
 		return fail(fmt.Errorf("node %s: %w", s.cfg.Name, err))
 	}
 	_, receiver := st.(stage.HandoffReceiver)
@@ -208,7 +212,7 @@ func (s *Slot) load(ctx context.Context, in *tandemv1.LoadRequest) (*tandemv1.Lo
 		link = handoffLink
 	}
 	if link != "" {
-		if a.dataLn, err = (collective.ListenConfig{Link: link, Logger: s.log}).Listen(s.cfg.DataAddr); err != nil {
+		if a.dataLn, err = s.listenConfig(link, a.epoch).Listen(s.cfg.DataAddr); err != nil {
 			return fail(fmt.Errorf("node %s: %w", s.cfg.Name, err))
 		}
 		addr := nodewire.Advertised(a.dataLn.Addr().String(), s.cfg.Advertise)
@@ -328,7 +332,7 @@ func (s *Slot) connectLinks(ctx context.Context, in *tandemv1.ConnectRequest) (*
 		return nil, err
 	}
 	if a.nextT == tandemv1.Transport_TRANSPORT_TCP {
-		next, err := (collective.DialConfig{Link: dataLink(info.Hi)}).Dial(dctx, in.GetNextDataAddr())
+		next, err := s.dialConfig(dataLink(info.Hi), a.epoch).Dial(dctx, in.GetNextDataAddr())
 		if err != nil {
 			return fail(apierr.Unavailablef("node %s: connect stage %d to the next stage at %s: %v", s.cfg.Name, a.index, in.GetNextDataAddr(), err))
 		}
@@ -336,7 +340,7 @@ func (s *Slot) connectLinks(ctx context.Context, in *tandemv1.ConnectRequest) (*
 		a.next = stageTCPSender(next, a.st, activationBytes(info))
 	}
 	if a.hoOutT == tandemv1.Transport_TRANSPORT_TCP {
-		out, err := (collective.DialConfig{Link: handoffLink}).Dial(dctx, in.GetHandoffAddr())
+		out, err := s.dialConfig(handoffLink, a.epoch).Dial(dctx, in.GetHandoffAddr())
 		if err != nil {
 			return fail(apierr.Unavailablef("node %s: connect the hand-off link of stage %d to the first stage at %s: %v", s.cfg.Name, a.index, in.GetHandoffAddr(), err))
 		}

@@ -21,6 +21,7 @@ import (
 	"github.com/tandem-llm/tandem/daemon/nodewire"
 	"github.com/tandem-llm/tandem/daemon/placement"
 	"github.com/tandem-llm/tandem/graphs"
+	"github.com/tandem-llm/tandem/linkauth"
 	"github.com/tandem-llm/tandem/model"
 	"github.com/tandem-llm/tandem/pipeline"
 	tandemv1 "github.com/tandem-llm/tandem/proto/tandem/v1"
@@ -54,8 +55,12 @@ type BuilderConfig struct {
 	GraphMode     graphs.Mode
 	NewDispatcher func(graphs.Mode) (*graphs.Dispatcher, error)
 	Nodes         NodeDialer
-	// DialLink dials a stage's control link (nil: pipeline.DialLink).
-	DialLink func(ctx context.Context, addr string) (pipeline.Link, error)
+	// Credential is the cluster credential: the control links prove they
+	// come from the leader with it (nil: none, on loopback or with
+	// --insecure).
+	Credential *linkauth.Credential
+	// DialLink dials a stage's control link as cfg says (nil: cfg.Dial).
+	DialLink func(ctx context.Context, cfg pipeline.ControlConfig, addr string) (pipeline.Link, error)
 	// StepTimeout fails a step whose result does not come within it (0:
 	// none); see pipeline.DriverOptions.
 	StepTimeout time.Duration
@@ -73,7 +78,9 @@ type Builder struct{ cfg BuilderConfig }
 // NewBuilder returns a builder; it starts nothing.
 func NewBuilder(cfg BuilderConfig) *Builder {
 	if cfg.DialLink == nil {
-		cfg.DialLink = pipeline.DialLink
+		cfg.DialLink = func(ctx context.Context, c pipeline.ControlConfig, addr string) (pipeline.Link, error) {
+			return c.Dial(ctx, addr)
+		}
 	}
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
@@ -148,6 +155,11 @@ type build struct {
 func (b *build) fail(i int, err error, trailer metadata.MD) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if status.Code(err) == codes.PermissionDenied {
+		// The node's membership does not (yet) name this leader: the
+		// views converge, and the next build retries.
+		return err
+	}
 	if status.Code(err) == codes.FailedPrecondition {
 		for _, v := range trailer.Get(nodewire.EpochTrailer) {
 			if e, perr := strconv.ParseUint(v, 10, 64); perr == nil {
@@ -301,7 +313,8 @@ func (b *build) run(ctx context.Context, members []membership.Member) (*Pipeline
 	}
 	links := make([]pipeline.Link, len(loads))
 	for i, l := range loads {
-		if links[i], err = cfg.DialLink(ctx, l.GetControlAddr()); err != nil {
+		ctl := pipeline.ControlConfig{Link: nodewire.ControlLink(b.plan.Stages[i].Node), Epoch: b.epoch, Credential: cfg.Credential, Logger: cfg.Log}
+		if links[i], err = cfg.DialLink(ctx, ctl, l.GetControlAddr()); err != nil {
 			for _, l := range links[:i] {
 				l.Close()
 			}

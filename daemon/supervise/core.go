@@ -28,8 +28,9 @@ type CoreConfig struct {
 	// the eligible member with the smallest name).
 	Name, Leader string
 	// ModelID is the model's identity: stage nodes of another model are
-	// left out.
-	ModelID string
+	// left out. So are those that gossip other internal protocol versions
+	// than Protocol, when it is set (nodewire.Protocol).
+	ModelID, Protocol string
 	// ExpectStages is how many stage nodes the leader waits for before it
 	// first places the model (a start-up wait only: a pipeline lost later
 	// is rebuilt over whatever nodes can hold the model).
@@ -259,7 +260,7 @@ func (c *Core) observe(list []membership.Member) {
 		c.leader = l
 	}
 	var key strings.Builder
-	for _, m := range stageCandidates(list, c.cfg.ModelID) {
+	for _, m := range stageCandidates(list, c.cfg.kin()) {
 		fmt.Fprintf(&key, "%s@%d ", m.Name, m.Since.UnixNano())
 	}
 	if key.String() != c.candKey {
@@ -442,7 +443,7 @@ func (c *Core) decide() {
 	switch {
 	case c.serving == nil:
 		if !c.everServed && len(cands) < c.cfg.ExpectStages {
-			c.reason = waitingReason(c.members, c.cfg.ModelID, len(cands), c.cfg.ExpectStages)
+			c.reason = waitingReason(c.members, c.cfg.kin(), len(cands), c.cfg.ExpectStages)
 			return
 		}
 		plan, err := c.place(cands, c.cfg.Plan, true)
@@ -527,7 +528,7 @@ func (c *Core) demote() {
 // comes back once it restarted, or once SuspectFor has passed).
 func (c *Core) candidates() []membership.Member {
 	var out []membership.Member
-	for _, m := range stageCandidates(c.members, c.cfg.ModelID) {
+	for _, m := range stageCandidates(c.members, c.cfg.kin()) {
 		if c.drained[m.Name] {
 			continue
 		}

@@ -43,9 +43,14 @@ func TestStageCandidates(t *testing.T) {
 		member("c", membership.Alive, true, "h:0", "other"), // another model
 		member("d", membership.Dead, true, "h:0", "m"),      // dead
 		member("e", membership.Alive, false, "h:0", "m"),    // yes
+		member("f", membership.Alive, false, "h:0", "m"),    // another protocol
 	}
+	ms[5].Meta.Protocol = "p2"
 	var got []string
-	for _, m := range stageCandidates(ms, "m") {
+	for i := range ms[:5] {
+		ms[i].Meta.Protocol = "p1"
+	}
+	for _, m := range stageCandidates(ms, kin{"m", "p1"}) {
 		got = append(got, m.Name)
 	}
 	if strings.Join(got, ",") != "b,e" {
@@ -61,12 +66,19 @@ func TestWaitingReason(t *testing.T) {
 		member("b", membership.Alive, true, "h:0", "m"),                    // a candidate
 		member("c", membership.Alive, true, "h:0", "0123456789abcdef0123"), // another model
 		member("d", membership.Dead, true, "h:0", "0123456789abcdef0123"),  // dead
+		member("e", membership.Alive, true, "h:0", "m"),                    // another protocol
+		member("f", membership.Alive, true, "h:0", "m"),                    // an older version
 	}
-	want := "waiting for stage nodes: 1 of 2 up (left out: c has model 0123456789ab; the leader has model m)"
-	if got := waitingReason(ms, "m", 1, 2); got != want {
+	for i := range ms {
+		ms[i].Meta.Protocol = "node/1"
+	}
+	ms[4].Meta.Protocol = "node/2"
+	ms[5].Meta.Protocol = ""
+	want := `waiting for stage nodes: 1 of 2 up (left out: c has model 0123456789ab, e speaks internal protocol "node/2", the leader "node/1", f runs an older tandem (it gossips no internal protocol), the leader speaks "node/1"; the leader has model m)`
+	if got := waitingReason(ms, kin{"m", "node/1"}, 1, 2); got != want {
 		t.Errorf("reason %q, want %q", got, want)
 	}
-	if got := waitingReason(ms[:2], "m", 1, 2); got != "waiting for stage nodes: 1 of 2 up" {
+	if got := waitingReason(ms[:2], kin{"m", "node/1"}, 1, 2); got != "waiting for stage nodes: 1 of 2 up" {
 		t.Errorf("reason without a mismatch: %q", got)
 	}
 }

@@ -434,7 +434,7 @@ type fakeLink struct {
 	once    sync.Once
 }
 
-func fakeDialLink(context.Context, string) (pipeline.Link, error) {
+func fakeDialLink(context.Context, pipeline.ControlConfig, string) (pipeline.Link, error) {
 	return &fakeLink{results: make(chan *pipeline.Result)}, nil
 }
 
