@@ -176,3 +176,32 @@ func TestAttacks(t *testing.T) {
 	}, []string{"", "control->stage-2"}, nodewire.ControlLink("stage-2"))
 	serves("after the link attacks")
 }
+
+// TestListenBeyondLoopback: without a cluster secret, tandemd serve
+// refuses to listen beyond loopback, naming the listener and the way out;
+// with --insecure it serves and warns.
+func TestListenBeyondLoopback(t *testing.T) {
+	dir := testModel(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	logs := &logBuffer{}
+	spec := clusterSpec{exe: os.Args[0], env: []string{asDaemonEnv + "=1"}, model: dir, logLevel: "info", stderr: logs}
+	args := append(spec.commonArgs(), "--name", "solo", "--grpc", "0.0.0.0:0", "--advertise", "127.0.0.1")
+	if p, err := startDaemon(ctx, spec, "solo", args); err == nil {
+		p.kill()
+		t.Fatalf("listening on 0.0.0.0 without a cluster secret was accepted; log:\n%s", logs)
+	}
+	if want := "listen.grpc 0.0.0.0:0: listening beyond loopback needs a cluster secret"; !strings.Contains(logs.String(), want) {
+		t.Errorf("the refusal does not say %q:\n%s", want, logs)
+	}
+	p, err := startDaemon(ctx, spec, "solo", append(args, "--insecure"))
+	if err != nil {
+		t.Fatalf("--insecure: %v\n%s", err, logs)
+	}
+	if err := p.stop(30 * time.Second); err != nil {
+		t.Error(err)
+	}
+	if want := "insecure: listening beyond loopback without a cluster secret"; !strings.Contains(logs.String(), want) {
+		t.Errorf("no warning %q:\n%s", want, logs)
+	}
+}
