@@ -34,6 +34,10 @@ const (
 	// such as a Node call from a node that is not the leader
 	// (PERMISSION_DENIED).
 	Forbidden
+	// Internal: the daemon failed this request alone, such as a stage that
+	// could not sample it (a row of non-finite logits); the message names
+	// the stage (INTERNAL; HTTP 500).
+	Internal
 )
 
 // kindError is an error of a kind; its message is the error's.
@@ -66,6 +70,9 @@ func Preconditionf(format string, args ...any) error { return New(Precondition, 
 // Overloadedf is an Overloaded error.
 func Overloadedf(format string, args ...any) error { return New(Overloaded, format, args...) }
 
+// Internalf is an Internal error.
+func Internalf(format string, args ...any) error { return New(Internal, format, args...) }
+
 // Forbiddenf is a Forbidden error.
 func Forbiddenf(format string, args ...any) error { return New(Forbidden, format, args...) }
 
@@ -91,6 +98,7 @@ var grpcCodes = map[Kind]codes.Code{
 	Unauthenticated: codes.Unauthenticated,
 	Overloaded:      codes.ResourceExhausted,
 	Forbidden:       codes.PermissionDenied,
+	Internal:        codes.Internal,
 }
 
 // GRPC turns an error of the daemon into the gRPC status a client gets:

@@ -12,14 +12,17 @@ import (
 // streamError is the domain error of a request's stream that ended before
 // its last token other than by its own context: the engine's own reason
 // as it is (no pipeline served it within the recovery timeout),
-// RESOURCE_EXHAUSTED when a rebuilt pipeline cannot hold it, else
-// UNAVAILABLE.
+// RESOURCE_EXHAUSTED when a rebuilt pipeline cannot hold it, INTERNAL
+// naming the stage when a stage failed it alone (sched.ErrRequestFailed),
+// else UNAVAILABLE.
 func streamError(err error) error {
 	switch {
 	case apierr.KindOf(err) != 0:
 		return err
 	case errors.Is(err, sched.ErrTooLarge):
 		return apierr.Exhaustedf("%v", err)
+	case errors.Is(err, sched.ErrRequestFailed):
+		return apierr.Internalf("%w", err)
 	}
 	return apierr.Unavailablef("the request was cut short: %v", err)
 }
@@ -28,8 +31,9 @@ func streamError(err error) error {
 // API answers with (the one place this is decided; package openai turns
 // them into HTTP statuses): a malformed request or one that can never fit
 // the pipeline is ErrInvalid (400), a full queue ErrOverloaded (429), a
-// refusal that may pass later ErrUnavailable (503). Context errors and errors of no kind (500) pass
-// unchanged.
+// refusal that may pass later ErrUnavailable (503). Context errors,
+// internal errors (a stage failed the request) and errors of no kind
+// (500) pass unchanged.
 func openaiError(err error) error {
 	var kind error
 	switch apierr.KindOf(err) {

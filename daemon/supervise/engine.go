@@ -47,8 +47,10 @@ func newEngine(failed func(*Pipeline, error)) *Engine {
 // Submit hands a request to the scheduler and returns its token stream.
 // Cancelling ctx cancels the request and frees its KV blocks. A request
 // is refused at once (UNAVAILABLE) while no pipeline serves and none is
-// being rebuilt within the recovery deadline; otherwise it queues, and
-// during an outage waits for the new pipeline.
+// being rebuilt within the recovery deadline, when too many wait already
+// (RESOURCE_EXHAUSTED of kind apierr.Overloaded, HTTP 429), and when it
+// can never fit the pipeline (RESOURCE_EXHAUSTED, HTTP 400); otherwise it
+// queues, and during an outage waits for the new pipeline.
 func (e *Engine) Submit(ctx context.Context, r sched.Request) (*sched.Stream, error) {
 	e.mu.Lock()
 	loop, ok, refusal := e.loop, e.accepting && e.retiring == "", e.refusal
@@ -69,6 +71,8 @@ func (e *Engine) Submit(ctx context.Context, r sched.Request) (*sched.Stream, er
 		return nil, apierr.Unavailablef("the scheduler stopped: %v", loop.Err())
 	case errors.Is(err, sched.ErrTooLarge):
 		return nil, apierr.Exhaustedf("%v", err)
+	case errors.Is(err, sched.ErrQueueFull):
+		return nil, apierr.Overloadedf("%v: retry later", err)
 	}
 	return nil, err
 }

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/tandem-llm/tandem/daemon/apierr"
 	"github.com/tandem-llm/tandem/daemon/placement"
@@ -409,7 +411,7 @@ func TestUnreplayableStepFails(t *testing.T) {
 	if err := e.switchTo(p); err != nil {
 		t.Fatal(err)
 	}
-	defer e.retire("test over", time.Second)
+	defer e.retire("test over", 10*time.Millisecond)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	start := time.Now()
@@ -435,5 +437,35 @@ func TestUnreplayableStepFails(t *testing.T) {
 	rows := p.Steps.Snapshot()
 	if len(rows) != 1 || rows[0] != (graphs.Row{Unpadded: 4, Padded: 4, Mode: graphs.Piecewise, Count: 1}) {
 		t.Errorf("dispatch statistics %+v, want the prompt's one PIECEWISE step of 4 tokens", rows)
+	}
+}
+
+// TestEngineQueueFull: past the scheduler's bound on waiting requests,
+// Submit refuses at once with an Overloaded error (RESOURCE_EXHAUSTED,
+// HTTP 429) saying how many wait; a request that can never fit is
+// Exhausted.
+func TestEngineQueueFull(t *testing.T) {
+	ckpt := openTestModel(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	p := localPipeline(t, ckpt, 1, eagerDispatcher(t), []int{0, 4}, nil)
+	p.Sched.MaxNumWaiting, p.Sched.MaxNumSeqs = 2, 1
+	defer p.drv.Close()
+	e := newEngine(func(*Pipeline, error) {})
+	e.admit(true, "")
+	if err := e.switchTo(p); err != nil {
+		t.Fatal(err)
+	}
+	defer e.retire("test over", 10*time.Millisecond)
+	var err error
+	for i := 0; i < 8 && err == nil; i++ {
+		_, err = e.Submit(ctx, sched.Request{Prompt: []int32{1, 2, 3}, MaxTokens: 1000})
+	}
+	if apierr.KindOf(err) != apierr.Overloaded || status.Code(apierr.GRPC(err)) != codes.ResourceExhausted || !strings.Contains(err.Error(), "2 wait for admission") {
+		t.Errorf("past the queue bound: %v, want Overloaded (RESOURCE_EXHAUSTED) saying 2 wait", err)
+	}
+	_, err = e.Submit(ctx, sched.Request{Prompt: []int32{1}, MaxTokens: 1 << 20})
+	if apierr.KindOf(err) != apierr.Exhausted {
+		t.Errorf("a request that never fits: %v, want Exhausted", err)
 	}
 }
