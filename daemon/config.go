@@ -173,6 +173,18 @@ type StageConfig struct {
 	// GraphMemory is the device memory a cuda stage holds back for its
 	// CUDA graphs before it sizes its KV cache (default 512MiB).
 	GraphMemory ByteSize `toml:"graph_memory"`
+	// MaxNumWaiting bounds the requests waiting for admission on the
+	// leader: more are refused with RESOURCE_EXHAUSTED (HTTP 429) (0:
+	// sched.DefaultMaxNumWaiting; -1: no bound).
+	MaxNumWaiting int `toml:"max_num_waiting"`
+	// GrowthReserve is the least growth, in positions, admission leaves
+	// room for in every running request besides its expected length (0:
+	// one KV block; -1: admit whatever fits now, and preempt when it no
+	// longer does).
+	GrowthReserve int `toml:"growth_reserve"`
+	// MaxPreemptions is how often one request may be preempted while
+	// another can be in its place (0: sched.DefaultMaxPreemptions).
+	MaxPreemptions int `toml:"max_preemptions"`
 	// Handoff lets the last stage hand sampled tokens straight to the first
 	// (default true) when the first stage can take them: the leader then
 	// keeps one more step in flight than there are stages.
@@ -460,6 +472,9 @@ func (c *Config) validate() error {
 	if c.Stage.MaxBatchTokens < 1 || c.Stage.MaxSeqs < 1 {
 		bad("stage.max_batch_tokens %d and stage.max_seqs %d: want at least 1", c.Stage.MaxBatchTokens, c.Stage.MaxSeqs)
 	}
+	if err := c.admission().CheckAdmission(); err != nil {
+		bad("stage.max_num_waiting %d, stage.growth_reserve %d, stage.max_preemptions %d: %v", c.Stage.MaxNumWaiting, c.Stage.GrowthReserve, c.Stage.MaxPreemptions, err)
+	}
 	if c.Stage.BlockSize < 1 || c.Stage.BlockSize > maxBlockSize {
 		bad("stage.block_size %d: want 1 to %d positions", c.Stage.BlockSize, maxBlockSize)
 	}
@@ -602,6 +617,12 @@ func (c *Config) readSecrets() (secrets, error) {
 		}
 	}
 	return s, nil
+}
+
+// admission is the scheduler's admission policy the configuration sets
+// (zeros: the scheduler's defaults).
+func (c *Config) admission() sched.Config {
+	return sched.Config{MaxNumWaiting: c.Stage.MaxNumWaiting, GrowthReserve: c.Stage.GrowthReserve, MaxPreemptions: c.Stage.MaxPreemptions}
 }
 
 // graphMode is the configured CUDA-graph mode (validated by withDefaults).

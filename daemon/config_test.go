@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/tandem-llm/tandem/sched"
 )
 
 // TestExampleConfig parses the commented example and checks a key of every
@@ -29,7 +31,8 @@ func TestExampleConfig(t *testing.T) {
 		t.Errorf("example config: %v", err)
 	}
 	if full.Stage.MaxSeqs != 64 || full.Stage.BlockSize != 32 || full.Stage.Backend != "cuda" || full.Stage.GraphMode != "PIECEWISE" || full.Stage.MaxCaptureSize != 256 ||
-		full.Stage.GraphMemory != 1<<30 || full.Stage.Handoff == nil || *full.Stage.Handoff {
+		full.Stage.GraphMemory != 1<<30 || full.Stage.Handoff == nil || *full.Stage.Handoff ||
+		full.admission() != (sched.Config{MaxNumWaiting: 2048, GrowthReserve: 64, MaxPreemptions: 2}) {
 		t.Errorf("with defaults: %+v", full.Stage)
 	}
 	def, err := Config{Name: "n", Model: "m", Stage: StageConfig{MaxBatchTokens: 128}}.withDefaults()
@@ -85,6 +88,9 @@ func TestConfigErrors(t *testing.T) {
 		{"cert without key", Config{Name: "n", Model: "m", Security: SecurityConfig{TLSCertFile: "c"}}, "go together"},
 		{"bad plan", Config{Name: "n", Model: "m", Plan: []PlanRange{{Node: "a", Layers: [2]int{3, 3}}}}, "plan[0]"},
 		{"negative expect", Config{Name: "n", Model: "m", Cluster: ClusterConfig{ExpectStages: -1}}, "expect_stages"},
+		{"queue bound", Config{Name: "n", Model: "m", Stage: StageConfig{MaxNumWaiting: -2}}, "stage.max_num_waiting -2"},
+		{"growth reserve", Config{Name: "n", Model: "m", Stage: StageConfig{GrowthReserve: -5}}, "growth reserve -5 is below -1"},
+		{"preemptions", Config{Name: "n", Model: "m", Stage: StageConfig{MaxPreemptions: -1}}, "max preemptions -1 is negative"},
 	} {
 		_, err := tc.cfg.withDefaults()
 		if err == nil || !strings.Contains(err.Error(), tc.want) {

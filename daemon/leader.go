@@ -35,7 +35,7 @@ func (d *Daemon) newSupervisor() *supervise.Supervisor {
 		Builder: supervise.BuilderConfig{
 			Leader: d.cfg.Name, Model: d.ckpt.Config(), ModelID: d.ckpt.Identity(),
 			MaxBatchTokens: d.cfg.Stage.MaxBatchTokens, MaxSeqs: d.cfg.Stage.MaxSeqs, BlockSize: d.cfg.Stage.BlockSize,
-			Handoff: *d.cfg.Stage.Handoff, GraphMode: d.cfg.graphMode(), NewDispatcher: d.cfg.newDispatcher,
+			Handoff: *d.cfg.Stage.Handoff, Admission: d.cfg.admission(), GraphMode: d.cfg.graphMode(), NewDispatcher: d.cfg.newDispatcher,
 			Nodes: nodeDialer{d.dialOpts}, Credential: d.sec.cred, StepTimeout: time.Duration(d.cfg.Cluster.StepTimeout),
 			Counters: &d.counters,
 		},

@@ -124,14 +124,23 @@ func (c Config) withDefaults() (Config, error) {
 		return c, fmt.Errorf("max concurrent batches %d is negative", c.MaxConcurrentBatches)
 	case c.MaxModelLen < 0:
 		return c, fmt.Errorf("max model len %d is negative", c.MaxModelLen)
-	case c.MaxNumWaiting < -1:
-		return c, fmt.Errorf("max num waiting %d is below -1 (no bound)", c.MaxNumWaiting)
-	case c.GrowthReserve < -1:
-		return c, fmt.Errorf("growth reserve %d is below -1 (none)", c.GrowthReserve)
-	case c.MaxPreemptions < 0:
-		return c, fmt.Errorf("max preemptions %d is negative", c.MaxPreemptions)
 	}
-	return c, nil
+	return c, c.CheckAdmission()
+}
+
+// CheckAdmission checks the admission settings alone (MaxNumWaiting,
+// GrowthReserve, MaxPreemptions), so that a caller can refuse them before
+// it has a pipeline to configure; the scheduler checks them too.
+func (c Config) CheckAdmission() error {
+	switch {
+	case c.MaxNumWaiting < -1:
+		return fmt.Errorf("max num waiting %d is below -1 (no bound)", c.MaxNumWaiting)
+	case c.GrowthReserve < -1:
+		return fmt.Errorf("growth reserve %d is below -1 (none)", c.GrowthReserve)
+	case c.MaxPreemptions < 0:
+		return fmt.Errorf("max preemptions %d is negative", c.MaxPreemptions)
+	}
+	return nil
 }
 
 // Request is one prompt to complete.

@@ -13,6 +13,7 @@ import (
 
 	"github.com/tandem-llm/tandem/daemon"
 	"github.com/tandem-llm/tandem/progress"
+	"github.com/tandem-llm/tandem/sched"
 )
 
 // serveFlags are the flags of tandemd serve; each overrides its key of the
@@ -91,6 +92,9 @@ func (o *serveFlags) register(f *pflag.FlagSet) {
 	f.IntVar(&c.Stage.MaxBatchTokens, "max-batch-tokens", daemon.DefaultMaxBatchTokens, "most tokens in one step")
 	f.IntVar(&c.Stage.MaxSeqs, "max-seqs", daemon.DefaultMaxSeqs, "most sequences in one step")
 	f.IntVar(&c.Stage.BlockSize, "block-size", daemon.DefaultBlockSize, "positions of one paged KV-cache block (the leader's setting)")
+	f.IntVar(&c.Stage.MaxNumWaiting, "max-num-waiting", 0, fmt.Sprintf("requests the leader queues for admission; more are refused with RESOURCE_EXHAUSTED / HTTP 429 (0: %d; -1: no bound)", sched.DefaultMaxNumWaiting))
+	f.IntVar(&c.Stage.GrowthReserve, "growth-reserve", 0, "positions of growth admission leaves room for in every running request besides its expected length (0: one KV block; -1: admit whatever fits now)")
+	f.IntVar(&c.Stage.MaxPreemptions, "max-preemptions", 0, fmt.Sprintf("how often one request may be preempted while another can be in its place (0: %d)", sched.DefaultMaxPreemptions))
 	f.StringVar(&c.Stage.Backend, "backend", daemon.BackendAuto, "stage backend: cpu, cuda, or auto (cuda when a GPU is usable)")
 	f.IntVar(&c.Stage.Device, "device", 0, "GPU ordinal of a cuda stage (among CUDA_VISIBLE_DEVICES)")
 	f.StringVar(&c.Stage.GraphMode, "graph-mode", "FULL_AND_PIECEWISE", "CUDA-graph mode: NONE, PIECEWISE, FULL, FULL_DECODE_ONLY or FULL_AND_PIECEWISE")
@@ -147,6 +151,9 @@ func (o *serveFlags) resolve(fs *pflag.FlagSet) (daemon.Config, error) {
 	set("max-batch-tokens", func() { cfg.Stage.MaxBatchTokens = c.Stage.MaxBatchTokens })
 	set("max-seqs", func() { cfg.Stage.MaxSeqs = c.Stage.MaxSeqs })
 	set("block-size", func() { cfg.Stage.BlockSize = c.Stage.BlockSize })
+	set("max-num-waiting", func() { cfg.Stage.MaxNumWaiting = c.Stage.MaxNumWaiting })
+	set("growth-reserve", func() { cfg.Stage.GrowthReserve = c.Stage.GrowthReserve })
+	set("max-preemptions", func() { cfg.Stage.MaxPreemptions = c.Stage.MaxPreemptions })
 	set("backend", func() { cfg.Stage.Backend = c.Stage.Backend })
 	set("device", func() { cfg.Stage.Device = c.Stage.Device })
 	set("graph-mode", func() { cfg.Stage.GraphMode = c.Stage.GraphMode })

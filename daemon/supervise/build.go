@@ -49,6 +49,10 @@ type BuilderConfig struct {
 	MaxBatchTokens, MaxSeqs, BlockSize int
 	// Handoff asks for on-device hand-off when the first stage takes it.
 	Handoff bool
+	// Admission is the scheduler's admission policy for every pipeline:
+	// its MaxNumWaiting, GrowthReserve and MaxPreemptions (zero: the
+	// scheduler's defaults); its other fields are ignored.
+	Admission sched.Config
 	// GraphMode is the configured CUDA-graph mode, reduced to what every
 	// stage supports; NewDispatcher builds the dispatcher of the resolved
 	// mode.
@@ -338,6 +342,9 @@ func (b *build) run(ctx context.Context, members []membership.Member) (*Pipeline
 		MaxModelLen:          maxSeqLen,
 		OnDeviceHandoff:      p.Handoff,
 		Counters:             cfg.Counters,
+		MaxNumWaiting:        cfg.Admission.MaxNumWaiting,
+		GrowthReserve:        cfg.Admission.GrowthReserve,
+		MaxPreemptions:       cfg.Admission.MaxPreemptions,
 	}
 	p.ex = &stepExecutor{Driver: p.drv, epoch: b.epoch, dispatch: p.Graphs.Dispatch, stats: p.Steps}
 	wired = true

@@ -1,0 +1,72 @@
+package main
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	tandemv1 "github.com/tandem-llm/tandem/proto/tandem/v1"
+)
+
+// TestQueueBound runs a leader holding its one stage with
+// --max-num-waiting 1 and --max-seqs 1: with one request running and one
+// waiting, the next is refused at once with RESOURCE_EXHAUSTED over gRPC
+// and 429 over HTTP, saying how many wait; the two accepted ones finish.
+func TestQueueBound(t *testing.T) {
+	dir := testModel(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	c, _ := startClusterSpec(t, ctx, clusterSpec{model: dir, stages: 1, leaderStage: true,
+		leaderExtra: []string{"--max-num-waiting", "1", "--max-seqs", "1", "--http", "127.0.0.1:0"}})
+	inf := tandemv1.NewInferenceClient(c.Conn)
+	req := func(n uint32) *tandemv1.GenerateRequest {
+		return &tandemv1.GenerateRequest{PromptTokenIds: []int32{5, 6, 7}, MaxTokens: n, IgnoreEos: true, Temperature: proto.Float32(0)}
+	}
+	running, err := inf.Generate(ctx, req(400))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := running.Recv(); err != nil {
+		t.Fatal(err)
+	}
+	waiting, err := inf.Generate(ctx, req(4))
+	if err != nil {
+		t.Fatal(err)
+	}
+	awaitStatus(t, ctx, tandemv1.NewAdminClient(c.Conn), "one request waiting", func(st *tandemv1.StatusResponse) bool { return st.GetRequestsWaiting() == 1 })
+	refused, err := inf.Generate(ctx, req(4))
+	if err == nil {
+		_, err = refused.Recv()
+	}
+	if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "1 wait for admission") {
+		t.Errorf("past the queue bound over gRPC: %v, want RESOURCE_EXHAUSTED saying 1 waits", err)
+	}
+	resp, err := http.Post("http://"+c.Leader.HTTP+"/v1/completions", "application/json", strings.NewReader(`{"model":"model","prompt":[5,6,7],"max_tokens":4}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusTooManyRequests || !strings.Contains(string(body), "wait for admission") {
+		t.Errorf("past the queue bound over HTTP: %d %s, want 429", resp.StatusCode, body)
+	}
+	for name, s := range map[string]tandemv1.Inference_GenerateClient{"running": running, "waiting": waiting} {
+		for {
+			_, err := s.Recv()
+			if err == io.EOF {
+				break
+			}
+			if err != nil {
+				t.Errorf("the %s request: %v", name, err)
+				break
+			}
+		}
+	}
+}
