@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"os"
 	"path/filepath"
@@ -617,6 +618,28 @@ func (c *Config) readSecrets() (secrets, error) {
 		}
 	}
 	return s, nil
+}
+
+// minMaxStreams is the least bound maxStreams sets on a connection's
+// concurrent streams.
+const minMaxStreams = 256
+
+// maxStreams bounds the concurrent streams of one gRPC connection to this
+// node (grpc.MaxConcurrentStreams): twice what the leader holds at once,
+// its waiting queue and a full batch running, so that one client can fill
+// the queue and be told RESOURCE_EXHAUSTED for the rest, while the
+// leader's memory for streams stays bounded however many requests a
+// client sends at once (its further streams wait in the client). Without
+// a queue bound (-1), neither are streams bounded.
+func (c *Config) maxStreams() uint32 {
+	waiting := c.Stage.MaxNumWaiting
+	switch waiting {
+	case -1:
+		return math.MaxUint32
+	case 0:
+		waiting = sched.DefaultMaxNumWaiting
+	}
+	return uint32(max(minMaxStreams, 2*(waiting+c.Stage.MaxSeqs)))
 }
 
 // admission is the scheduler's admission policy the configuration sets

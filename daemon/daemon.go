@@ -25,6 +25,7 @@ import (
 	"github.com/tandem-llm/tandem/daemon/sdnotify"
 	"github.com/tandem-llm/tandem/daemon/stagehost"
 	"github.com/tandem-llm/tandem/daemon/supervise"
+	"github.com/tandem-llm/tandem/graphs"
 	"github.com/tandem-llm/tandem/model"
 	"github.com/tandem-llm/tandem/model/chat"
 	"github.com/tandem-llm/tandem/model/tokenizer"
@@ -81,6 +82,7 @@ type Daemon struct {
 	// pipelines.
 	reqMetrics *frontend.Metrics
 	counters   sched.Counters
+	graphSteps graphs.Stats // every pipeline's CUDA-graph dispatches
 	memb       *membership.Membership
 	slot       *stagehost.Slot
 	dev        *stagehost.Device // what the stage runs on (nil without a stage)
@@ -146,7 +148,7 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 	}
 	auth := tokenAuth{token: d.sec.adminToken}
 	rec := recovery{log: d.log}
-	srv := grpc.NewServer(grpc.Creds(creds),
+	srv := grpc.NewServer(grpc.Creds(creds), grpc.MaxConcurrentStreams(d.cfg.maxStreams()),
 		grpc.ChainUnaryInterceptor(rec.unary, auth.unary, d.nodeVerifier().Unary),
 		grpc.ChainStreamInterceptor(rec.stream, auth.stream))
 	d.health = health.NewServer()

@@ -37,7 +37,7 @@ func (d *Daemon) newSupervisor() *supervise.Supervisor {
 			MaxBatchTokens: d.cfg.Stage.MaxBatchTokens, MaxSeqs: d.cfg.Stage.MaxSeqs, BlockSize: d.cfg.Stage.BlockSize,
 			Handoff: *d.cfg.Stage.Handoff, Admission: d.cfg.admission(), GraphMode: d.cfg.graphMode(), NewDispatcher: d.cfg.newDispatcher,
 			Nodes: nodeDialer{d.dialOpts}, Credential: d.sec.cred, StepTimeout: time.Duration(d.cfg.Cluster.StepTimeout),
-			Counters: &d.counters,
+			Counters: &d.counters, GraphSteps: &d.graphSteps,
 		},
 		Probe:         d.probe,
 		OnStatus:      d.onStatus,

@@ -44,14 +44,18 @@ var (
 	descKVTotal = prometheus.NewDesc("tandem_kv_blocks_total",
 		"KV-cache blocks of the pipeline (leader only).", nil, nil)
 	descDiscarded = prometheus.NewDesc("tandem_discarded_tokens_total",
-		"Sampled tokens dropped because their request was preempted, cancelled or finished meanwhile (leader only).", nil, nil)
+		"Sampled tokens dropped because their request was preempted, cancelled or finished meanwhile (while leading).", nil, nil)
 	descSteps = prometheus.NewDesc("tandem_steps_total",
-		"Steps completed, since this node leads (leader only).", nil, nil)
+		"Steps completed (while leading).", nil, nil)
+	descFailed = prometheus.NewDesc("tandem_requests_failed_total",
+		"Accepted requests that ended in an error: a stage could not serve them, or no pipeline did within the recovery timeout (while leading).", nil, nil)
+	descRefused = prometheus.NewDesc("tandem_requests_refused_total",
+		"Requests refused with RESOURCE_EXHAUSTED (HTTP 429) because the waiting queue was full (while leading).", nil, nil)
 	descStepTime = prometheus.NewDesc("tandem_step_seconds",
 		"Time from scheduling a step to its result: the last step's, and a moving mean (leader only).",
 		[]string{"stat"}, nil)
 	descGraphSteps = prometheus.NewDesc("tandem_graph_steps_total",
-		"Steps of the current pipeline dispatched by CUDA-graph runtime mode, padded and unpadded token count (leader only).",
+		"Steps dispatched by CUDA-graph runtime mode, padded and unpadded token count (while leading).",
 		[]string{"mode", "padded_tokens", "unpadded_tokens"}, nil)
 	descGraphMem = prometheus.NewDesc("tandem_graph_memory_bytes",
 		"Device memory of each stage's CUDA graphs (leader only).",
@@ -66,7 +70,7 @@ type metricsCollector struct{ d *Daemon }
 // Describe implements prometheus.Collector.
 func (c metricsCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descInfo, descLeader, descServing, descEpoch, descInFlight, descKVUsed,
-		descKVTotal, descDiscarded, descSteps, descStepTime, descGraphSteps, descGraphMem} {
+		descKVTotal, descDiscarded, descSteps, descFailed, descRefused, descStepTime, descGraphSteps, descGraphMem} {
 		ch <- d
 	}
 }
@@ -96,6 +100,15 @@ func (c metricsCollector) Collect(ch chan<- prometheus.Metric) {
 	leading := p != nil && !draining
 	gauge(descLeader, flag(snap.Leading))
 	gauge(descServing, flag(leading || (stageReady && !draining)))
+	// Counters count for the life of the process, whatever pipelines and
+	// leaderships come and go.
+	counter(descDiscarded, d.counters.Discarded())
+	counter(descSteps, d.counters.Steps())
+	counter(descFailed, d.counters.Failed())
+	counter(descRefused, d.counters.Refused())
+	for _, r := range d.graphSteps.Snapshot() {
+		counter(descGraphSteps, r.Count, r.Mode.String(), strconv.Itoa(r.Padded), strconv.Itoa(r.Unpadded))
+	}
 	if !snap.Leading {
 		return
 	}
@@ -103,17 +116,12 @@ func (c metricsCollector) Collect(ch chan<- prometheus.Metric) {
 	gauge(descInFlight, float64(st.InFlight))
 	gauge(descKVUsed, float64(st.KVBlocksUsed))
 	gauge(descKVTotal, float64(st.KVBlocks))
-	counter(descDiscarded, st.Discarded)
-	counter(descSteps, st.Steps)
 	gauge(descStepTime, st.LastStepTime.Seconds(), "last")
 	gauge(descStepTime, st.StepTime.Seconds(), "mean")
 	if p == nil {
 		return
 	}
 	gauge(descEpoch, float64(p.Epoch))
-	for _, r := range p.Steps.Snapshot() {
-		counter(descGraphSteps, r.Count, r.Mode.String(), strconv.Itoa(r.Padded), strconv.Itoa(r.Unpadded))
-	}
 	for i := range p.Stages {
 		s := stageStatus(i, &p.Stages[i])
 		gauge(descGraphMem, float64(s.GetGraphBytes()), strconv.Itoa(i), s.GetNode())

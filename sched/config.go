@@ -64,15 +64,32 @@ type Config struct {
 	Counters *Counters
 }
 
-// Counters are counts that outlive a scheduler (Config.Counters). They are
-// safe for concurrent use.
+// Counters are counts that outlive a scheduler (Config.Counters): what
+// Stats counts of the same name, summed over every scheduler given these
+// Counters. They are safe for concurrent use.
 type Counters struct {
-	preemptions atomic.Uint64
+	preemptions, failed, refused, discarded, steps atomic.Uint64
 }
 
 // Preemptions is the number of requests sent back to waiting for lack of
-// KV blocks by every scheduler given these Counters.
+// KV blocks.
 func (c *Counters) Preemptions() uint64 { return c.preemptions.Load() }
+
+// Failed is the number of requests that ended in an error: no pipeline
+// served them in time (Fail), or a stage could not serve them
+// (ErrRequestFailed).
+func (c *Counters) Failed() uint64 { return c.failed.Load() }
+
+// Refused is the number of requests turned away because MaxNumWaiting
+// requests waited (ErrQueueFull).
+func (c *Counters) Refused() uint64 { return c.refused.Load() }
+
+// Discarded is the number of sampled tokens dropped on their return
+// because their request was preempted, cancelled or had finished.
+func (c *Counters) Discarded() uint64 { return c.discarded.Load() }
+
+// Steps is the number of steps completed.
+func (c *Counters) Steps() uint64 { return c.steps.Load() }
 
 // DefaultMaxNumWaiting is the bound on waiting requests when
 // Config.MaxNumWaiting is 0.
@@ -108,6 +125,9 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.MaxConcurrentBatches == 0 {
 		c.MaxConcurrentBatches = 1
+	}
+	if c.Counters == nil {
+		c.Counters = &Counters{} // this scheduler's alone
 	}
 	switch {
 	case c.MaxNumBatchedTokens <= 0:

@@ -67,5 +67,6 @@ func (sc *Scheduler) Fail(id uint64) bool {
 	}
 	sc.end(s)
 	sc.stats.Failed++
+	sc.cfg.Counters.failed.Add(1)
 	return true
 }

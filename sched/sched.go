@@ -154,6 +154,7 @@ func (sc *Scheduler) Add(r Request) error {
 	}
 	if n := sc.cfg.MaxNumWaiting; n >= 0 && len(sc.waiting) >= n {
 		sc.stats.Refused++
+		sc.cfg.Counters.refused.Add(1)
 		return fmt.Errorf("request %d: %w: %d wait for admission, the most the leader queues (%d run)", r.ID, ErrQueueFull, len(sc.waiting), len(sc.running))
 	}
 	// Room for the tokens to generate, up to a bound, saves regrowing.
@@ -488,9 +489,7 @@ func (sc *Scheduler) preempt(s *seq) {
 	sc.waiting = insertByArrival(sc.waiting, s)
 	sc.toFree = append(sc.toFree, s.req.ID)
 	sc.stats.Preemptions++
-	if c := sc.cfg.Counters; c != nil {
-		c.preemptions.Add(1)
-	}
+	sc.cfg.Counters.preemptions.Add(1)
 }
 
 // end removes a finished or cancelled request.
@@ -574,6 +573,7 @@ func (sc *Scheduler) Complete(r *pipeline.Result) ([]Output, error) {
 		k++
 		if s.epoch != e.epoch {
 			sc.stats.Discarded++
+			sc.cfg.Counters.discarded.Add(1)
 			continue
 		}
 		if t.Err != "" {
@@ -581,6 +581,7 @@ func (sc *Scheduler) Complete(r *pipeline.Result) ([]Output, error) {
 			// request fails, the others go on.
 			sc.end(s)
 			sc.stats.Failed++
+			sc.cfg.Counters.failed.Add(1)
 			outs = append(outs, Output{ID: s.req.ID, Index: s.generated(), Err: fmt.Errorf("%w: stage %d: %s", ErrRequestFailed, r.Stage, t.Err)})
 			continue
 		}
@@ -612,6 +613,7 @@ func (sc *Scheduler) Complete(r *pipeline.Result) ([]Output, error) {
 	sc.spare = append(sc.spare, f)
 	d := now.Sub(f.start)
 	sc.stats.Steps++
+	sc.cfg.Counters.steps.Add(1)
 	sc.stats.LastStepTime = d
 	if sc.stats.Steps == 1 {
 		sc.stats.StepTime = d

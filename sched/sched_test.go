@@ -183,6 +183,60 @@ func TestScheduledAndCounters(t *testing.T) {
 	}
 }
 
+// TestCountersOutliveSchedulers: Counters given to two schedulers in turn
+// (as the leader gives every pipeline's) count the failed, refused,
+// discarded and preempted requests and the steps of both, equal to the sum
+// of their Stats.
+func TestCountersOutliveSchedulers(t *testing.T) {
+	var c sched.Counters
+	var sum sched.Stats
+	for run := range 2 {
+		sc, err := sched.New(sched.Config{MaxNumBatchedTokens: 8, MaxNumSeqs: 2, BlockSize: 1, NumBlocks: 3, MaxNumWaiting: 1, GrowthReserve: -1, Counters: &c}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := sc.Add(sched.Request{ID: 1, Prompt: []int32{1}, MaxTokens: 3}); err != nil {
+			t.Fatal(err)
+		}
+		if err := sc.Add(sched.Request{ID: 2, Prompt: []int32{1}, MaxTokens: 3}); !errors.Is(err, sched.ErrQueueFull) {
+			t.Fatalf("run %d: a second waiting request: %v, want ErrQueueFull", run, err)
+		}
+		if !sc.Fail(1) {
+			t.Fatalf("run %d: request 1 not live", run)
+		}
+		// Request 3 is cancelled while its step is in flight: its token
+		// comes back discarded. Request 4 runs to its end.
+		if err := sc.Add(sched.Request{ID: 3, Prompt: []int32{1}, MaxTokens: 3}); err != nil {
+			t.Fatal(err)
+		}
+		step, ok := sc.Schedule()
+		if !ok {
+			t.Fatalf("run %d: request 3 not scheduled", run)
+		}
+		sc.Cancel(3)
+		if _, err := sc.Complete(&pipeline.Result{Batch: step.Batch.ID, Sampled: []stage.Sampled{{Seq: 3, Token: 7}}}); err != nil {
+			t.Fatal(err)
+		}
+		if err := sc.Add(sched.Request{ID: 4, Prompt: []int32{1}, MaxTokens: 3}); err != nil {
+			t.Fatal(err)
+		}
+		drain(t, sc)
+		st := sc.Stats()
+		sum.Failed += st.Failed
+		sum.Refused += st.Refused
+		sum.Discarded += st.Discarded
+		sum.Steps += st.Steps
+		sum.Preemptions += st.Preemptions
+		if st.Failed != 1 || st.Refused != 1 || st.Discarded != 1 || st.Steps == 0 {
+			t.Errorf("run %d: stats %+v: want 1 failed, 1 refused, 1 discarded, some steps", run, st)
+		}
+		got := sched.Stats{Failed: c.Failed(), Refused: c.Refused(), Discarded: c.Discarded(), Steps: c.Steps(), Preemptions: c.Preemptions()}
+		if got != sum {
+			t.Errorf("run %d: counters %+v, want the schedulers' sum %+v", run, got, sum)
+		}
+	}
+}
+
 // TestTooLarge checks that the refusals of requests too large to ever run
 // wrap ErrTooLarge, and no other refusal does.
 func TestTooLarge(t *testing.T) {

@@ -564,6 +564,16 @@ func TestOpenAIAPI(t *testing.T) {
 	})
 
 	t.Run("no pipeline, then rebuilt", func(t *testing.T) {
+		// The leader's counters of the pipeline before: they must go on
+		// counting on the next.
+		sum := func(fams map[string]*dto.MetricFamily, name string) float64 {
+			var v float64
+			for _, m := range fams[name].GetMetric() {
+				v += value(m)
+			}
+			return v
+		}
+		before := c.scrapeIdle(t)
 		// Both stage daemons leave: no pipeline can serve.
 		for _, p := range c.Stages {
 			if err := p.stop(30 * time.Second); err != nil {
@@ -607,7 +617,14 @@ func TestOpenAIAPI(t *testing.T) {
 			t.Fatal(err)
 		}
 		c.sent.add(int(resp.Usage.PromptTokens), int(resp.Usage.CompletionTokens), "length")
-		checkMetrics(t, c.scrapeIdle(t), c.sent)
+		after := c.scrapeIdle(t)
+		checkMetrics(t, after, c.sent)
+		for _, name := range []string{"tandem_steps_total", "tandem_graph_steps_total", "tandem_discarded_tokens_total", "tandem_preemptions_total", "tandem_requests_failed_total", "tandem_requests_refused_total"} {
+			b, a := sum(before, name), sum(after, name)
+			if before[name] == nil || a < b || (a == b && (name == "tandem_steps_total" || name == "tandem_graph_steps_total")) {
+				t.Errorf("%s: %v before the rebuild, %v after (present %t): want it to go on counting", name, b, a, before[name] != nil)
+			}
+		}
 	})
 
 	t.Run("drain", func(t *testing.T) {

@@ -57,6 +57,15 @@ func TestQueueBound(t *testing.T) {
 	if resp.StatusCode != http.StatusTooManyRequests || !strings.Contains(string(body), "wait for admission") {
 		t.Errorf("past the queue bound over HTTP: %d %s, want 429", resp.StatusCode, body)
 	}
+	resp, err = http.Get("http://" + c.Leader.HTTP + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(string(body), "\ntandem_requests_refused_total 2\n") {
+		t.Errorf("/metrics: want tandem_requests_refused_total 2:\n%s", body)
+	}
 	for name, s := range map[string]tandemv1.Inference_GenerateClient{"running": running, "waiting": waiting} {
 		for {
 			_, err := s.Recv()

@@ -71,7 +71,11 @@ type BuilderConfig struct {
 	// Counters are given to every pipeline's scheduler configuration
 	// (sched.Config.Counters): counts for the life of the process.
 	Counters *sched.Counters
-	Log      *slog.Logger
+	// GraphSteps, when set, counts the CUDA-graph dispatches of every
+	// pipeline, for the life of the process (each Pipeline's Steps counts
+	// its own).
+	GraphSteps *graphs.Stats
+	Log        *slog.Logger
 }
 
 // Builder builds pipelines: it has every stage node of a plan load its
@@ -346,7 +350,7 @@ func (b *build) run(ctx context.Context, members []membership.Member) (*Pipeline
 		GrowthReserve:        cfg.Admission.GrowthReserve,
 		MaxPreemptions:       cfg.Admission.MaxPreemptions,
 	}
-	p.ex = &stepExecutor{Driver: p.drv, epoch: b.epoch, dispatch: p.Graphs.Dispatch, stats: p.Steps}
+	p.ex = &stepExecutor{Driver: p.drv, epoch: b.epoch, dispatch: p.Graphs.Dispatch, stats: p.Steps, total: cfg.GraphSteps}
 	wired = true
 	return p, nil
 }

@@ -229,7 +229,8 @@ type stepExecutor struct {
 	*pipeline.Driver
 	epoch    uint64
 	dispatch *graphs.Dispatcher
-	stats    *graphs.Stats
+	stats    *graphs.Stats // this pipeline's
+	total    *graphs.Stats // every pipeline's (nil: none)
 }
 
 func (x *stepExecutor) Submit(ctx context.Context, s *pipeline.Step) error {
@@ -237,6 +238,9 @@ func (x *stepExecutor) Submit(ctx context.Context, s *pipeline.Step) error {
 	if b := &s.Batch; len(b.Seqs) > 0 {
 		b.Graph = dispatchStep(x.dispatch, b)
 		x.stats.Record(b.NumTokens(), b.Graph.Desc.NumTokens, b.Graph.Mode)
+		if x.total != nil {
+			x.total.Record(b.NumTokens(), b.Graph.Desc.NumTokens, b.Graph.Mode)
+		}
 	}
 	return x.Driver.Submit(ctx, s)
 }
