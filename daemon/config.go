@@ -642,6 +642,23 @@ func (c *Config) maxStreams() uint32 {
 	return uint32(max(minMaxStreams, 2*(waiting+c.Stage.MaxSeqs)))
 }
 
+// Bounds of maxRecvMsg.
+const (
+	grpcMaxRecvMsg = 4 << 20 // gRPC's default
+	minRecvMsg     = 1 << 20
+)
+
+// maxRecvMsg bounds the messages the gRPC server reads
+// (grpc.MaxRecvMsgSize): twice the largest valid Generate request, the
+// longest text prompt of the context (tokenizer.MaxTextBytes) and as many
+// token ids, at least 1 MiB (the Node service's messages) and at most
+// gRPC's default of 4 MiB. A larger request is refused by gRPC before it
+// is read whole (RESOURCE_EXHAUSTED naming both sizes).
+func (d *Daemon) maxRecvMsg() int {
+	ctx := d.ckpt.Config().MaxPositions
+	return min(grpcMaxRecvMsg, max(minRecvMsg, 2*(d.tok.MaxTextBytes(ctx)+5*ctx)))
+}
+
 // admission is the scheduler's admission policy the configuration sets
 // (zeros: the scheduler's defaults).
 func (c *Config) admission() sched.Config {

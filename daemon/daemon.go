@@ -148,7 +148,7 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 	}
 	auth := tokenAuth{token: d.sec.adminToken}
 	rec := recovery{log: d.log}
-	srv := grpc.NewServer(grpc.Creds(creds), grpc.MaxConcurrentStreams(d.cfg.maxStreams()),
+	srv := grpc.NewServer(grpc.Creds(creds), grpc.MaxConcurrentStreams(d.cfg.maxStreams()), grpc.MaxRecvMsgSize(d.maxRecvMsg()),
 		grpc.ChainUnaryInterceptor(rec.unary, auth.unary, d.nodeVerifier().Unary),
 		grpc.ChainStreamInterceptor(rec.stream, auth.stream))
 	d.health = health.NewServer()

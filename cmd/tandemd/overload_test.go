@@ -79,3 +79,30 @@ func TestQueueBound(t *testing.T) {
 		}
 	}
 }
+
+// TestHugePrompts: a real leader refuses a text prompt longer than any
+// prompt of the context can be without encoding it (INVALID_ARGUMENT, in
+// bytes), and one larger than twice that before gRPC has read it
+// (RESOURCE_EXHAUSTED naming both sizes); it serves on.
+func TestHugePrompts(t *testing.T) {
+	dir := testModel(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	c, _ := startClusterSpec(t, ctx, clusterSpec{model: dir, stages: 1, leaderStage: true})
+	for _, tc := range []struct {
+		bytes int
+		code  codes.Code
+		want  string
+	}{
+		{100_000, codes.InvalidArgument, "prompt of 100000 bytes: longer than any prompt of the context length 2048 tokens"},
+		{3_900_000, codes.ResourceExhausted, "received message larger than max"},
+	} {
+		_, err := generate(ctx, c.Conn, &tandemv1.GenerateRequest{Prompt: strings.Repeat("x", tc.bytes), MaxTokens: 4})
+		if status.Code(err) != tc.code || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("a prompt of %d bytes: %v, want %v saying %q", tc.bytes, err, tc.code, tc.want)
+		}
+	}
+	if g, err := generate(ctx, c.Conn, &tandemv1.GenerateRequest{Prompt: "Hello", MaxTokens: 4, IgnoreEos: true}); err != nil || len(g.ids) != 4 {
+		t.Errorf("after the huge prompts: %d tokens, %v", len(g.ids), err)
+	}
+}

@@ -1,7 +1,9 @@
 package frontend
 
 import (
+	"fmt"
 	"math"
+	"runtime"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -133,6 +135,37 @@ func TestValidate(t *testing.T) {
 	g, err = New(noGen).validate(&tandemv1.GenerateRequest{PromptTokenIds: []int32{4}})
 	if sp := g.req.Sampling; err != nil || sp.Temperature != 0 || sp.TopP != 0 || sp.TopK != 0 {
 		t.Errorf("no defaults: %+v, %v; want greedy decoding, no filters", sp, err)
+	}
+}
+
+// TestLongPromptRefusedUnencoded: a text prompt longer than any prompt
+// of the context can be is refused (INVALID_ARGUMENT, in bytes) without
+// being encoded: validating 4 MB allocates next to nothing, where
+// encoding it took megabytes per request. A prompt just within the bound
+// is encoded and refused by its tokens.
+func TestLongPromptRefusedUnencoded(t *testing.T) {
+	dir := testModel(t)
+	ckpt, tok := openTestModel(t, dir)
+	s := New(testConfig(t, dir, ckpt, tok, nil))
+	most := tok.MaxTextBytes(ckpt.Config().MaxPositions)
+	huge := strings.Repeat("lorem ipsum ", 4<<20/12)
+	if len(huge) <= most {
+		t.Fatalf("a prompt of %d bytes is within the bound of %d", len(huge), most)
+	}
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	_, err := s.validate(&tandemv1.GenerateRequest{Prompt: huge})
+	runtime.ReadMemStats(&after)
+	st := status.Convert(apierr.GRPC(err))
+	if st.Code() != codes.InvalidArgument || !strings.Contains(st.Message(), fmt.Sprintf("prompt of %d bytes", len(huge))) {
+		t.Errorf("a %d-byte prompt: %v, want INVALID_ARGUMENT in bytes", len(huge), err)
+	}
+	if alloc := after.TotalAlloc - before.TotalAlloc; alloc > 64<<10 {
+		t.Errorf("refusing a %d-byte prompt allocated %d bytes: it was encoded", len(huge), alloc)
+	}
+	_, err = s.validate(&tandemv1.GenerateRequest{Prompt: huge[:most]})
+	if st := status.Convert(apierr.GRPC(err)); st.Code() != codes.InvalidArgument || !strings.Contains(st.Message(), "tokens plus max_tokens") {
+		t.Errorf("a prompt of the bound's %d bytes: %v, want it encoded and refused by its tokens", most, err)
 	}
 }
 

@@ -45,6 +45,12 @@ func (s *Server) validate(in *tandemv1.GenerateRequest) (*generation, error) {
 		}
 		g.req.Prompt = slices.Clone(in.GetPromptTokenIds())
 	case in.GetPrompt() != "":
+		// Refused before it is encoded when it is longer than any prompt
+		// of the context length: encoding megabytes costs the leader
+		// memory and time for nothing.
+		if n, most := len(in.GetPrompt()), s.tok.MaxTextBytes(s.model.MaxPositions); n > most {
+			return nil, apierr.Invalidf("prompt of %d bytes: longer than any prompt of the context length %d tokens can be (%d bytes)", n, s.model.MaxPositions, most)
+		}
 		g.req.Prompt = s.tok.Encode(in.GetPrompt(), true)
 		if len(g.req.Prompt) == 0 {
 			return nil, apierr.Invalidf("prompt %q encodes to no tokens", in.GetPrompt())

@@ -34,7 +34,7 @@ func (c *chatRequest) prompt(m *Model) ([]int32, error) {
 	if err != nil {
 		return nil, err
 	}
-	return chat.PromptTokens(m.Tokenizer, text, true), nil
+	return m.promptTokens("messages", text, true)
 }
 
 // render renders the conversation with the model's chat template; a

@@ -5,7 +5,6 @@ import (
 	"net/http"
 	"unicode/utf8"
 
-	"github.com/tandem-llm/tandem/model/chat"
 	"github.com/tandem-llm/tandem/stage"
 )
 
@@ -32,14 +31,14 @@ func (c *completionRequest) prompt(m *Model) ([]int32, error) {
 	}
 	var text string
 	if json.Unmarshal(c.Prompt, &text) == nil {
-		return chat.PromptTokens(m.Tokenizer, text, false), nil
+		return m.promptTokens("prompt", text, false)
 	}
 	var texts []string
 	if json.Unmarshal(c.Prompt, &texts) == nil {
 		if len(texts) != 1 {
 			return nil, badRequest("prompt", "prompt holds %d prompts: only one prompt per request is supported", len(texts))
 		}
-		return chat.PromptTokens(m.Tokenizer, texts[0], false), nil
+		return m.promptTokens("prompt", texts[0], false)
 	}
 	var ids []int64
 	if json.Unmarshal(c.Prompt, &ids) != nil {

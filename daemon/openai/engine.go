@@ -47,6 +47,17 @@ type Model struct {
 	EOS []int
 }
 
+// promptTokens tokenises a prompt's text (rendered: from the chat
+// template; see chat.PromptTokens), refusing unencoded a text longer than
+// any prompt of the context can be (tokenizer.MaxTextBytes): encoding
+// megabytes costs memory and time for nothing.
+func (m *Model) promptTokens(field, text string, rendered bool) ([]int32, error) {
+	if n, most := len(text), m.Tokenizer.MaxTextBytes(m.MaxContext); n > most {
+		return nil, badRequest(field, "%s of %d bytes: longer than any prompt of the context length %d tokens can be (%d bytes)", field, n, m.MaxContext, most)
+	}
+	return chat.PromptTokens(m.Tokenizer, text, rendered), nil
+}
+
 // Generation is one tokenised request.
 type Generation struct {
 	Prompt    []int32

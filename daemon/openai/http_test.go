@@ -122,6 +122,31 @@ func TestRoutes(t *testing.T) {
 	}
 }
 
+// TestLongPromptRefused: a completion prompt or a rendered conversation
+// longer than any prompt of the context can be is a 400 naming its field
+// and size, refused before it is tokenised (the engine never sees it).
+func TestLongPromptRefused(t *testing.T) {
+	f := newFake(t, "Hi")
+	srv := serve(t, f)
+	most := f.model.Tokenizer.MaxTextBytes(f.model.MaxContext)
+	long := strings.Repeat("a ", most/2+1)
+	for _, c := range []struct{ path, body, field string }{
+		{"/v1/completions", `{"model":"tiny","prompt":"` + long + `"}`, "prompt"},
+		{"/v1/completions", `{"model":"tiny","prompt":["` + long + `"]}`, "prompt"},
+		{"/v1/chat/completions", `{"model":"tiny","messages":[{"role":"user","content":"` + long + `"}]}`, "messages"},
+	} {
+		resp, body := post(t, srv.URL+c.path, c.body)
+		if resp.StatusCode != 400 || !strings.Contains(body, `"param":"`+c.field+`"`) || !strings.Contains(body, "bytes: longer than any prompt of the context length 256 tokens") {
+			t.Errorf("%s with a %d-byte %s: %d %s", c.path, len(long), c.field, resp.StatusCode, body)
+		}
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(f.got) != 0 {
+		t.Errorf("the engine got %d requests", len(f.got))
+	}
+}
+
 func TestTokenize(t *testing.T) {
 	f := newFake(t, "Hi")
 	srv := serve(t, f)

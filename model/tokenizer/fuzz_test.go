@@ -70,6 +70,7 @@ var fuzzTexts = []string{
 	"", "Hello world", "hello  world\n\n", "I'm 123456 ½ naïve café",
 	"<|begin_of_text|>hi<|end_of_text|>", "<s>hi</s> <unk>", "数据 مرحبا 😀 \u3000x",
 	"a\u0301 e\u0338 >\u0338", "\xff\xfe broken \xe2\x82", "▁leading ▁", "\t\r\n \u00a0",
+	strings.Repeat(" ", 600), strings.Repeat("\n", 300) + strings.Repeat("a", 300), strings.Repeat("\u1100\u1161\u11a8", 50),
 }
 
 func FuzzEncode(f *testing.F) {
@@ -96,6 +97,11 @@ func FuzzEncode(f *testing.F) {
 				}
 				if addSpecial {
 					continue
+				}
+				// Callers refuse text past MaxTextBytes of their token
+				// budget unencoded: no text may encode to fewer tokens.
+				if most := ft.tk.MaxTextBytes(len(ids)); len(text) > most {
+					t.Fatalf("%s: Encode(%q) gives %d tokens, but MaxTextBytes(%d) = %d < %d bytes", ft.name, text, len(ids), len(ids), most, len(text))
 				}
 				if want, ok := ft.roundTrip(text, ids); ok {
 					if got := ft.tk.Decode(ids, false); got != want {

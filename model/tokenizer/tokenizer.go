@@ -31,6 +31,8 @@ type Tokenizer struct {
 	// holdBytes is set when the decoder joins byte-fallback tokens, so a
 	// stream must not emit text while such a run may still grow.
 	holdBytes bool
+	// maxTokenBytes is the longest token string, in bytes (MaxTextBytes).
+	maxTokenBytes int
 }
 
 // Load reads and parses a tokenizer.json file.
@@ -158,6 +160,9 @@ func (t *Tokenizer) indexTokens() {
 	for s, id := range t.added {
 		t.tokens[id], t.known[id] = s, true
 	}
+	for _, s := range t.tokens {
+		t.maxTokenBytes = max(t.maxTokenBytes, len(s))
+	}
 }
 
 func hasByteFallback(d decoder) bool {
@@ -201,6 +206,27 @@ func (t *Tokenizer) Token(id int32) (string, bool) {
 func (t *Tokenizer) IsSpecial(id int32) bool {
 	s, ok := t.Token(id)
 	return ok && t.special[s]
+}
+
+// normShrink bounds how much a normalizer shrinks text (NFC composes at
+// most three code points into one); MaxTextBytes allows for it whenever
+// the tokenizer normalizes.
+const normShrink = 4
+
+// MaxTextBytes bounds the text that encodes to at most n tokens: text of
+// more bytes encodes to more than n tokens (the post-processor's framing
+// aside), so a caller can refuse it before encoding it. No token stands
+// for more bytes of text than its own string holds (byte-level and
+// SentencePiece alphabets spell every byte of text with one byte or
+// more), allowing normShrink for a normalizer; one that strips long runs
+// of text (Strip, Replace by a shorter string) may see text refused that
+// would have encoded to fewer tokens.
+func (t *Tokenizer) MaxTextBytes(n int) int {
+	m := n * max(t.maxTokenBytes, 1)
+	if t.norm != nil {
+		m *= normShrink
+	}
+	return m
 }
 
 // Encode returns the token ids of text. With addSpecial the file's
