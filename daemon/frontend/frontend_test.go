@@ -3,8 +3,8 @@ package frontend
 import (
 	"fmt"
 	"math"
-	"runtime"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
