@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -38,20 +39,20 @@ type clientFlags struct {
 }
 
 func (c *clientFlags) register(f *pflag.FlagSet) {
-	addr := os.Getenv(addrEnv)
-	if addr == "" {
-		addr = defaultAddr
-	}
-	f.StringVar(&c.addr, "addr", addr, "the leader's gRPC address (default from $"+addrEnv+")")
+	f.StringVar(&c.addr, "addr", "", "the leader's gRPC address (default: $"+addrEnv+", else "+defaultAddr+")")
 	f.StringVar(&c.token, "token", "", "admin token (default: $"+tokenEnv+")")
 	f.BoolVar(&c.tls, "tls", false, "use TLS, verifying the server against the system's roots")
 	f.StringVar(&c.tlsCA, "tls-ca", "", "use TLS, verifying the server against this CA certificate file")
 	f.DurationVar(&c.timeout, "timeout", 0, "give up after this long (0: never)")
 }
 
-// dial connects to the leader. The admin token is sent with every call when
-// given (flag or environment).
+// dial connects to the leader at --addr, else $TANDEM_ADDR, else the
+// default address. The admin token is sent with every call when given
+// (flag or environment).
 func (c *clientFlags) dial() (*grpc.ClientConn, error) {
+	if c.addr == "" {
+		c.addr = cmp.Or(os.Getenv(addrEnv), defaultAddr)
+	}
 	creds := insecure.NewCredentials()
 	secure := c.tls || c.tlsCA != ""
 	if secure {

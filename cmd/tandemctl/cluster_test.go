@@ -109,10 +109,18 @@ func TestStatusAndGenerate(t *testing.T) {
 	var st struct {
 		Leader  string
 		Serving bool
-		Stages  []struct{ Node string }
+		Stages  []struct {
+			Node                 string
+			WeightBytes, KvBytes string // uint64 in protojson
+		}
 	}
 	if err := json.Unmarshal([]byte(out), &st); err != nil || st.Leader != "solo" || !st.Serving || len(st.Stages) != 1 {
 		t.Errorf("status --json: %+v, %v:\n%s", st, err, out)
+	}
+	// A CPU stage reports the memory of its weights and KV cache (it showed
+	// "0 B").
+	if len(st.Stages) == 1 && (st.Stages[0].WeightBytes == "" || st.Stages[0].WeightBytes == "0" || st.Stages[0].KvBytes == "" || st.Stages[0].KvBytes == "0") {
+		t.Errorf("status --json: stage memory %+v, want the weights' and KV cache's bytes", st.Stages[0])
 	}
 
 	out, err = run(t, "", "generate", "--max-tokens", "6", "--json", "--logprobs", "2", "--ignore-eos", "Hello", "world")

@@ -178,3 +178,19 @@ func TestTokenizeBadInput(t *testing.T) {
 		t.Errorf("missing tokenizer file: error %v, want one naming the file", err)
 	}
 }
+
+// TestAddrHelp: --addr's help names its default once: the environment,
+// else the built-in address (pflag added its own "(default ...)" beside
+// ours).
+func TestAddrHelp(t *testing.T) {
+	t.Setenv(addrEnv, "10.1.2.3:7400")
+	out, err := run(t, "", "status", "--help")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(out, "\n") {
+		if strings.Contains(line, "--addr") && (strings.Count(line, "default") != 1 || !strings.Contains(line, "$TANDEM_ADDR, else 127.0.0.1:7400")) {
+			t.Errorf("--addr help: %q, want one default naming $TANDEM_ADDR and 127.0.0.1:7400", line)
+		}
+	}
+}

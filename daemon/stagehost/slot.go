@@ -198,10 +198,7 @@ func (s *Slot) load(ctx context.Context, in *tandemv1.LoadRequest) (*tandemv1.Lo
 		KvBlocks: uint64(sp.blocks), MaxSeqLen: uint32(sp.maxSeqLen(cfg)), GraphSupport: info.Graphs.String(), ActDtype: uint32(info.ActDType),
 		HandoffReceiver: info.First && receiver, Device: s.cfg.Device.Name,
 	}
-	if m, ok := st.(memoryReporter); ok {
-		mem := m.Memory()
-		resp.WeightBytes, resp.WorkspaceBytes, resp.KvBytes, resp.GraphBytes = uint64(mem.WeightBytes), uint64(mem.WorkspaceBytes), uint64(mem.KVBytes), uint64(mem.GraphBytes)
-	}
+	resp.WeightBytes, resp.WorkspaceBytes, resp.KvBytes, resp.GraphBytes = stageMemory(st)
 	// The one TCP link that may come in: the previous stage's activations,
 	// or, into a first stage of several, the last stage's hand-off.
 	link := ""

@@ -76,6 +76,20 @@ func (s *Slot) newStage(cfg *model.Config, sp stageSpec, estimate int, steps *pr
 // sizes its KV cache.
 const minKVMargin = 256 << 20
 
+// stageMemory is what a stage holds, as Load reports it: a CUDA stage's
+// device memory, a CPU stage's host memory (no graphs).
+func stageMemory(st stage.Stage) (weights, workspace, kv, graphs uint64) {
+	switch m := st.(type) {
+	case memoryReporter:
+		mem := m.Memory()
+		return uint64(mem.WeightBytes), uint64(mem.WorkspaceBytes), uint64(mem.KVBytes), uint64(mem.GraphBytes)
+	case *cpu.Stage:
+		mem := m.Memory()
+		return uint64(mem.WeightBytes), uint64(mem.WorkspaceBytes), uint64(mem.KVBytes), 0
+	}
+	return 0, 0, 0, 0
+}
+
 // memoryReporter is a stage that reports the device memory it holds
 // (stage/cuda).
 type memoryReporter interface {

@@ -124,6 +124,25 @@ func TestLoadsOnlyItsTensors(t *testing.T) {
 			if !slices.Equal(r.read, tc.want) {
 				t.Errorf("read %v\nwant %v", r.read, tc.want)
 			}
+			// Memory: the tensors read, in float32; the KV cache of its
+			// layers.
+			var weights int64
+			for _, name := range tc.want {
+				tn, err := r.Weights.Tensor(name)
+				if err != nil {
+					t.Fatal(err)
+				}
+				n := int64(4)
+				for _, d := range tn.Shape {
+					n *= int64(d)
+				}
+				weights += n
+			}
+			info := st.Info()
+			kv := int64(info.KVBlocks*info.BlockSize) * int64(tc.m.NumKVHeads*tc.m.HeadDim) * 2 * int64(tc.hi-tc.lo) * 4
+			if mem := st.Memory(); mem.WeightBytes != weights || mem.KVBytes != kv || mem.WorkspaceBytes <= 0 {
+				t.Errorf("memory %+v, want %d bytes of weights, %d of KV cache, some workspace", mem, weights, kv)
+			}
 		})
 	}
 }
