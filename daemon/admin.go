@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"fmt"
 
 	"google.golang.org/protobuf/types/known/durationpb"
 
@@ -50,6 +51,9 @@ func (a *adminServer) Status(context.Context, *tandemv1.StatusRequest) (*tandemv
 	d.mu.Unlock()
 	resp.Leader, resp.LeaderAddr = snap.Leader.Name, snap.Leader.Meta.GRPCAddr
 	resp.Reason = snap.Reason
+	if !snap.Leading && snap.Leader.Name != "" {
+		resp.Reason = d.followerReason(snap.Leader.Name)
+	}
 	if draining {
 		resp.Reason = "draining"
 	}
@@ -130,4 +134,16 @@ func schedulerStats(st sched.Stats) *tandemv1.SchedulerStats {
 		LastStepTime:    durationpb.New(st.LastStepTime),
 		MeanStepTime:    durationpb.New(st.StepTime),
 	}
+}
+
+// followerReason is the status of a node that does not lead: who does,
+// and whether this node serves a stage of its pipeline.
+func (d *Daemon) followerReason(leader string) string {
+	d.mu.Lock()
+	stage := d.stageReady
+	d.mu.Unlock()
+	if stage {
+		return fmt.Sprintf("led by %s; this node serves a stage of its pipeline", leader)
+	}
+	return fmt.Sprintf("led by %s; this node holds no stage of its pipeline", leader)
 }

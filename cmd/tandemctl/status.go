@@ -43,6 +43,9 @@ func printStatus(w io.Writer, st *tandemv1.StatusResponse) error {
 		leader = fmt.Sprintf("%s at %s", st.GetLeader(), st.GetLeaderAddr())
 	}
 	pipe := "not serving: " + st.GetReason()
+	if st.GetLeader() != "" && st.GetLeader() != st.GetNode() {
+		pipe = st.GetReason() // who leads, and whether this node serves a stage
+	}
 	if st.GetServing() {
 		pipe = fmt.Sprintf("serving, epoch %d, KV capacity %d tokens, %d requests running, %d waiting",
 			st.GetEpoch(), st.GetKvTokens(), st.GetRequestsRunning(), st.GetRequestsWaiting())

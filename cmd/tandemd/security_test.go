@@ -91,6 +91,24 @@ func TestAttacks(t *testing.T) {
 	if nodes := stageNodes(st); len(nodes) != 1 || nodes[0] != "stage-1" {
 		t.Fatalf("stages %v, want stage-1 alone", nodes)
 	}
+	// The stage nodes' own status says who leads and whether they serve.
+	for _, n := range []struct {
+		p    *daemonProc
+		want string
+	}{
+		{c.Stages[0], "led by leader; this node serves a stage of its pipeline"},
+		{idle, "led by leader; this node holds no stage of its pipeline"},
+	} {
+		conn, err := grpc.NewClient(n.p.GRPC, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		own, err := tandemv1.NewAdminClient(conn).Status(ctx, &tandemv1.StatusRequest{})
+		conn.Close()
+		if err != nil || own.GetReason() != n.want || own.GetLeader() != "leader" {
+			t.Errorf("%s's own status: leader %q, %q (%v); want %q", n.p.Name, own.GetLeader(), own.GetReason(), err, n.want)
+		}
+	}
 	serves := func(when string) {
 		t.Helper()
 		g, err := generate(ctx, c.Conn, &tandemv1.GenerateRequest{Prompt: "Hello there", MaxTokens: 6, IgnoreEos: true, Temperature: proto.Float32(0)})
