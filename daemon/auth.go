@@ -36,12 +36,24 @@ func (a tokenAuth) check(ctx context.Context, method string) error {
 	}
 	md, _ := metadata.FromIncomingContext(ctx)
 	for _, v := range md.Get("authorization") {
-		got, ok := strings.CutPrefix(v, "Bearer ")
+		got, ok := bearerToken(v)
 		if ok && subtle.ConstantTimeCompare([]byte(got), []byte(a.token)) == 1 {
 			return nil
 		}
 	}
 	return apierr.GRPC(apierr.Unauthenticatedf("%s needs the admin token (authorization: Bearer TOKEN)", method))
+}
+
+// bearerToken reads the token of an authorization value of the Bearer
+// scheme, whose name is case-insensitive (RFC 6750, RFC 9110 section
+// 11.1), followed by one space or more.
+func bearerToken(v string) (string, bool) {
+	scheme, rest, ok := strings.Cut(v, " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
+		return "", false
+	}
+	token := strings.TrimLeft(rest, " ")
+	return token, token != ""
 }
 
 func (a tokenAuth) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
