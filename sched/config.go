@@ -248,7 +248,7 @@ func (c *Config) check(r *Request) error {
 	}
 	// The last sampled token is never fed back, so it needs no KV.
 	if need := blocksFor(len(r.Prompt)+r.MaxTokens-1, c.BlockSize); need > c.NumBlocks {
-		return fmt.Errorf("%w: prompt of %d tokens plus %d to generate needs %d KV blocks of %d positions; the capacity is %d blocks", ErrTooLarge, len(r.Prompt), r.MaxTokens, need, c.BlockSize, c.NumBlocks)
+		return fmt.Errorf("%w: prompt of %d tokens plus %d to generate needs %d KV blocks of %d positions; the KV capacity is %d blocks (%d positions)", ErrTooLarge, len(r.Prompt), r.MaxTokens, need, c.BlockSize, c.NumBlocks, c.NumBlocks*c.BlockSize)
 	}
 	return nil
 }

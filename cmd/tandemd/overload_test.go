@@ -2,8 +2,10 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net/http"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -12,6 +14,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/tandem-llm/tandem/model/randinit"
 	tandemv1 "github.com/tandem-llm/tandem/proto/tandem/v1"
 )
 
@@ -105,4 +108,33 @@ func TestHugePrompts(t *testing.T) {
 	if g, err := generate(ctx, c.Conn, &tandemv1.GenerateRequest{Prompt: "Hello", MaxTokens: 4, IgnoreEos: true}); err != nil || len(g.ids) != 4 {
 		t.Errorf("after the huge prompts: %d tokens, %v", len(g.ids), err)
 	}
+}
+
+// TestKVCapacityMessage: on a pipeline whose KV cache holds fewer
+// positions than the model's context, a request longer than the cache is
+// refused (RESOURCE_EXHAUSTED) naming the KV capacity, not the model's
+// length.
+func TestKVCapacityMessage(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "model")
+	o := randinit.DefaultOptions()
+	o.MaxPositions = 1 << 17
+	if err := randinit.Write(dir, o); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	c, _ := startClusterSpec(t, ctx, clusterSpec{model: dir, stages: 1, leaderStage: true, extra: []string{"--memory", "128MiB"}})
+	st, err := tandemv1.NewAdminClient(c.Conn).Status(ctx, &tandemv1.StatusRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	kv := int(st.GetKvTokens())
+	if kv >= o.MaxPositions {
+		t.Fatalf("KV capacity %d positions: want fewer than the context, %d", kv, o.MaxPositions)
+	}
+	_, err = generate(ctx, c.Conn, &tandemv1.GenerateRequest{PromptTokenIds: []int32{1, 2, 3}, MaxTokens: uint32(kv + 10)})
+	if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), fmt.Sprintf("the KV capacity is %d blocks (%d positions)", kv/16, kv)) || strings.Contains(err.Error(), "model length") {
+		t.Errorf("a request of %d positions on a KV cache of %d: %v, want RESOURCE_EXHAUSTED naming the KV capacity", kv+13, kv, err)
+	}
+	t.Logf("KV capacity %d positions; refusal: %v", kv, err)
 }

@@ -261,7 +261,11 @@ func (b *build) run(ctx context.Context, members []membership.Member) (*Pipeline
 		p.Stages[i].Load = l
 		p.Stages[i].KVTokens = int(l.GetKvBlocks()) * cfg.BlockSize
 		blocks = min(blocks, int(l.GetKvBlocks()))
-		maxSeqLen = min(maxSeqLen, int(l.GetMaxSeqLen()))
+		if int(l.GetMaxSeqLen()) < p.Stages[i].KVTokens {
+			// A bound of the stage's besides its KV cache, which the
+			// scheduler checks on its own, naming it.
+			maxSeqLen = min(maxSeqLen, int(l.GetMaxSeqLen()))
+		}
 	}
 	if p.Graphs, err = b.resolveGraphs(loads); err != nil {
 		return nil, err
