@@ -242,3 +242,23 @@ func TestClusterSecret(t *testing.T) {
 		}
 	}
 }
+
+// TestMaxStreams: a connection's concurrent streams are bounded by twice
+// the waiting queue and a full batch, at least 256; not at all without a
+// queue bound.
+func TestMaxStreams(t *testing.T) {
+	for _, tc := range []struct {
+		waiting, seqs int
+		want          uint32
+	}{
+		{0, 64, 2 * (sched.DefaultMaxNumWaiting + 64)},
+		{10, 4, 256},
+		{1000, 100, 2200},
+		{-1, 64, 1<<32 - 1},
+	} {
+		c := Config{Stage: StageConfig{MaxNumWaiting: tc.waiting, MaxSeqs: tc.seqs}}
+		if got := c.maxStreams(); got != tc.want {
+			t.Errorf("waiting %d, seqs %d: %d streams, want %d", tc.waiting, tc.seqs, got, tc.want)
+		}
+	}
+}

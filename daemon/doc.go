@@ -63,10 +63,44 @@
 // tandem.v1.Admin (Status) services, with gRPC health (NOT_SERVING until a
 // pipeline is ready and while draining) and server reflection. Domain
 // errors become gRPC codes in one place (package apierr): INVALID_ARGUMENT for
-// bad requests, RESOURCE_EXHAUSTED for a request that can never fit the
-// pipeline (sched.ErrNeverFits), UNAVAILABLE when no pipeline can serve.
-// When an admin token is configured, Admin and Node calls must carry it;
-// TLS is served when a certificate is configured.
+// bad requests (a text prompt longer than any prompt of the context can
+// be is refused before it is encoded), RESOURCE_EXHAUSTED for a request
+// that can never fit the pipeline (sched.ErrTooLarge, naming the model's
+// length or the KV capacity) and for one past the waiting queue
+// (stage.max_num_waiting, sched.ErrQueueFull; HTTP 429), INTERNAL naming
+// the stage for a request a stage could not serve while the others went
+// on (sched.ErrRequestFailed; HTTP 500), UNAVAILABLE when no pipeline can
+// serve. When an admin token is configured, Admin and Node calls must
+// carry it; TLS is served when a certificate is configured. The gRPC
+// server bounds each connection's concurrent streams to twice the waiting
+// queue plus a full batch, and its messages to twice the largest valid
+// request (1 to 4 MiB), so the leader's memory stays bounded under
+// overload.
+//
+// # Security
+//
+// Every internal channel proves it comes from the cluster with a
+// credential derived from the cluster secret (package linkauth):
+// cluster.key_file, else the gossip key. The leader's calls of the Node
+// service (package nodeauth, nodecalls.go) carry an HMAC over the caller's
+// name, the method, the internal protocol versions, the time, a nonce and
+// the request's bytes; a node refuses a call without one, with another
+// secret, a replay, or a clock more than 5 minutes off, and obeys only the
+// node its membership names leader (PERMISSION_DENIED otherwise, after
+// waiting 2 s for its view to agree). The leader's control link to each
+// stage and the data links between stages run a mutual challenge-response
+// bound to the link's name and the epoch before any step or activation
+// passes; a refused connection is logged and the stage waits for the right
+// peer. Gossip is encrypted with the gossip key, or a key derived from the
+// cluster secret. Members gossip their internal protocol versions
+// (nodewire.Protocol); the leader places no stage node that speaks others,
+// saying so in its status, and every handshake refuses another version
+// naming both. Without a secret, every listener must be on loopback
+// (config validation) unless security.insecure (--insecure), which logs a
+// warning: then anyone who reaches the ports can drive the node. The
+// public APIs (Inference, the OpenAI HTTP API, /metrics) are not
+// authenticated by the cluster secret: an admin token guards Admin, TLS
+// protects the gRPC listener.
 //
 // With listen.http set (default off) the daemon also serves the
 // OpenAI-compatible HTTP API (package openai) and /metrics on that
@@ -105,8 +139,10 @@
 // tandem_step_seconds, the CUDA-graph dispatch counts
 // tandem_graph_steps_total{mode, padded_tokens, unpadded_tokens} and each
 // stage's graph memory tandem_graph_memory_bytes{stage, node}; the
-// scheduler's counters run since the node became leader, the dispatch
-// counts are the current pipeline's; on every node tandem_pipeline_serving and
+// counters, tandem_steps_total, tandem_discarded_tokens_total,
+// tandem_requests_failed_total, tandem_requests_refused_total (queue full)
+// and the dispatch counts, count for the life of the process, whatever
+// pipelines and leaderships come and go; on every node tandem_pipeline_serving and
 // tandem_leader); and the frontend's request-level metrics, vLLM's set
 // with vLLM's meaning and buckets, which count for the life of the
 // process whatever pipelines come and go. metrics.vllm_names also exports

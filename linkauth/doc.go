@@ -26,6 +26,12 @@
 //	send(ln, cred.ProveIf(linkauth.Listener, link, epoch, dn, ln))
 //	err = cred.Check(linkauth.Dialer, link, epoch, dn, ln, dproof)
 //
+// Messages that are not a link handshake (the Node service's calls, see
+// package nodeauth) are signed with Sign and checked with Verify: an HMAC
+// of the same credential over a purpose and length-prefixed fields,
+// separated from the handshake's proofs. DeriveKey derives keys for other
+// uses of the cluster secret (the gossip encryption key).
+//
 // # Concurrency
 //
 // A Credential is immutable and safe for concurrent use.

@@ -16,6 +16,10 @@
 // FAILED_PRECONDITION, the node's epoch in the nodewire.EpochTrailer
 // trailer, so a stale leader cannot drive the stage.
 //
+// The control link and the TCP links are authenticated with the cluster
+// credential (Config.Credential; auth.go); the Node calls themselves are
+// checked before they reach the slot (package nodeauth, in the daemon).
+//
 // Links between stages: NCCL between two CUDA stages (a two-rank
 // communicator per link, on a stream of its own), TCP otherwise, a CUDA end
 // staging through host memory. Device opens what the stage runs on.
