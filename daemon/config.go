@@ -17,6 +17,7 @@ import (
 
 	"github.com/pelletier/go-toml/v2"
 
+	"github.com/tandem-llm/tandem/daemon/openai"
 	"github.com/tandem-llm/tandem/daemon/stagehost"
 	"github.com/tandem-llm/tandem/daemon/supervise"
 	"github.com/tandem-llm/tandem/graphs"
@@ -657,6 +658,14 @@ const (
 func (d *Daemon) maxRecvMsg() int {
 	ctx := d.ckpt.Config().MaxPositions
 	return min(grpcMaxRecvMsg, max(minRecvMsg, 2*(d.tok.MaxTextBytes(ctx)+5*ctx)))
+}
+
+// maxHTTPBody bounds the OpenAI API's request bodies: six times the
+// longest text prompt of the context (JSON may escape a byte as \u00XX),
+// at least 1 MiB and at most openai.DefaultMaxBodyBytes. A larger body is
+// refused with 413 before it is read whole.
+func (d *Daemon) maxHTTPBody() int64 {
+	return min(openai.DefaultMaxBodyBytes, max(minRecvMsg, 6*int64(d.tok.MaxTextBytes(d.ckpt.Config().MaxPositions))))
 }
 
 // admission is the scheduler's admission policy the configuration sets

@@ -74,8 +74,8 @@
 // carry it; TLS is served when a certificate is configured. The gRPC
 // server bounds each connection's concurrent streams to twice the waiting
 // queue plus a full batch, and its messages to twice the largest valid
-// request (1 to 4 MiB), so the leader's memory stays bounded under
-// overload.
+// request (1 to 4 MiB; the OpenAI API's bodies likewise, 1 to 16 MiB),
+// so the leader's memory stays bounded under overload.
 //
 // # Security
 //

@@ -177,7 +177,7 @@ func (d *Daemon) listenHTTP() (metrics, api *httpServer, err error) {
 		}
 	}
 	if addr := d.cfg.Listen.HTTP; addr != "" {
-		h := openai.New(openai.Config{Engine: d.fe.OpenAI(), Logger: d.log, Metrics: scrape})
+		h := openai.New(openai.Config{Engine: d.fe.OpenAI(), Logger: d.log, Metrics: scrape, MaxBodyBytes: d.maxHTTPBody()})
 		if api, err = d.newHTTPServer("listen.http", addr, h); err != nil {
 			metrics.abandon()
 			return nil, nil, err

@@ -84,14 +84,32 @@ func TestQueueBound(t *testing.T) {
 }
 
 // TestHugePrompts: a real leader refuses a text prompt longer than any
-// prompt of the context can be without encoding it (INVALID_ARGUMENT, in
-// bytes), and one larger than twice that before gRPC has read it
-// (RESOURCE_EXHAUSTED naming both sizes); it serves on.
+// prompt of the context can be without encoding it (INVALID_ARGUMENT, or
+// 400, in bytes), and a message or body far larger before it has read it
+// (RESOURCE_EXHAUSTED naming both sizes, or 413); it serves on.
 func TestHugePrompts(t *testing.T) {
 	dir := testModel(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	c, _ := startClusterSpec(t, ctx, clusterSpec{model: dir, stages: 1, leaderStage: true})
+	c, _ := startClusterSpec(t, ctx, clusterSpec{model: dir, stages: 1, leaderStage: true, leaderExtra: []string{"--http", "127.0.0.1:0"}})
+	for _, tc := range []struct {
+		bytes, http int
+		want        string
+	}{
+		{100_000, 400, "prompt of 100000 bytes: longer than any prompt of the context length 2048 tokens"},
+		{3_900_000, 413, "request body larger than 1048576 bytes"},
+	} {
+		resp, err := http.Post("http://"+c.Leader.HTTP+"/v1/completions", "application/json",
+			strings.NewReader(`{"model":"model","max_tokens":4,"prompt":"`+strings.Repeat("x", tc.bytes)+`"}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != tc.http || !strings.Contains(string(body), tc.want) {
+			t.Errorf("HTTP, a prompt of %d bytes: %d %.300s, want %d saying %q", tc.bytes, resp.StatusCode, body, tc.http, tc.want)
+		}
+	}
 	for _, tc := range []struct {
 		bytes int
 		code  codes.Code
