@@ -222,10 +222,12 @@ type Stats struct {
 	// Failed counts requests that ended in an error: by Fail (no pipeline
 	// served them in time), or because a stage could not serve them
 	// (ErrRequestFailed). Reprefilled counts the running requests Replace
-	// sent back to prefill again on a new pipeline; Refused those Add
-	// turned away because the queue was full.
-	Failed, Reprefilled, Refused uint64
-	Steps                        uint64 // steps completed (results received)
+	// sent back to prefill again on a new pipeline, ReprefilledTokens the
+	// positions they had in the old pipeline's KV cache, which they
+	// compute again; Refused those Add turned away because the queue was
+	// full.
+	Failed, Reprefilled, ReprefilledTokens, Refused uint64
+	Steps                                           uint64 // steps completed (results received)
 	// LastStepTime is the time from scheduling the last completed step to
 	// its result; StepTime is a moving average of it.
 	LastStepTime, StepTime time.Duration

@@ -33,6 +33,7 @@ func (sc *Scheduler) Replace(cfg Config) (dropped []uint64, err error) {
 	for _, s := range live {
 		if s.state == running {
 			sc.stats.Reprefilled++
+			sc.stats.ReprefilledTokens += uint64(s.computed)
 		}
 		// Steps in flight alias the old block tables: drop them, never
 		// reuse them.

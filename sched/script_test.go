@@ -234,7 +234,7 @@ func runScript(t *testing.T, script string) string {
 			line := fmt.Sprintf("running %d waiting %d inflight %d kv %d/%d preemptions %d discarded %d finished %d cancelled %d steps %d steptime %v/%v",
 				s.Running, s.Waiting, s.InFlight, s.KVBlocksUsed, s.KVBlocks, s.Preemptions, s.Discarded, s.Finished, s.Cancelled, s.Steps, s.LastStepTime, s.StepTime)
 			if s.Failed+s.Reprefilled > 0 {
-				line += fmt.Sprintf(" failed %d reprefilled %d", s.Failed, s.Reprefilled)
+				line += fmt.Sprintf(" failed %d reprefilled %d (%d tokens)", s.Failed, s.Reprefilled, s.ReprefilledTokens)
 			}
 			if s.Refused > 0 {
 				line += fmt.Sprintf(" refused %d", s.Refused)

@@ -66,6 +66,7 @@ func Run(t *testing.T, b Backend) {
 	t.Run("split", func(t *testing.T) { testSplit(t, b) })
 	t.Run("validation", func(t *testing.T) { testValidation(t, b) })
 	t.Run("free", func(t *testing.T) { testFree(t, b) })
+	t.Run("reset", func(t *testing.T) { testReset(t, b) })
 	t.Run("info", func(t *testing.T) { testInfo(t, b) })
 	t.Run("close", func(t *testing.T) { testClose(t, b) })
 	t.Run("nonfinite", func(t *testing.T) { testNonFinite(t, b) })

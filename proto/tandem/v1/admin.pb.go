@@ -10,6 +10,7 @@ import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
 	durationpb "google.golang.org/protobuf/types/known/durationpb"
+	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
 	sync "sync"
 	unsafe "unsafe"
@@ -77,6 +78,425 @@ func (MemberState) EnumDescriptor() ([]byte, []int) {
 	return file_tandem_v1_admin_proto_rawDescGZIP(), []int{0}
 }
 
+type DrainRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Node          string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DrainRequest) Reset() {
+	*x = DrainRequest{}
+	mi := &file_tandem_v1_admin_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DrainRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DrainRequest) ProtoMessage() {}
+
+func (x *DrainRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_tandem_v1_admin_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DrainRequest.ProtoReflect.Descriptor instead.
+func (*DrainRequest) Descriptor() ([]byte, []int) {
+	return file_tandem_v1_admin_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *DrainRequest) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+type UndrainRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Node          string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UndrainRequest) Reset() {
+	*x = UndrainRequest{}
+	mi := &file_tandem_v1_admin_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UndrainRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UndrainRequest) ProtoMessage() {}
+
+func (x *UndrainRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_tandem_v1_admin_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UndrainRequest.ProtoReflect.Descriptor instead.
+func (*UndrainRequest) Descriptor() ([]byte, []int) {
+	return file_tandem_v1_admin_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *UndrainRequest) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+type RebalanceRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// An explicit placement: every layer of the model, in pipeline order
+	// (empty: balanced by memory over the live, undrained stage nodes).
+	Plan []*LayerRange `protobuf:"bytes,1,rep,name=plan,proto3" json:"plan,omitempty"`
+	// Only compute the placement: move nothing.
+	DryRun        bool `protobuf:"varint,2,opt,name=dry_run,json=dryRun,proto3" json:"dry_run,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RebalanceRequest) Reset() {
+	*x = RebalanceRequest{}
+	mi := &file_tandem_v1_admin_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RebalanceRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RebalanceRequest) ProtoMessage() {}
+
+func (x *RebalanceRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_tandem_v1_admin_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RebalanceRequest.ProtoReflect.Descriptor instead.
+func (*RebalanceRequest) Descriptor() ([]byte, []int) {
+	return file_tandem_v1_admin_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *RebalanceRequest) GetPlan() []*LayerRange {
+	if x != nil {
+		return x.Plan
+	}
+	return nil
+}
+
+func (x *RebalanceRequest) GetDryRun() bool {
+	if x != nil {
+		return x.DryRun
+	}
+	return false
+}
+
+// LayerRange gives the layers [layer_lo, layer_hi) to a node.
+type LayerRange struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Node          string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	LayerLo       uint32                 `protobuf:"varint,2,opt,name=layer_lo,json=layerLo,proto3" json:"layer_lo,omitempty"`
+	LayerHi       uint32                 `protobuf:"varint,3,opt,name=layer_hi,json=layerHi,proto3" json:"layer_hi,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LayerRange) Reset() {
+	*x = LayerRange{}
+	mi := &file_tandem_v1_admin_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LayerRange) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LayerRange) ProtoMessage() {}
+
+func (x *LayerRange) ProtoReflect() protoreflect.Message {
+	mi := &file_tandem_v1_admin_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LayerRange.ProtoReflect.Descriptor instead.
+func (*LayerRange) Descriptor() ([]byte, []int) {
+	return file_tandem_v1_admin_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *LayerRange) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *LayerRange) GetLayerLo() uint32 {
+	if x != nil {
+		return x.LayerLo
+	}
+	return 0
+}
+
+func (x *LayerRange) GetLayerHi() uint32 {
+	if x != nil {
+		return x.LayerHi
+	}
+	return 0
+}
+
+// MoveResponse says what a Drain, Undrain or Rebalance did.
+type MoveResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The layer map before (the serving pipeline's; empty while none
+	// serves) and after: the pipeline moved to, or, on a dry run or before
+	// a move, the placement's estimate.
+	Before []*PlannedStage `protobuf:"bytes,1,rep,name=before,proto3" json:"before,omitempty"`
+	After  []*PlannedStage `protobuf:"bytes,2,rep,name=after,proto3" json:"after,omitempty"`
+	// The KV capacity, in tokens, of each: the minimum over the stages.
+	BeforeKvTokens uint64 `protobuf:"varint,3,opt,name=before_kv_tokens,json=beforeKvTokens,proto3" json:"before_kv_tokens,omitempty"`
+	AfterKvTokens  uint64 `protobuf:"varint,4,opt,name=after_kv_tokens,json=afterKvTokens,proto3" json:"after_kv_tokens,omitempty"`
+	// moved is true when the pipeline moved: to epoch, in move_time (from
+	// the command to the requests running on the new pipeline), with
+	// requests_reprefilled running requests re-prefilled there.
+	Moved               bool                 `protobuf:"varint,5,opt,name=moved,proto3" json:"moved,omitempty"`
+	Epoch               uint64               `protobuf:"varint,6,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	MoveTime            *durationpb.Duration `protobuf:"bytes,7,opt,name=move_time,json=moveTime,proto3" json:"move_time,omitempty"`
+	RequestsReprefilled uint32               `protobuf:"varint,8,opt,name=requests_reprefilled,json=requestsReprefilled,proto3" json:"requests_reprefilled,omitempty"`
+	// What happened, in words, when nothing moved (a dry run, the placement
+	// already in place, a node that holds no stage, a rebalance to follow).
+	Note          string `protobuf:"bytes,9,opt,name=note,proto3" json:"note,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MoveResponse) Reset() {
+	*x = MoveResponse{}
+	mi := &file_tandem_v1_admin_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MoveResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MoveResponse) ProtoMessage() {}
+
+func (x *MoveResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_tandem_v1_admin_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MoveResponse.ProtoReflect.Descriptor instead.
+func (*MoveResponse) Descriptor() ([]byte, []int) {
+	return file_tandem_v1_admin_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *MoveResponse) GetBefore() []*PlannedStage {
+	if x != nil {
+		return x.Before
+	}
+	return nil
+}
+
+func (x *MoveResponse) GetAfter() []*PlannedStage {
+	if x != nil {
+		return x.After
+	}
+	return nil
+}
+
+func (x *MoveResponse) GetBeforeKvTokens() uint64 {
+	if x != nil {
+		return x.BeforeKvTokens
+	}
+	return 0
+}
+
+func (x *MoveResponse) GetAfterKvTokens() uint64 {
+	if x != nil {
+		return x.AfterKvTokens
+	}
+	return 0
+}
+
+func (x *MoveResponse) GetMoved() bool {
+	if x != nil {
+		return x.Moved
+	}
+	return false
+}
+
+func (x *MoveResponse) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *MoveResponse) GetMoveTime() *durationpb.Duration {
+	if x != nil {
+		return x.MoveTime
+	}
+	return nil
+}
+
+func (x *MoveResponse) GetRequestsReprefilled() uint32 {
+	if x != nil {
+		return x.RequestsReprefilled
+	}
+	return 0
+}
+
+func (x *MoveResponse) GetNote() string {
+	if x != nil {
+		return x.Note
+	}
+	return ""
+}
+
+// PlannedStage is one stage of a layer map.
+type PlannedStage struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Node    string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	LayerLo uint32                 `protobuf:"varint,2,opt,name=layer_lo,json=layerLo,proto3" json:"layer_lo,omitempty"`
+	LayerHi uint32                 `protobuf:"varint,3,opt,name=layer_hi,json=layerHi,proto3" json:"layer_hi,omitempty"`
+	Backend string                 `protobuf:"bytes,4,opt,name=backend,proto3" json:"backend,omitempty"`
+	// The stage's KV capacity in tokens: as the stage reported it, or the
+	// placement's estimate from the node's memory (estimate set).
+	KvTokens uint64 `protobuf:"varint,5,opt,name=kv_tokens,json=kvTokens,proto3" json:"kv_tokens,omitempty"`
+	Estimate bool   `protobuf:"varint,6,opt,name=estimate,proto3" json:"estimate,omitempty"`
+	// The stage kept its weights from the pipeline before (its layers did
+	// not change): nothing was reloaded.
+	Reused        bool `protobuf:"varint,7,opt,name=reused,proto3" json:"reused,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PlannedStage) Reset() {
+	*x = PlannedStage{}
+	mi := &file_tandem_v1_admin_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PlannedStage) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PlannedStage) ProtoMessage() {}
+
+func (x *PlannedStage) ProtoReflect() protoreflect.Message {
+	mi := &file_tandem_v1_admin_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PlannedStage.ProtoReflect.Descriptor instead.
+func (*PlannedStage) Descriptor() ([]byte, []int) {
+	return file_tandem_v1_admin_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *PlannedStage) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *PlannedStage) GetLayerLo() uint32 {
+	if x != nil {
+		return x.LayerLo
+	}
+	return 0
+}
+
+func (x *PlannedStage) GetLayerHi() uint32 {
+	if x != nil {
+		return x.LayerHi
+	}
+	return 0
+}
+
+func (x *PlannedStage) GetBackend() string {
+	if x != nil {
+		return x.Backend
+	}
+	return ""
+}
+
+func (x *PlannedStage) GetKvTokens() uint64 {
+	if x != nil {
+		return x.KvTokens
+	}
+	return 0
+}
+
+func (x *PlannedStage) GetEstimate() bool {
+	if x != nil {
+		return x.Estimate
+	}
+	return false
+}
+
+func (x *PlannedStage) GetReused() bool {
+	if x != nil {
+		return x.Reused
+	}
+	return false
+}
+
 type StatusRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -85,7 +505,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_tandem_v1_admin_proto_msgTypes[0]
+	mi := &file_tandem_v1_admin_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -97,7 +517,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tandem_v1_admin_proto_msgTypes[0]
+	mi := &file_tandem_v1_admin_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -110,7 +530,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_tandem_v1_admin_proto_rawDescGZIP(), []int{0}
+	return file_tandem_v1_admin_proto_rawDescGZIP(), []int{6}
 }
 
 type StatusResponse struct {
@@ -144,15 +564,26 @@ type StatusResponse struct {
 	GraphMode string `protobuf:"bytes,15,opt,name=graph_mode,json=graphMode,proto3" json:"graph_mode,omitempty"`
 	// On-device hand-off is on, and the most steps the leader keeps in
 	// flight.
-	Handoff       bool   `protobuf:"varint,16,opt,name=handoff,proto3" json:"handoff,omitempty"`
-	MaxInFlight   uint32 `protobuf:"varint,17,opt,name=max_in_flight,json=maxInFlight,proto3" json:"max_in_flight,omitempty"`
+	Handoff     bool   `protobuf:"varint,16,opt,name=handoff,proto3" json:"handoff,omitempty"`
+	MaxInFlight uint32 `protobuf:"varint,17,opt,name=max_in_flight,json=maxInFlight,proto3" json:"max_in_flight,omitempty"`
+	// Stage nodes drained: out of placement, still members (the leader
+	// only).
+	Drained []string `protobuf:"bytes,18,rep,name=drained,proto3" json:"drained,omitempty"`
+	// The pipeline's last change (the leader only): its start, a recovery
+	// from a lost stage, a move off a leaving or drained node, or a
+	// rebalance; in progress while its end is unset.
+	LastChange *PipelineChange `protobuf:"bytes,19,opt,name=last_change,json=lastChange,proto3" json:"last_change,omitempty"`
+	// Changes since this process started: recoveries from a lost pipeline,
+	// and moves (rebalances and moves off a leaving or drained node).
+	Recoveries    uint64 `protobuf:"varint,20,opt,name=recoveries,proto3" json:"recoveries,omitempty"`
+	Moves         uint64 `protobuf:"varint,21,opt,name=moves,proto3" json:"moves,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_tandem_v1_admin_proto_msgTypes[1]
+	mi := &file_tandem_v1_admin_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -164,7 +595,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tandem_v1_admin_proto_msgTypes[1]
+	mi := &file_tandem_v1_admin_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -177,7 +608,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_tandem_v1_admin_proto_rawDescGZIP(), []int{1}
+	return file_tandem_v1_admin_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *StatusResponse) GetNode() string {
@@ -299,6 +730,144 @@ func (x *StatusResponse) GetMaxInFlight() uint32 {
 	return 0
 }
 
+func (x *StatusResponse) GetDrained() []string {
+	if x != nil {
+		return x.Drained
+	}
+	return nil
+}
+
+func (x *StatusResponse) GetLastChange() *PipelineChange {
+	if x != nil {
+		return x.LastChange
+	}
+	return nil
+}
+
+func (x *StatusResponse) GetRecoveries() uint64 {
+	if x != nil {
+		return x.Recoveries
+	}
+	return 0
+}
+
+func (x *StatusResponse) GetMoves() uint64 {
+	if x != nil {
+		return x.Moves
+	}
+	return 0
+}
+
+// PipelineChange is one change of the leader's pipeline.
+type PipelineChange struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// "start", "recovery", "move" (a stage node left or was drained) or
+	// "rebalance".
+	Kind string `protobuf:"bytes,1,opt,name=kind,proto3" json:"kind,omitempty"`
+	// Why it happened (the stage lost, the node drained, the operator's
+	// rebalance, the capacity gained).
+	Why   string                 `protobuf:"bytes,2,opt,name=why,proto3" json:"why,omitempty"`
+	Start *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=start,proto3" json:"start,omitempty"`
+	// How long it took, until the requests ran on the new pipeline (unset
+	// while it is in progress).
+	Took *durationpb.Duration `protobuf:"bytes,4,opt,name=took,proto3" json:"took,omitempty"`
+	// The pipeline it ended with (0 while in progress).
+	Epoch uint64 `protobuf:"varint,5,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	// Running requests that re-prefilled their prompt and the tokens they
+	// had generated on the new pipeline, and those tokens.
+	RequestsReprefilled uint32 `protobuf:"varint,6,opt,name=requests_reprefilled,json=requestsReprefilled,proto3" json:"requests_reprefilled,omitempty"`
+	TokensReprefilled   uint64 `protobuf:"varint,7,opt,name=tokens_reprefilled,json=tokensReprefilled,proto3" json:"tokens_reprefilled,omitempty"`
+	InProgress          bool   `protobuf:"varint,8,opt,name=in_progress,json=inProgress,proto3" json:"in_progress,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
+}
+
+func (x *PipelineChange) Reset() {
+	*x = PipelineChange{}
+	mi := &file_tandem_v1_admin_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PipelineChange) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PipelineChange) ProtoMessage() {}
+
+func (x *PipelineChange) ProtoReflect() protoreflect.Message {
+	mi := &file_tandem_v1_admin_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PipelineChange.ProtoReflect.Descriptor instead.
+func (*PipelineChange) Descriptor() ([]byte, []int) {
+	return file_tandem_v1_admin_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *PipelineChange) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *PipelineChange) GetWhy() string {
+	if x != nil {
+		return x.Why
+	}
+	return ""
+}
+
+func (x *PipelineChange) GetStart() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Start
+	}
+	return nil
+}
+
+func (x *PipelineChange) GetTook() *durationpb.Duration {
+	if x != nil {
+		return x.Took
+	}
+	return nil
+}
+
+func (x *PipelineChange) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *PipelineChange) GetRequestsReprefilled() uint32 {
+	if x != nil {
+		return x.RequestsReprefilled
+	}
+	return 0
+}
+
+func (x *PipelineChange) GetTokensReprefilled() uint64 {
+	if x != nil {
+		return x.TokensReprefilled
+	}
+	return 0
+}
+
+func (x *PipelineChange) GetInProgress() bool {
+	if x != nil {
+		return x.InProgress
+	}
+	return false
+}
+
 // SchedulerStats is a snapshot of the leader's scheduler, taken between
 // steps.
 type SchedulerStats struct {
@@ -326,15 +895,21 @@ type SchedulerStats struct {
 	Steps uint64 `protobuf:"varint,11,opt,name=steps,proto3" json:"steps,omitempty"`
 	// From scheduling a step to its result: the last step's, and a moving
 	// average.
-	LastStepTime  *durationpb.Duration `protobuf:"bytes,12,opt,name=last_step_time,json=lastStepTime,proto3" json:"last_step_time,omitempty"`
-	MeanStepTime  *durationpb.Duration `protobuf:"bytes,13,opt,name=mean_step_time,json=meanStepTime,proto3" json:"mean_step_time,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	LastStepTime *durationpb.Duration `protobuf:"bytes,12,opt,name=last_step_time,json=lastStepTime,proto3" json:"last_step_time,omitempty"`
+	MeanStepTime *durationpb.Duration `protobuf:"bytes,13,opt,name=mean_step_time,json=meanStepTime,proto3" json:"mean_step_time,omitempty"`
+	// Requests failed because no pipeline served them within the recovery
+	// timeout; running requests re-prefilled on a new pipeline (a recovery
+	// or a move), and the tokens (prompt and generated) they re-prefilled.
+	Failed            uint64 `protobuf:"varint,14,opt,name=failed,proto3" json:"failed,omitempty"`
+	Reprefilled       uint64 `protobuf:"varint,15,opt,name=reprefilled,proto3" json:"reprefilled,omitempty"`
+	ReprefilledTokens uint64 `protobuf:"varint,16,opt,name=reprefilled_tokens,json=reprefilledTokens,proto3" json:"reprefilled_tokens,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *SchedulerStats) Reset() {
 	*x = SchedulerStats{}
-	mi := &file_tandem_v1_admin_proto_msgTypes[2]
+	mi := &file_tandem_v1_admin_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -346,7 +921,7 @@ func (x *SchedulerStats) String() string {
 func (*SchedulerStats) ProtoMessage() {}
 
 func (x *SchedulerStats) ProtoReflect() protoreflect.Message {
-	mi := &file_tandem_v1_admin_proto_msgTypes[2]
+	mi := &file_tandem_v1_admin_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -359,7 +934,7 @@ func (x *SchedulerStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SchedulerStats.ProtoReflect.Descriptor instead.
 func (*SchedulerStats) Descriptor() ([]byte, []int) {
-	return file_tandem_v1_admin_proto_rawDescGZIP(), []int{2}
+	return file_tandem_v1_admin_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *SchedulerStats) GetRunning() uint32 {
@@ -453,6 +1028,27 @@ func (x *SchedulerStats) GetMeanStepTime() *durationpb.Duration {
 	return nil
 }
 
+func (x *SchedulerStats) GetFailed() uint64 {
+	if x != nil {
+		return x.Failed
+	}
+	return 0
+}
+
+func (x *SchedulerStats) GetReprefilled() uint64 {
+	if x != nil {
+		return x.Reprefilled
+	}
+	return 0
+}
+
+func (x *SchedulerStats) GetReprefilledTokens() uint64 {
+	if x != nil {
+		return x.ReprefilledTokens
+	}
+	return 0
+}
+
 type Member struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
@@ -473,7 +1069,7 @@ type Member struct {
 
 func (x *Member) Reset() {
 	*x = Member{}
-	mi := &file_tandem_v1_admin_proto_msgTypes[3]
+	mi := &file_tandem_v1_admin_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -485,7 +1081,7 @@ func (x *Member) String() string {
 func (*Member) ProtoMessage() {}
 
 func (x *Member) ProtoReflect() protoreflect.Message {
-	mi := &file_tandem_v1_admin_proto_msgTypes[3]
+	mi := &file_tandem_v1_admin_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -498,7 +1094,7 @@ func (x *Member) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Member.ProtoReflect.Descriptor instead.
 func (*Member) Descriptor() ([]byte, []int) {
-	return file_tandem_v1_admin_proto_rawDescGZIP(), []int{3}
+	return file_tandem_v1_admin_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Member) GetName() string {
@@ -602,14 +1198,17 @@ type Stage struct {
 	CaptureTime *durationpb.Duration `protobuf:"bytes,13,opt,name=capture_time,json=captureTime,proto3" json:"capture_time,omitempty"`
 	// The transport of the activations to the next stage: "tcp", "nccl", or
 	// empty on the last stage.
-	NextLink      string `protobuf:"bytes,14,opt,name=next_link,json=nextLink,proto3" json:"next_link,omitempty"`
+	NextLink string `protobuf:"bytes,14,opt,name=next_link,json=nextLink,proto3" json:"next_link,omitempty"`
+	// The stage kept its weights from the pipeline before it (its layers
+	// did not change), so nothing was reloaded.
+	Reused        bool `protobuf:"varint,15,opt,name=reused,proto3" json:"reused,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Stage) Reset() {
 	*x = Stage{}
-	mi := &file_tandem_v1_admin_proto_msgTypes[4]
+	mi := &file_tandem_v1_admin_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -621,7 +1220,7 @@ func (x *Stage) String() string {
 func (*Stage) ProtoMessage() {}
 
 func (x *Stage) ProtoReflect() protoreflect.Message {
-	mi := &file_tandem_v1_admin_proto_msgTypes[4]
+	mi := &file_tandem_v1_admin_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -634,7 +1233,7 @@ func (x *Stage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Stage.ProtoReflect.Descriptor instead.
 func (*Stage) Descriptor() ([]byte, []int) {
-	return file_tandem_v1_admin_proto_rawDescGZIP(), []int{4}
+	return file_tandem_v1_admin_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Stage) GetIndex() uint32 {
@@ -735,6 +1334,13 @@ func (x *Stage) GetNextLink() string {
 	return ""
 }
 
+func (x *Stage) GetReused() bool {
+	if x != nil {
+		return x.Reused
+	}
+	return false
+}
+
 type GraphsRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -743,7 +1349,7 @@ type GraphsRequest struct {
 
 func (x *GraphsRequest) Reset() {
 	*x = GraphsRequest{}
-	mi := &file_tandem_v1_admin_proto_msgTypes[5]
+	mi := &file_tandem_v1_admin_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -755,7 +1361,7 @@ func (x *GraphsRequest) String() string {
 func (*GraphsRequest) ProtoMessage() {}
 
 func (x *GraphsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tandem_v1_admin_proto_msgTypes[5]
+	mi := &file_tandem_v1_admin_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -768,7 +1374,7 @@ func (x *GraphsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GraphsRequest.ProtoReflect.Descriptor instead.
 func (*GraphsRequest) Descriptor() ([]byte, []int) {
-	return file_tandem_v1_admin_proto_rawDescGZIP(), []int{5}
+	return file_tandem_v1_admin_proto_rawDescGZIP(), []int{12}
 }
 
 type GraphsResponse struct {
@@ -787,7 +1393,7 @@ type GraphsResponse struct {
 
 func (x *GraphsResponse) Reset() {
 	*x = GraphsResponse{}
-	mi := &file_tandem_v1_admin_proto_msgTypes[6]
+	mi := &file_tandem_v1_admin_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -799,7 +1405,7 @@ func (x *GraphsResponse) String() string {
 func (*GraphsResponse) ProtoMessage() {}
 
 func (x *GraphsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tandem_v1_admin_proto_msgTypes[6]
+	mi := &file_tandem_v1_admin_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -812,7 +1418,7 @@ func (x *GraphsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GraphsResponse.ProtoReflect.Descriptor instead.
 func (*GraphsResponse) Descriptor() ([]byte, []int) {
-	return file_tandem_v1_admin_proto_rawDescGZIP(), []int{6}
+	return file_tandem_v1_admin_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *GraphsResponse) GetMode() string {
@@ -864,7 +1470,7 @@ type GraphStepCount struct {
 
 func (x *GraphStepCount) Reset() {
 	*x = GraphStepCount{}
-	mi := &file_tandem_v1_admin_proto_msgTypes[7]
+	mi := &file_tandem_v1_admin_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -876,7 +1482,7 @@ func (x *GraphStepCount) String() string {
 func (*GraphStepCount) ProtoMessage() {}
 
 func (x *GraphStepCount) ProtoReflect() protoreflect.Message {
-	mi := &file_tandem_v1_admin_proto_msgTypes[7]
+	mi := &file_tandem_v1_admin_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -889,7 +1495,7 @@ func (x *GraphStepCount) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GraphStepCount.ProtoReflect.Descriptor instead.
 func (*GraphStepCount) Descriptor() ([]byte, []int) {
-	return file_tandem_v1_admin_proto_rawDescGZIP(), []int{7}
+	return file_tandem_v1_admin_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *GraphStepCount) GetUnpadded() uint32 {
@@ -924,8 +1530,38 @@ var File_tandem_v1_admin_proto protoreflect.FileDescriptor
 
 const file_tandem_v1_admin_proto_rawDesc = "" +
 	"\n" +
-	"\x15tandem/v1/admin.proto\x12\ttandem.v1\x1a\x1egoogle/protobuf/duration.proto\"\x0f\n" +
-	"\rStatusRequest\"\xba\x04\n" +
+	"\x15tandem/v1/admin.proto\x12\ttandem.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\"\n" +
+	"\fDrainRequest\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\"$\n" +
+	"\x0eUndrainRequest\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\"V\n" +
+	"\x10RebalanceRequest\x12)\n" +
+	"\x04plan\x18\x01 \x03(\v2\x15.tandem.v1.LayerRangeR\x04plan\x12\x17\n" +
+	"\adry_run\x18\x02 \x01(\bR\x06dryRun\"V\n" +
+	"\n" +
+	"LayerRange\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x12\x19\n" +
+	"\blayer_lo\x18\x02 \x01(\rR\alayerLo\x12\x19\n" +
+	"\blayer_hi\x18\x03 \x01(\rR\alayerHi\"\xeb\x02\n" +
+	"\fMoveResponse\x12/\n" +
+	"\x06before\x18\x01 \x03(\v2\x17.tandem.v1.PlannedStageR\x06before\x12-\n" +
+	"\x05after\x18\x02 \x03(\v2\x17.tandem.v1.PlannedStageR\x05after\x12(\n" +
+	"\x10before_kv_tokens\x18\x03 \x01(\x04R\x0ebeforeKvTokens\x12&\n" +
+	"\x0fafter_kv_tokens\x18\x04 \x01(\x04R\rafterKvTokens\x12\x14\n" +
+	"\x05moved\x18\x05 \x01(\bR\x05moved\x12\x14\n" +
+	"\x05epoch\x18\x06 \x01(\x04R\x05epoch\x126\n" +
+	"\tmove_time\x18\a \x01(\v2\x19.google.protobuf.DurationR\bmoveTime\x121\n" +
+	"\x14requests_reprefilled\x18\b \x01(\rR\x13requestsReprefilled\x12\x12\n" +
+	"\x04note\x18\t \x01(\tR\x04note\"\xc3\x01\n" +
+	"\fPlannedStage\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x12\x19\n" +
+	"\blayer_lo\x18\x02 \x01(\rR\alayerLo\x12\x19\n" +
+	"\blayer_hi\x18\x03 \x01(\rR\alayerHi\x12\x18\n" +
+	"\abackend\x18\x04 \x01(\tR\abackend\x12\x1b\n" +
+	"\tkv_tokens\x18\x05 \x01(\x04R\bkvTokens\x12\x1a\n" +
+	"\bestimate\x18\x06 \x01(\bR\bestimate\x12\x16\n" +
+	"\x06reused\x18\a \x01(\bR\x06reused\"\x0f\n" +
+	"\rStatusRequest\"\xc6\x05\n" +
 	"\x0eStatusResponse\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x16\n" +
 	"\x06leader\x18\x02 \x01(\tR\x06leader\x12\x1f\n" +
@@ -946,7 +1582,24 @@ const file_tandem_v1_admin_proto_rawDesc = "" +
 	"\n" +
 	"graph_mode\x18\x0f \x01(\tR\tgraphMode\x12\x18\n" +
 	"\ahandoff\x18\x10 \x01(\bR\ahandoff\x12\"\n" +
-	"\rmax_in_flight\x18\x11 \x01(\rR\vmaxInFlight\"\xe2\x03\n" +
+	"\rmax_in_flight\x18\x11 \x01(\rR\vmaxInFlight\x12\x18\n" +
+	"\adrained\x18\x12 \x03(\tR\adrained\x12:\n" +
+	"\vlast_change\x18\x13 \x01(\v2\x19.tandem.v1.PipelineChangeR\n" +
+	"lastChange\x12\x1e\n" +
+	"\n" +
+	"recoveries\x18\x14 \x01(\x04R\n" +
+	"recoveries\x12\x14\n" +
+	"\x05moves\x18\x15 \x01(\x04R\x05moves\"\xb0\x02\n" +
+	"\x0ePipelineChange\x12\x12\n" +
+	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x10\n" +
+	"\x03why\x18\x02 \x01(\tR\x03why\x120\n" +
+	"\x05start\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x05start\x12-\n" +
+	"\x04took\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\x04took\x12\x14\n" +
+	"\x05epoch\x18\x05 \x01(\x04R\x05epoch\x121\n" +
+	"\x14requests_reprefilled\x18\x06 \x01(\rR\x13requestsReprefilled\x12-\n" +
+	"\x12tokens_reprefilled\x18\a \x01(\x04R\x11tokensReprefilled\x12\x1f\n" +
+	"\vin_progress\x18\b \x01(\bR\n" +
+	"inProgress\"\xcb\x04\n" +
 	"\x0eSchedulerStats\x12\x18\n" +
 	"\arunning\x18\x01 \x01(\rR\arunning\x12\x18\n" +
 	"\awaiting\x18\x02 \x01(\rR\awaiting\x12\x1b\n" +
@@ -962,7 +1615,10 @@ const file_tandem_v1_admin_proto_rawDesc = "" +
 	" \x01(\x04R\tcancelled\x12\x14\n" +
 	"\x05steps\x18\v \x01(\x04R\x05steps\x12?\n" +
 	"\x0elast_step_time\x18\f \x01(\v2\x19.google.protobuf.DurationR\flastStepTime\x12?\n" +
-	"\x0emean_step_time\x18\r \x01(\v2\x19.google.protobuf.DurationR\fmeanStepTime\"\xd0\x02\n" +
+	"\x0emean_step_time\x18\r \x01(\v2\x19.google.protobuf.DurationR\fmeanStepTime\x12\x16\n" +
+	"\x06failed\x18\x0e \x01(\x04R\x06failed\x12 \n" +
+	"\vreprefilled\x18\x0f \x01(\x04R\vreprefilled\x12-\n" +
+	"\x12reprefilled_tokens\x18\x10 \x01(\x04R\x11reprefilledTokens\"\xd0\x02\n" +
 	"\x06Member\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12,\n" +
 	"\x05state\x18\x02 \x01(\x0e2\x16.tandem.v1.MemberStateR\x05state\x12\x18\n" +
@@ -976,7 +1632,7 @@ const file_tandem_v1_admin_proto_rawDesc = "" +
 	"\aversion\x18\t \x01(\tR\aversion\x12\x19\n" +
 	"\bmodel_id\x18\n" +
 	" \x01(\tR\amodelId\x12'\n" +
-	"\x0fleader_eligible\x18\v \x01(\bR\x0eleaderEligible\"\xab\x03\n" +
+	"\x0fleader_eligible\x18\v \x01(\bR\x0eleaderEligible\"\xc3\x03\n" +
 	"\x05Stage\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\rR\x05index\x12\x12\n" +
 	"\x04node\x18\x02 \x01(\tR\x04node\x12\x19\n" +
@@ -993,7 +1649,8 @@ const file_tandem_v1_admin_proto_rawDesc = "" +
 	"graphBytes\x12\x16\n" +
 	"\x06graphs\x18\f \x01(\rR\x06graphs\x12<\n" +
 	"\fcapture_time\x18\r \x01(\v2\x19.google.protobuf.DurationR\vcaptureTime\x12\x1b\n" +
-	"\tnext_link\x18\x0e \x01(\tR\bnextLink\"\x0f\n" +
+	"\tnext_link\x18\x0e \x01(\tR\bnextLink\x12\x16\n" +
+	"\x06reused\x18\x0f \x01(\bR\x06reused\"\x0f\n" +
 	"\rGraphsRequest\"\xc3\x01\n" +
 	"\x0eGraphsResponse\x12\x12\n" +
 	"\x04mode\x18\x01 \x01(\tR\x04mode\x12'\n" +
@@ -1013,10 +1670,13 @@ const file_tandem_v1_admin_proto_rawDesc = "" +
 	"\x12MEMBER_STATE_ALIVE\x10\x01\x12\x18\n" +
 	"\x14MEMBER_STATE_SUSPECT\x10\x02\x12\x15\n" +
 	"\x11MEMBER_STATE_DEAD\x10\x03\x12\x15\n" +
-	"\x11MEMBER_STATE_LEFT\x10\x042\x85\x01\n" +
+	"\x11MEMBER_STATE_LEFT\x10\x042\xc2\x02\n" +
 	"\x05Admin\x12=\n" +
 	"\x06Status\x12\x18.tandem.v1.StatusRequest\x1a\x19.tandem.v1.StatusResponse\x12=\n" +
-	"\x06Graphs\x12\x18.tandem.v1.GraphsRequest\x1a\x19.tandem.v1.GraphsResponseB7Z5github.com/tandem-llm/tandem/proto/tandem/v1;tandemv1b\x06proto3"
+	"\x06Graphs\x12\x18.tandem.v1.GraphsRequest\x1a\x19.tandem.v1.GraphsResponse\x129\n" +
+	"\x05Drain\x12\x17.tandem.v1.DrainRequest\x1a\x17.tandem.v1.MoveResponse\x12=\n" +
+	"\aUndrain\x12\x19.tandem.v1.UndrainRequest\x1a\x17.tandem.v1.MoveResponse\x12A\n" +
+	"\tRebalance\x12\x1b.tandem.v1.RebalanceRequest\x1a\x17.tandem.v1.MoveResponseB7Z5github.com/tandem-llm/tandem/proto/tandem/v1;tandemv1b\x06proto3"
 
 var (
 	file_tandem_v1_admin_proto_rawDescOnce sync.Once
@@ -1031,37 +1691,58 @@ func file_tandem_v1_admin_proto_rawDescGZIP() []byte {
 }
 
 var file_tandem_v1_admin_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_tandem_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
+var file_tandem_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
 var file_tandem_v1_admin_proto_goTypes = []any{
-	(MemberState)(0),            // 0: tandem.v1.MemberState
-	(*StatusRequest)(nil),       // 1: tandem.v1.StatusRequest
-	(*StatusResponse)(nil),      // 2: tandem.v1.StatusResponse
-	(*SchedulerStats)(nil),      // 3: tandem.v1.SchedulerStats
-	(*Member)(nil),              // 4: tandem.v1.Member
-	(*Stage)(nil),               // 5: tandem.v1.Stage
-	(*GraphsRequest)(nil),       // 6: tandem.v1.GraphsRequest
-	(*GraphsResponse)(nil),      // 7: tandem.v1.GraphsResponse
-	(*GraphStepCount)(nil),      // 8: tandem.v1.GraphStepCount
-	(*durationpb.Duration)(nil), // 9: google.protobuf.Duration
+	(MemberState)(0),              // 0: tandem.v1.MemberState
+	(*DrainRequest)(nil),          // 1: tandem.v1.DrainRequest
+	(*UndrainRequest)(nil),        // 2: tandem.v1.UndrainRequest
+	(*RebalanceRequest)(nil),      // 3: tandem.v1.RebalanceRequest
+	(*LayerRange)(nil),            // 4: tandem.v1.LayerRange
+	(*MoveResponse)(nil),          // 5: tandem.v1.MoveResponse
+	(*PlannedStage)(nil),          // 6: tandem.v1.PlannedStage
+	(*StatusRequest)(nil),         // 7: tandem.v1.StatusRequest
+	(*StatusResponse)(nil),        // 8: tandem.v1.StatusResponse
+	(*PipelineChange)(nil),        // 9: tandem.v1.PipelineChange
+	(*SchedulerStats)(nil),        // 10: tandem.v1.SchedulerStats
+	(*Member)(nil),                // 11: tandem.v1.Member
+	(*Stage)(nil),                 // 12: tandem.v1.Stage
+	(*GraphsRequest)(nil),         // 13: tandem.v1.GraphsRequest
+	(*GraphsResponse)(nil),        // 14: tandem.v1.GraphsResponse
+	(*GraphStepCount)(nil),        // 15: tandem.v1.GraphStepCount
+	(*durationpb.Duration)(nil),   // 16: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 17: google.protobuf.Timestamp
 }
 var file_tandem_v1_admin_proto_depIdxs = []int32{
-	4,  // 0: tandem.v1.StatusResponse.members:type_name -> tandem.v1.Member
-	5,  // 1: tandem.v1.StatusResponse.stages:type_name -> tandem.v1.Stage
-	3,  // 2: tandem.v1.StatusResponse.scheduler:type_name -> tandem.v1.SchedulerStats
-	9,  // 3: tandem.v1.SchedulerStats.last_step_time:type_name -> google.protobuf.Duration
-	9,  // 4: tandem.v1.SchedulerStats.mean_step_time:type_name -> google.protobuf.Duration
-	0,  // 5: tandem.v1.Member.state:type_name -> tandem.v1.MemberState
-	9,  // 6: tandem.v1.Stage.capture_time:type_name -> google.protobuf.Duration
-	8,  // 7: tandem.v1.GraphsResponse.steps:type_name -> tandem.v1.GraphStepCount
-	1,  // 8: tandem.v1.Admin.Status:input_type -> tandem.v1.StatusRequest
-	6,  // 9: tandem.v1.Admin.Graphs:input_type -> tandem.v1.GraphsRequest
-	2,  // 10: tandem.v1.Admin.Status:output_type -> tandem.v1.StatusResponse
-	7,  // 11: tandem.v1.Admin.Graphs:output_type -> tandem.v1.GraphsResponse
-	10, // [10:12] is the sub-list for method output_type
-	8,  // [8:10] is the sub-list for method input_type
-	8,  // [8:8] is the sub-list for extension type_name
-	8,  // [8:8] is the sub-list for extension extendee
-	0,  // [0:8] is the sub-list for field type_name
+	4,  // 0: tandem.v1.RebalanceRequest.plan:type_name -> tandem.v1.LayerRange
+	6,  // 1: tandem.v1.MoveResponse.before:type_name -> tandem.v1.PlannedStage
+	6,  // 2: tandem.v1.MoveResponse.after:type_name -> tandem.v1.PlannedStage
+	16, // 3: tandem.v1.MoveResponse.move_time:type_name -> google.protobuf.Duration
+	11, // 4: tandem.v1.StatusResponse.members:type_name -> tandem.v1.Member
+	12, // 5: tandem.v1.StatusResponse.stages:type_name -> tandem.v1.Stage
+	10, // 6: tandem.v1.StatusResponse.scheduler:type_name -> tandem.v1.SchedulerStats
+	9,  // 7: tandem.v1.StatusResponse.last_change:type_name -> tandem.v1.PipelineChange
+	17, // 8: tandem.v1.PipelineChange.start:type_name -> google.protobuf.Timestamp
+	16, // 9: tandem.v1.PipelineChange.took:type_name -> google.protobuf.Duration
+	16, // 10: tandem.v1.SchedulerStats.last_step_time:type_name -> google.protobuf.Duration
+	16, // 11: tandem.v1.SchedulerStats.mean_step_time:type_name -> google.protobuf.Duration
+	0,  // 12: tandem.v1.Member.state:type_name -> tandem.v1.MemberState
+	16, // 13: tandem.v1.Stage.capture_time:type_name -> google.protobuf.Duration
+	15, // 14: tandem.v1.GraphsResponse.steps:type_name -> tandem.v1.GraphStepCount
+	7,  // 15: tandem.v1.Admin.Status:input_type -> tandem.v1.StatusRequest
+	13, // 16: tandem.v1.Admin.Graphs:input_type -> tandem.v1.GraphsRequest
+	1,  // 17: tandem.v1.Admin.Drain:input_type -> tandem.v1.DrainRequest
+	2,  // 18: tandem.v1.Admin.Undrain:input_type -> tandem.v1.UndrainRequest
+	3,  // 19: tandem.v1.Admin.Rebalance:input_type -> tandem.v1.RebalanceRequest
+	8,  // 20: tandem.v1.Admin.Status:output_type -> tandem.v1.StatusResponse
+	14, // 21: tandem.v1.Admin.Graphs:output_type -> tandem.v1.GraphsResponse
+	5,  // 22: tandem.v1.Admin.Drain:output_type -> tandem.v1.MoveResponse
+	5,  // 23: tandem.v1.Admin.Undrain:output_type -> tandem.v1.MoveResponse
+	5,  // 24: tandem.v1.Admin.Rebalance:output_type -> tandem.v1.MoveResponse
+	20, // [20:25] is the sub-list for method output_type
+	15, // [15:20] is the sub-list for method input_type
+	15, // [15:15] is the sub-list for extension type_name
+	15, // [15:15] is the sub-list for extension extendee
+	0,  // [0:15] is the sub-list for field type_name
 }
 
 func init() { file_tandem_v1_admin_proto_init() }
@@ -1075,7 +1756,7 @@ func file_tandem_v1_admin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_tandem_v1_admin_proto_rawDesc), len(file_tandem_v1_admin_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   8,
+			NumMessages:   15,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -19,8 +19,11 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Admin_Status_FullMethodName = "/tandem.v1.Admin/Status"
-	Admin_Graphs_FullMethodName = "/tandem.v1.Admin/Graphs"
+	Admin_Status_FullMethodName    = "/tandem.v1.Admin/Status"
+	Admin_Graphs_FullMethodName    = "/tandem.v1.Admin/Graphs"
+	Admin_Drain_FullMethodName     = "/tandem.v1.Admin/Drain"
+	Admin_Undrain_FullMethodName   = "/tandem.v1.Admin/Undrain"
+	Admin_Rebalance_FullMethodName = "/tandem.v1.Admin/Rebalance"
 )
 
 // AdminClient is the client API for Admin service.
@@ -40,6 +43,25 @@ type AdminClient interface {
 	// tokens, runtime mode). FAILED_PRECONDITION on a node without a
 	// pipeline.
 	Graphs(ctx context.Context, in *GraphsRequest, opts ...grpc.CallOption) (*GraphsResponse, error)
+	// Drain takes a stage node out of placement and keeps it in the
+	// cluster: the leader builds a pipeline over the other stage nodes
+	// beside the serving one, switches the requests to it at a step
+	// boundary (each running request re-prefills there, its stream goes on)
+	// and releases the node's stage. It returns once the move is done (at
+	// once when the node holds no stage, or when no placement without it is
+	// possible: it then keeps serving, as note says). Only the leader
+	// answers; another node answers UNAVAILABLE naming the leader.
+	Drain(ctx context.Context, in *DrainRequest, opts ...grpc.CallOption) (*MoveResponse, error)
+	// Undrain puts a drained stage node back into placement. With
+	// cluster.auto_rebalance a rebalance follows as soon as the membership
+	// has been stable for a few seconds; when it starts at once, Undrain
+	// returns after it.
+	Undrain(ctx context.Context, in *UndrainRequest, opts ...grpc.CallOption) (*MoveResponse, error)
+	// Rebalance recomputes the placement over the live, undrained stage
+	// nodes (balanced by memory), or applies the plan given, and moves the
+	// pipeline to it under load, as Drain does. With dry_run it only says
+	// what it would do. It returns once the move is done or failed.
+	Rebalance(ctx context.Context, in *RebalanceRequest, opts ...grpc.CallOption) (*MoveResponse, error)
 }
 
 type adminClient struct {
@@ -70,6 +92,36 @@ func (c *adminClient) Graphs(ctx context.Context, in *GraphsRequest, opts ...grp
 	return out, nil
 }
 
+func (c *adminClient) Drain(ctx context.Context, in *DrainRequest, opts ...grpc.CallOption) (*MoveResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(MoveResponse)
+	err := c.cc.Invoke(ctx, Admin_Drain_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminClient) Undrain(ctx context.Context, in *UndrainRequest, opts ...grpc.CallOption) (*MoveResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(MoveResponse)
+	err := c.cc.Invoke(ctx, Admin_Undrain_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminClient) Rebalance(ctx context.Context, in *RebalanceRequest, opts ...grpc.CallOption) (*MoveResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(MoveResponse)
+	err := c.cc.Invoke(ctx, Admin_Rebalance_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AdminServer is the server API for Admin service.
 // All implementations must embed UnimplementedAdminServer
 // for forward compatibility.
@@ -87,6 +139,25 @@ type AdminServer interface {
 	// tokens, runtime mode). FAILED_PRECONDITION on a node without a
 	// pipeline.
 	Graphs(context.Context, *GraphsRequest) (*GraphsResponse, error)
+	// Drain takes a stage node out of placement and keeps it in the
+	// cluster: the leader builds a pipeline over the other stage nodes
+	// beside the serving one, switches the requests to it at a step
+	// boundary (each running request re-prefills there, its stream goes on)
+	// and releases the node's stage. It returns once the move is done (at
+	// once when the node holds no stage, or when no placement without it is
+	// possible: it then keeps serving, as note says). Only the leader
+	// answers; another node answers UNAVAILABLE naming the leader.
+	Drain(context.Context, *DrainRequest) (*MoveResponse, error)
+	// Undrain puts a drained stage node back into placement. With
+	// cluster.auto_rebalance a rebalance follows as soon as the membership
+	// has been stable for a few seconds; when it starts at once, Undrain
+	// returns after it.
+	Undrain(context.Context, *UndrainRequest) (*MoveResponse, error)
+	// Rebalance recomputes the placement over the live, undrained stage
+	// nodes (balanced by memory), or applies the plan given, and moves the
+	// pipeline to it under load, as Drain does. With dry_run it only says
+	// what it would do. It returns once the move is done or failed.
+	Rebalance(context.Context, *RebalanceRequest) (*MoveResponse, error)
 	mustEmbedUnimplementedAdminServer()
 }
 
@@ -102,6 +173,15 @@ func (UnimplementedAdminServer) Status(context.Context, *StatusRequest) (*Status
 }
 func (UnimplementedAdminServer) Graphs(context.Context, *GraphsRequest) (*GraphsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Graphs not implemented")
+}
+func (UnimplementedAdminServer) Drain(context.Context, *DrainRequest) (*MoveResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Drain not implemented")
+}
+func (UnimplementedAdminServer) Undrain(context.Context, *UndrainRequest) (*MoveResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Undrain not implemented")
+}
+func (UnimplementedAdminServer) Rebalance(context.Context, *RebalanceRequest) (*MoveResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Rebalance not implemented")
 }
 func (UnimplementedAdminServer) mustEmbedUnimplementedAdminServer() {}
 func (UnimplementedAdminServer) testEmbeddedByValue()               {}
@@ -160,6 +240,60 @@ func _Admin_Graphs_Handler(srv interface{}, ctx context.Context, dec func(interf
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Admin_Drain_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DrainRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).Drain(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_Drain_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).Drain(ctx, req.(*DrainRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Admin_Undrain_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(UndrainRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).Undrain(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_Undrain_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).Undrain(ctx, req.(*UndrainRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Admin_Rebalance_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RebalanceRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).Rebalance(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_Rebalance_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).Rebalance(ctx, req.(*RebalanceRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Admin_ServiceDesc is the grpc.ServiceDesc for Admin service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -174,6 +308,18 @@ var Admin_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Graphs",
 			Handler:    _Admin_Graphs_Handler,
+		},
+		{
+			MethodName: "Drain",
+			Handler:    _Admin_Drain_Handler,
+		},
+		{
+			MethodName: "Undrain",
+			Handler:    _Admin_Undrain_Handler,
+		},
+		{
+			MethodName: "Rebalance",
+			Handler:    _Admin_Rebalance_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -94,7 +94,14 @@ type LoadRequest struct {
 	BlockSize uint32 `protobuf:"varint,9,opt,name=block_size,json=blockSize,proto3" json:"block_size,omitempty"`
 	// The leader may run on-device hand-off: a first stage that can take
 	// sampled tokens back also listens for the last stage's hand-off link.
-	Handoff       bool `protobuf:"varint,10,opt,name=handoff,proto3" json:"handoff,omitempty"`
+	Handoff bool `protobuf:"varint,10,opt,name=handoff,proto3" json:"handoff,omitempty"`
+	// A pipeline serves and this load moves it: the node keeps its stage of
+	// the serving pipeline running beside the new one where its memory
+	// allows both, until the new stage's first step (or Release). Otherwise
+	// (or without alongside) it releases its current stage first. A stage
+	// of the same layers and bounds is reused either way: its weights are
+	// not reloaded.
+	Alongside     bool `protobuf:"varint,11,opt,name=alongside,proto3" json:"alongside,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -199,6 +206,13 @@ func (x *LoadRequest) GetHandoff() bool {
 	return false
 }
 
+func (x *LoadRequest) GetAlongside() bool {
+	if x != nil {
+		return x.Alongside
+	}
+	return false
+}
+
 type LoadResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Where the leader connects its control link.
@@ -232,8 +246,15 @@ type LoadResponse struct {
 	WorkspaceBytes uint64 `protobuf:"varint,13,opt,name=workspace_bytes,json=workspaceBytes,proto3" json:"workspace_bytes,omitempty"`
 	KvBytes        uint64 `protobuf:"varint,14,opt,name=kv_bytes,json=kvBytes,proto3" json:"kv_bytes,omitempty"`
 	GraphBytes     uint64 `protobuf:"varint,15,opt,name=graph_bytes,json=graphBytes,proto3" json:"graph_bytes,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// The stage of the node's previous assignment had the same layers and
+	// bounds: it serves this epoch too, nothing reloaded; it leaves the old
+	// pipeline at this epoch's first step.
+	Reused bool `protobuf:"varint,16,opt,name=reused,proto3" json:"reused,omitempty"`
+	// The node's stage of the serving pipeline still serves beside this one
+	// (reused, or memory allowed both); false when it was released first.
+	Alongside     bool `protobuf:"varint,17,opt,name=alongside,proto3" json:"alongside,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *LoadResponse) Reset() {
@@ -369,6 +390,20 @@ func (x *LoadResponse) GetGraphBytes() uint64 {
 		return x.GraphBytes
 	}
 	return 0
+}
+
+func (x *LoadResponse) GetReused() bool {
+	if x != nil {
+		return x.Reused
+	}
+	return false
+}
+
+func (x *LoadResponse) GetAlongside() bool {
+	if x != nil {
+		return x.Alongside
+	}
+	return false
 }
 
 // GraphKey is one CUDA graph to capture (graphs.Step): its runtime mode
@@ -907,7 +942,7 @@ var File_tandem_v1_node_proto protoreflect.FileDescriptor
 
 const file_tandem_v1_node_proto_rawDesc = "" +
 	"\n" +
-	"\x14tandem/v1/node.proto\x12\ttandem.v1\x1a\x1egoogle/protobuf/duration.proto\"\xa0\x02\n" +
+	"\x14tandem/v1/node.proto\x12\ttandem.v1\x1a\x1egoogle/protobuf/duration.proto\"\xbe\x02\n" +
 	"\vLoadRequest\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12\x16\n" +
 	"\x06leader\x18\x02 \x01(\tR\x06leader\x12\x19\n" +
@@ -920,7 +955,8 @@ const file_tandem_v1_node_proto_rawDesc = "" +
 	"\n" +
 	"block_size\x18\t \x01(\rR\tblockSize\x12\x18\n" +
 	"\ahandoff\x18\n" +
-	" \x01(\bR\ahandoff\"\xf0\x03\n" +
+	" \x01(\bR\ahandoff\x12\x1c\n" +
+	"\talongside\x18\v \x01(\bR\talongside\"\xa6\x04\n" +
 	"\fLoadResponse\x12!\n" +
 	"\fcontrol_addr\x18\x01 \x01(\tR\vcontrolAddr\x12\x1b\n" +
 	"\tdata_addr\x18\x02 \x01(\tR\bdataAddr\x12\x18\n" +
@@ -938,7 +974,9 @@ const file_tandem_v1_node_proto_rawDesc = "" +
 	"\x0fworkspace_bytes\x18\r \x01(\x04R\x0eworkspaceBytes\x12\x19\n" +
 	"\bkv_bytes\x18\x0e \x01(\x04R\akvBytes\x12\x1f\n" +
 	"\vgraph_bytes\x18\x0f \x01(\x04R\n" +
-	"graphBytes\"\x9c\x01\n" +
+	"graphBytes\x12\x16\n" +
+	"\x06reused\x18\x10 \x01(\bR\x06reused\x12\x1c\n" +
+	"\talongside\x18\x11 \x01(\bR\talongside\"\x9c\x01\n" +
 	"\bGraphKey\x12\x12\n" +
 	"\x04mode\x18\x01 \x01(\tR\x04mode\x12\x1d\n" +
 	"\n" +
