@@ -356,6 +356,14 @@ func (c Cost) StageKVTokens(usable uint64, lo, hi int) (int, error) {
 	return kvTokens, nil
 }
 
+// StageBytes is the memory a stage holding layers [lo, hi) with kvTokens
+// tokens of KV cache uses, counted as Balance and Explicit count it: its
+// weights, workspace and KV cache.
+func (c Cost) StageBytes(lo, hi, kvTokens int) uint64 {
+	weights, _ := c.stage(0, lo, hi)
+	return add(weights, mul(uint64(max(kvTokens, 0)), mul(uint64(hi-lo), c.KVBytesPerToken)))
+}
+
 // add and mul saturate at the largest uint64 instead of wrapping: a
 // saturated size never fits any node.
 func add(a, b uint64) uint64 {

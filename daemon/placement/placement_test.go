@@ -377,3 +377,22 @@ func BenchmarkBalance(b *testing.B) {
 		}
 	}
 }
+
+// TestStageBytes checks StageBytes against the capacity StageKVTokens and
+// the plans count: a stage given exactly the bytes of k tokens of KV cache
+// holds k tokens, and one byte less holds k-1.
+func TestStageBytes(t *testing.T) {
+	c := simple(8, 2*gib, 3*gib)
+	c.WorkspaceBytes = 64 << 20
+	for _, r := range [][2]int{{0, 8}, {0, 3}, {3, 5}, {5, 8}} {
+		for _, k := range []int{1, 7, 1000} {
+			b := c.StageBytes(r[0], r[1], k)
+			if got, err := c.StageKVTokens(b, r[0], r[1]); err != nil || got != k {
+				t.Errorf("layers %v: StageKVTokens(StageBytes(%d)) = %d, %v; want %d", r, k, got, err, k)
+			}
+			if got, _ := c.StageKVTokens(b-1, r[0], r[1]); got != k-1 {
+				t.Errorf("layers %v: one byte short of %d tokens holds %d", r, k, got)
+			}
+		}
+	}
+}

@@ -6,11 +6,14 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/tandem-llm/tandem/collective"
@@ -75,9 +78,12 @@ type Slot struct {
 	stop context.CancelFunc
 	wg   sync.WaitGroup // assignment goroutines
 
-	mu    sync.Mutex // serializes the Node calls
-	epoch uint64     // newest accepted
-	cur   *assignment
+	mu    sync.Mutex    // serializes the Node calls
+	epoch uint64        // newest accepted
+	live  []*assignment // not released, oldest first: the newest, and the one serving kept beside it while the pipeline moves
+
+	servingMu sync.Mutex
+	serving   int // assignments whose worker runs
 }
 
 // New returns a slot that holds no stage yet; it starts nothing. Stop ends
@@ -96,13 +102,14 @@ func New(cfg Config) *Slot {
 	return &Slot{cfg: cfg, log: cfg.Log, ctx: ctx, stop: stop}
 }
 
-// assignment is one loaded stage of one epoch.
+// assignment is this node's stage in the pipeline of one epoch.
 type assignment struct {
 	epoch  uint64
 	index  int
+	hs     *heldStage // the stage, which it may share with the assignment before
 	st     stage.Stage
 	info   stage.Info
-	steps  *progress.Steps // the stage's reported steps (CUDA: kernels, graphs)
+	move   *progress.Task // the node's stage moving to this assignment (nil: its first)
 	ctlLn  *pipeline.ControlListener
 	dataLn *collective.Listener // the TCP link coming in: activations, or the hand-off into the first stage
 	// The links, as Connect describes them. Connect sets next and
@@ -118,6 +125,7 @@ type assignment struct {
 	ctx                         context.Context // cancelled when the assignment ends
 	cancel                      context.CancelFunc
 	done                        chan struct{} // closed when the assignment's goroutine returns
+	working                     atomic.Bool   // its worker runs: it serves a pipeline
 
 	mu      sync.Mutex
 	closers []io.Closer // the links, closed by closeAll
@@ -155,7 +163,8 @@ func (s *Slot) load(ctx context.Context, in *tandemv1.LoadRequest) (*tandemv1.Lo
 	if sp.maxTokens == 0 || sp.maxSeqs == 0 || sp.blockSize == 0 {
 		return nil, apierr.Invalidf("max_batch_tokens %d, max_seqs %d and block_size %d: want at least 1", sp.maxTokens, sp.maxSeqs, sp.blockSize)
 	}
-	kv, err := s.cfg.Cost(s.cfg.Device.Backend, sp.maxTokens, sp.maxSeqs).StageKVTokens(s.cfg.Usable, sp.lo, sp.hi)
+	cost := s.cfg.Cost(s.cfg.Device.Backend, sp.maxTokens, sp.maxSeqs)
+	kv, err := cost.StageKVTokens(s.cfg.Usable, sp.lo, sp.hi)
 	if err != nil {
 		return nil, apierr.Preconditionf("node %s: %v", s.cfg.Name, err)
 	}
@@ -166,39 +175,62 @@ func (s *Slot) load(ctx context.Context, in *tandemv1.LoadRequest) (*tandemv1.Lo
 	if min(estimate, sp.blocks) < 1 {
 		return nil, apierr.Preconditionf("node %s: layers [%d, %d) leave room for %d tokens of KV cache, less than a block of %d", s.cfg.Name, sp.lo, sp.hi, kv, sp.blockSize)
 	}
-	s.release()
-	s.epoch = in.GetEpoch()
 	if err := s.cfg.Checkpoint.CheckLayers(sp.lo, sp.hi, sp.lo == 0, sp.hi == cfg.NumLayers); err != nil {
 		return nil, fmt.Errorf("node %s: %w", s.cfg.Name, err)
 	}
 	if s.cfg.Device.Backend != BackendCUDA {
 		sp.blocks = min(sp.blocks, estimate)
 	}
-	steps := s.cfg.Progress.Steps(progress.Count, "node", s.cfg.Name, "layers", fmt.Sprintf("[%d,%d)", sp.lo, sp.hi))
-	st, err := s.newStage(cfg, sp, estimate, steps)
-	if err != nil {
-		return nil, fmt.Errorf("node %s: load layers [%d, %d) on %s: %w", s.cfg.Name, sp.lo, sp.hi, s.cfg.Device.Backend, err)
+	hs, kept, prev := s.place(sp, in.GetAlongside(), cost)
+	s.epoch = in.GetEpoch()
+	move := s.startMove(prev, sp, hs != nil, kept != nil, in.GetEpoch())
+	if hs == nil {
+		steps := s.cfg.Progress.Steps(progress.Count, "node", s.cfg.Name, "layers", fmt.Sprintf("[%d,%d)", sp.lo, sp.hi))
+		st, err := s.newStage(cfg, sp, estimate, steps)
+		if err != nil {
+			err = fmt.Errorf("node %s: load layers [%d, %d) on %s: %w", s.cfg.Name, sp.lo, sp.hi, s.cfg.Device.Backend, err)
+			move.End(err)
+			return nil, err
+		}
+		info := st.Info()
+		if info.KVBlocks > 0 {
+			sp.blocks = info.KVBlocks
+		}
+		hs = &heldStage{st: st, info: info, spec: sp, epoch: in.GetEpoch(), steps: steps}
+		hs.hold()
+		if s.cfg.Device.Backend != BackendCUDA {
+			hs.bytes = cost.StageBytes(sp.lo, sp.hi, sp.blocks*sp.blockSize)
+		}
+		hs.resp = &tandemv1.LoadResponse{
+			Backend: info.Backend, ModelId: s.cfg.Checkpoint.Identity(),
+			KvBlocks: uint64(sp.blocks), MaxSeqLen: uint32(sp.maxSeqLen(cfg)), GraphSupport: info.Graphs.String(), ActDtype: uint32(info.ActDType),
+			Device: s.cfg.Device.Name,
+		}
+		hs.resp.WeightBytes, hs.resp.WorkspaceBytes, hs.resp.KvBytes, hs.resp.GraphBytes = stageMemory(st)
 	}
-	info := st.Info()
-	if info.KVBlocks > 0 {
-		sp.blocks = info.KVBlocks
-	}
-	a := &assignment{epoch: in.GetEpoch(), index: int(in.GetIndex()), st: st, info: info, steps: steps, connect: make(chan struct{}), joined: make(chan struct{}), done: make(chan struct{})}
+	move.Set(1, moveSteps)
+	info := hs.info
+	a := &assignment{epoch: in.GetEpoch(), index: int(in.GetIndex()), hs: hs, st: hs.st, info: info, move: move, connect: make(chan struct{}), joined: make(chan struct{}), done: make(chan struct{})}
 	a.ctx, a.cancel = context.WithCancel(s.ctx)
+	hs.mu.Lock()
+	if hs.active == nil {
+		hs.active = a
+	}
+	hs.mu.Unlock()
 	fail := func(err error) (*tandemv1.LoadResponse, error) {
 		a.closeAll()
+		move.End(err)
 		return nil, err
 	}
 	if a.ctlLn, err = s.controlConfig(a.epoch).Listen(s.cfg.ControlAddr); err != nil {
 		return fail(fmt.Errorf("node %s: %w", s.cfg.Name, err))
 	}
-	_, receiver := st.(stage.HandoffReceiver)
-	resp := &tandemv1.LoadResponse{
-		ControlAddr: nodewire.Advertised(a.ctlLn.Addr(), s.cfg.Advertise), Backend: info.Backend, ModelId: s.cfg.Checkpoint.Identity(),
-		KvBlocks: uint64(sp.blocks), MaxSeqLen: uint32(sp.maxSeqLen(cfg)), GraphSupport: info.Graphs.String(), ActDtype: uint32(info.ActDType),
-		HandoffReceiver: info.First && receiver, Device: s.cfg.Device.Name,
-	}
-	resp.WeightBytes, resp.WorkspaceBytes, resp.KvBytes, resp.GraphBytes = stageMemory(st)
+	_, receiver := hs.st.(stage.HandoffReceiver)
+	resp := proto.Clone(hs.resp).(*tandemv1.LoadResponse)
+	resp.ControlAddr = nodewire.Advertised(a.ctlLn.Addr(), s.cfg.Advertise)
+	resp.HandoffReceiver = info.First && receiver
+	resp.Reused = hs.epoch != in.GetEpoch()
+	resp.Alongside = kept != nil
 	// The one TCP link that may come in: the previous stage's activations,
 	// or, into a first stage of several, the last stage's hand-off.
 	link := ""
@@ -219,27 +251,113 @@ func (s *Slot) load(ctx context.Context, in *tandemv1.LoadRequest) (*tandemv1.Lo
 			resp.DataAddr = addr
 		}
 	}
-	s.cur = a
+	s.live = append(s.live, a)
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
 		s.serve(a)
 	}()
 	s.log.Info("stage loaded", "epoch", a.epoch, "index", a.index, "layers", fmt.Sprintf("[%d,%d)", sp.lo, sp.hi), "backend", info.Backend,
-		"leader", in.GetLeader(), "kv_blocks", resp.KvBlocks, "block_size", sp.blockSize, "graphs", info.Graphs, "weight_bytes", resp.WeightBytes, "workspace_bytes", resp.WorkspaceBytes)
+		"leader", in.GetLeader(), "kv_blocks", resp.KvBlocks, "block_size", sp.blockSize, "graphs", info.Graphs, "weight_bytes", resp.WeightBytes,
+		"workspace_bytes", resp.WorkspaceBytes, "reused", resp.Reused, "alongside", resp.Alongside)
 	return resp, nil
 }
+
+// place decides, for a new assignment of sp, what this node keeps: a
+// stage of the same layers and bounds to reuse (hs, nil: none; held for
+// the new assignment), and with
+// alongside the assignment serving the current pipeline, kept running
+// until the new one takes over or is released (kept, nil: none). The
+// serving one stays only when the node's memory holds it and the new
+// stage both (a reused stage costs nothing more; a CUDA stage sizes its
+// KV cache from the device's free memory, so a new one is never loaded
+// beside another). Every other assignment is released. prev is the layer
+// range the node held last ("" when none). s.mu is held.
+func (s *Slot) place(sp stageSpec, alongside bool, cost placement.Cost) (hs *heldStage, kept *assignment, prev string) {
+	var serving *assignment
+	for _, a := range s.live {
+		if a.ended() {
+			continue
+		}
+		prev = fmt.Sprintf("[%d,%d)", a.info.Lo, a.info.Hi)
+		if a.hs.reusable(sp) {
+			hs = a.hs
+		}
+		if a.working.Load() {
+			serving = a
+		}
+	}
+	if alongside && serving != nil {
+		switch {
+		case hs == serving.hs:
+			kept = serving
+		case hs == nil && s.cfg.Device.Backend != BackendCUDA && serving.hs.bytes > 0 &&
+			serving.hs.bytes+cost.StageBytes(sp.lo, sp.hi, sp.blocks*sp.blockSize) <= s.cfg.Usable:
+			kept = serving
+		}
+	}
+	if hs != nil {
+		hs.hold() // the new assignment's, taken before the releases below
+	}
+	for _, a := range s.live {
+		if a != kept {
+			s.end(a)
+		}
+	}
+	s.live = s.live[:0]
+	if kept != nil {
+		s.live = append(s.live, kept)
+	}
+	return hs, kept, prev
+}
+
+// startMove shows this node's stage moving to the assignment of epoch,
+// from its range prev ("" when it held none: nothing to show): reusing its
+// stage or loading the new one (beside the old, or after releasing it),
+// wiring it, and switching at its first step. The task ends there.
+func (s *Slot) startMove(prev string, sp stageSpec, reused, alongside bool, epoch uint64) *progress.Task {
+	if prev == "" {
+		return nil
+	}
+	to := fmt.Sprintf("[%d,%d)", sp.lo, sp.hi)
+	how := "released the old stage first"
+	switch {
+	case reused:
+		how = "weights reused"
+	case alongside:
+		how = "loading beside the old stage"
+	}
+	name := fmt.Sprintf("move layers %s -> %s", prev, to)
+	if reused && prev == to {
+		name = fmt.Sprintf("keep layers %s", to)
+	}
+	return s.cfg.Progress.Start(name, progress.Count, moveSteps, "node", s.cfg.Name, "epoch", epoch, "how", how)
+}
+
+// moveSteps are the steps of a stage's move: load (or reuse), wire,
+// switch.
+const moveSteps = 3
 
 // current is the assignment of epoch, checked to be running. s.mu is held.
 func (s *Slot) current(ctx context.Context, epoch uint64) (*assignment, error) {
 	if err := s.checkEpoch(ctx, epoch); err != nil {
 		return nil, err
 	}
-	a := s.cur
-	if a == nil || a.epoch != epoch || a.ended() {
+	a := s.find(epoch)
+	if a == nil || a.ended() {
 		return nil, apierr.Preconditionf("node %s has no stage of epoch %d", s.cfg.Name, epoch)
 	}
 	return a, nil
+}
+
+// find is the live assignment of epoch (nil: none). s.mu is held.
+func (s *Slot) find(epoch uint64) *assignment {
+	for _, a := range s.live {
+		if a.epoch == epoch {
+			return a
+		}
+	}
+	return nil
 }
 
 // Capture implements tandem.v1.Node: the stage captures the CUDA graphs of
@@ -267,14 +385,30 @@ func (s *Slot) capture(ctx context.Context, in *tandemv1.CaptureRequest) (*tande
 	if !ok {
 		return nil, apierr.Preconditionf("node %s: the %s stage captures no CUDA graphs (it supports %s)", s.cfg.Name, a.info.Backend, a.info.Graphs)
 	}
+	hs := a.hs
+	switch {
+	case hs.sameGraphs(keys):
+		// A reused stage: its graphs are the ones asked for.
+		return proto.Clone(hs.capture).(*tandemv1.CaptureResponse), nil
+	case hs.captured != nil || hs.users.Load() > 1:
+		// Graphs of other keys, or a stage the pipeline before still runs
+		// steps on: it cannot capture now. Not reused again: the next
+		// build loads a stage of its own.
+		hs.noReuse = true
+		return nil, apierr.Preconditionf("node %s: the stage of layers [%d, %d) reused from epoch %d cannot capture these %d CUDA graph keys (its graphs are for other keys, or it still serves); the next build loads a new stage",
+			s.cfg.Name, a.info.Lo, a.info.Hi, hs.epoch, len(keys))
+	}
 	err = c.Capture(keys)
-	a.steps.End(err)
+	hs.steps.End(err)
 	if err != nil {
+		hs.noReuse = true
 		return nil, fmt.Errorf("node %s: capture %d CUDA graph keys: %w", s.cfg.Name, len(keys), err)
 	}
 	r := c.Graphs()
 	s.log.Info("CUDA graphs captured", "epoch", a.epoch, "keys", r.Keys, "graphs", r.Graphs, "nodes", r.Nodes, "memory_bytes", max(r.Bytes, 0), "time", r.CaptureTime)
-	return &tandemv1.CaptureResponse{Graphs: uint32(r.Graphs), Nodes: uint64(r.Nodes), GraphBytes: uint64(max(r.Bytes, 0)), CaptureTime: durationpb.New(r.CaptureTime)}, nil
+	hs.captured = slices.Clone(keys)
+	hs.capture = &tandemv1.CaptureResponse{Graphs: uint32(r.Graphs), Nodes: uint64(r.Nodes), GraphBytes: uint64(max(r.Bytes, 0)), CaptureTime: durationpb.New(r.CaptureTime)}
+	return proto.Clone(hs.capture).(*tandemv1.CaptureResponse), nil
 }
 
 // Connect implements tandem.v1.Node.
@@ -441,29 +575,34 @@ func (s *Slot) join(ctx context.Context, in *tandemv1.JoinRequest) error {
 func (s *Slot) Release(ctx context.Context, in *tandemv1.ReleaseRequest) (*tandemv1.ReleaseResponse, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if err := s.checkEpoch(ctx, in.GetEpoch()); err != nil {
-		return nil, apierr.GRPC(err)
+	if s.find(in.GetEpoch()) == nil {
+		// Nothing of that epoch to release; a stale leader hears so.
+		if err := s.checkEpoch(ctx, in.GetEpoch()); err != nil {
+			return nil, apierr.GRPC(err)
+		}
 	}
-	if s.cur != nil && s.cur.epoch == in.GetEpoch() {
-		s.release()
+	if a := s.find(in.GetEpoch()); a != nil {
+		s.end(a)
+		s.live = slices.DeleteFunc(s.live, func(b *assignment) bool { return b == a })
 	}
 	return &tandemv1.ReleaseResponse{}, nil
 }
 
-// release stops the current assignment and waits for it. s.mu is held.
-func (s *Slot) release() {
-	if a := s.cur; a != nil {
-		a.cancel()
-		<-a.done
-		s.cur = nil
-	}
+// end stops an assignment and waits for it; its stage closes unless the
+// next assignment shares it. s.mu is held.
+func (s *Slot) end(a *assignment) {
+	a.cancel()
+	<-a.done
 }
 
 // Stop ends every assignment (daemon shutdown) and waits for them.
 func (s *Slot) Stop() {
 	s.stop()
 	s.mu.Lock()
-	s.release()
+	for _, a := range s.live {
+		s.end(a)
+	}
+	s.live = nil
 	s.mu.Unlock()
 	s.wg.Wait()
 }
@@ -472,7 +611,7 @@ func (s *Slot) Stop() {
 func (s *Slot) Busy() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.cur != nil && !s.cur.ended()
+	return slices.ContainsFunc(s.live, func(a *assignment) bool { return !a.ended() })
 }
 
 // serve wires the assignment to its peers, runs it as a pipeline worker
@@ -489,6 +628,10 @@ func (s *Slot) serve(a *assignment) {
 	default:
 		s.log.Warn("stage failed", "epoch", a.epoch, "index", a.index, "err", err)
 	}
+	if err == nil {
+		err = errors.New("the pipeline ended before its first step")
+	}
+	a.move.End(err) // a no-op once the move is done
 }
 
 // accepted is the result of accepting the TCP link coming in.
@@ -526,15 +669,63 @@ func (s *Slot) work(a *assignment) error {
 		return err
 	}
 	ctl, err := a.ctlLn.Accept(wctx)
+	// One control link per assignment: a fixed port is free again for the
+	// next one, loaded beside this.
+	a.ctlLn.Close()
 	if err != nil {
 		return fmt.Errorf("accept the leader's control link: %w", err)
 	}
 	a.own(ctl)
-	w := &pipeline.Worker{Index: a.index, Stage: a.st, Epoch: a.epoch, Ctl: ctl,
+	a.move.Set(2, moveSteps)
+	w := &pipeline.Worker{Index: a.index, Stage: a.st, Epoch: a.epoch, Ctl: &takeover{Control: ctl, s: s, a: a},
 		Prev: a.prev, Next: a.next, HandoffIn: a.handoffIn, HandoffOut: a.handoffOut}
-	s.cfg.OnServing(true)
-	defer s.cfg.OnServing(false)
+	a.working.Store(true)
+	defer a.working.Store(false)
+	s.setServing(+1)
+	defer s.setServing(-1)
 	return w.Serve(a.ctx)
+}
+
+// setServing counts the assignments whose worker runs (two while the
+// pipeline moves) and tells OnServing when the first starts and the last
+// stops.
+func (s *Slot) setServing(delta int) {
+	s.servingMu.Lock()
+	defer s.servingMu.Unlock()
+	was := s.serving > 0
+	s.serving += delta
+	if now := s.serving > 0; now != was {
+		s.cfg.OnServing(now)
+	}
+}
+
+// takeover is an assignment's control link: before the first step runs,
+// the assignment takes its stage over from the pipeline before when it
+// shares it (that one's worker ends), and the node's move is done.
+type takeover struct {
+	pipeline.Control
+	s       *Slot
+	a       *assignment
+	started bool
+}
+
+func (t *takeover) Next(ctx context.Context) (*pipeline.Step, error) {
+	st, err := t.Control.Next(ctx)
+	if err != nil || t.started {
+		return st, err
+	}
+	t.started = true
+	a := t.a
+	took, err := a.hs.acquire(a)
+	if err != nil {
+		return nil, err
+	}
+	a.move.End(nil)
+	if took {
+		t.s.log.Info("stage switched: the new pipeline's first step took the stage over, weights reused", "epoch", a.epoch, "from_epoch", a.hs.epoch,
+			"layers", fmt.Sprintf("[%d,%d)", a.info.Lo, a.info.Hi))
+	}
+	return st, nil
 }
 
 // wire waits until every link of the assignment is up: Connect has run,
@@ -643,7 +834,7 @@ func (a *assignment) closeAll() {
 	if a.ctlLn != nil {
 		a.ctlLn.Close()
 	}
-	a.st.Close()
+	a.hs.drop()
 }
 
 // dataLink names the activation link into the stage that starts at layer

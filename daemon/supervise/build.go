@@ -124,6 +124,9 @@ type Stage struct {
 	Capture  *tandemv1.CaptureResponse // its CUDA graphs (nil: none)
 	NextLink string                    // transport to the next stage
 	KVTokens int                       // the stage's KV capacity as it reported it
+	// Reused: the node kept this stage from the pipeline before (same
+	// layers): nothing was reloaded.
+	Reused bool
 }
 
 // Graphs is how the leader dispatches CUDA graphs on a pipeline.
@@ -149,9 +152,10 @@ func (e *BuildError) Unwrap() error { return e.Err }
 // build is one build under way.
 type build struct {
 	*Builder
-	epoch   uint64
-	plan    placement.Plan
-	nodes   []tandemv1.NodeClient
+	epoch     uint64
+	plan      placement.Plan
+	alongside bool
+	nodes     []tandemv1.NodeClient
 	mu      sync.Mutex
 	failed  map[string]bool
 	refused uint64
@@ -180,15 +184,16 @@ func (b *build) fail(i int, err error, trailer metadata.MD) error {
 	return err
 }
 
-// Build builds the pipeline of plan at epoch over members (the plan's
-// nodes, for their addresses). On failure it releases what was loaded and
-// returns a *BuildError naming the nodes that failed.
-func (bl *Builder) Build(ctx context.Context, epoch uint64, plan placement.Plan, members []membership.Member) (*Pipeline, error) {
-	b := &build{Builder: bl, epoch: epoch, plan: plan, failed: map[string]bool{}}
-	p, err := b.run(ctx, members)
+// Build builds the pipeline of a.Plan at a.Epoch over a.Members (the
+// plan's nodes, for their addresses), alongside the serving pipeline when
+// a.Alongside says so. On failure it releases what was loaded and returns
+// a *BuildError naming the nodes that failed.
+func (bl *Builder) Build(ctx context.Context, a Build) (*Pipeline, error) {
+	b := &build{Builder: bl, epoch: a.Epoch, plan: a.Plan, alongside: a.Alongside, failed: map[string]bool{}}
+	p, err := b.run(ctx, a.Members)
 	if err != nil {
 		be := &BuildError{Err: err, RefusedEpoch: b.refused}
-		for _, s := range plan.Stages {
+		for _, s := range a.Plan.Stages {
 			if b.failed[s.Node] {
 				be.Nodes = append(be.Nodes, s.Node)
 			}
@@ -239,7 +244,7 @@ func (b *build) run(ctx context.Context, members []membership.Member) (*Pipeline
 			Epoch: b.epoch, Leader: cfg.Leader, ModelId: cfg.ModelID, Index: uint32(i),
 			LayerLo: uint32(s.Lo), LayerHi: uint32(s.Hi),
 			MaxBatchTokens: uint32(cfg.MaxBatchTokens), MaxSeqs: uint32(cfg.MaxSeqs), BlockSize: uint32(cfg.BlockSize),
-			Handoff: cfg.Handoff,
+			Handoff: cfg.Handoff, Alongside: b.alongside,
 		}, grpc.Trailer(&trailer))
 		if err != nil {
 			return b.fail(i, fmt.Errorf("stage %d on %s: load layers [%d, %d): %w", i, s.Node, s.Lo, s.Hi, err), trailer)
@@ -260,6 +265,7 @@ func (b *build) run(ctx context.Context, members []membership.Member) (*Pipeline
 	for i, l := range loads {
 		p.Stages[i].Load = l
 		p.Stages[i].KVTokens = int(l.GetKvBlocks()) * cfg.BlockSize
+		p.Stages[i].Reused = l.GetReused()
 		blocks = min(blocks, int(l.GetKvBlocks()))
 		if int(l.GetMaxSeqLen()) < p.Stages[i].KVTokens {
 			// A bound of the stage's besides its KV cache, which the

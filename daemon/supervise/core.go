@@ -101,6 +101,7 @@ type Core struct {
 
 	serving, building *pipe
 	everServed        bool // this node has led a pipeline since it became leader
+	inherited         string // the member this node took the leadership over from ("": none): the cluster was up, so no start-up wait
 	lastEpoch         uint64
 	seenEpoch         uint64 // the newest epoch a node said it had accepted
 	nextTry           time.Time
@@ -118,6 +119,16 @@ type Core struct {
 	pinned   bool            // the serving placement was asked for explicitly: auto-rebalance leaves it until the membership changes
 	reason   string          // why no pipeline serves
 	last     Change
+	counts   Counts
+}
+
+// Counts are the pipeline changes a core completed, for the life of the
+// process.
+type Counts struct {
+	// Recoveries rebuilt a lost pipeline; Moves moved a serving one off a
+	// node leaving or drained; Rebalances moved one to a better
+	// placement (asked for, or automatic).
+	Recoveries, Moves, Rebalances uint64
 }
 
 // rebalanceAsked is why an admin's rebalance moves the pipeline.
@@ -139,7 +150,8 @@ type Change struct {
 	Kind       string // "start", "recovery", "move" (a node left or was drained) or "rebalance"
 	Why        string
 	Start, End time.Time // End is zero while it is under way
-	Epoch      uint64    // the pipeline it ended with
+	Epoch      uint64    // the pipeline it ended with (0: it failed)
+	Err        string    // why it failed ("" unless it did)
 }
 
 // Status is what the core knows, for the daemon's health, status and
@@ -161,6 +173,7 @@ type Status struct {
 	// Outage is when the serving pipeline was lost (zero: none).
 	Outage time.Time
 	Last   Change
+	Counts Counts
 }
 
 // NewCore returns the core of node cfg.Name, which knows no member yet.
@@ -202,7 +215,7 @@ func (c *Core) Step(now time.Time, ev Event) ([]Action, error) {
 
 // Status is the core's state after the last Step.
 func (c *Core) Status() Status {
-	s := Status{Leader: c.leader, Leading: c.leading(), Reason: c.reason, Outage: c.outage, Last: c.last}
+	s := Status{Leader: c.leader, Leading: c.leading(), Reason: c.reason, Outage: c.outage, Last: c.last, Counts: c.counts}
 	if c.serving != nil {
 		s.Epoch, s.Plan, s.Reason = c.serving.epoch, c.serving.plan, ""
 	}
@@ -255,6 +268,11 @@ func (c *Core) observe(list []membership.Member) {
 		} else {
 			c.info("leader is %s", l.Name)
 		}
+		if l.Name == c.cfg.Name && c.leader.Name != "" {
+			// Another member led: the cluster has been up, its stages
+			// placed; this one serves over the nodes left at once.
+			c.inherited = c.leader.Name
+		}
 		c.leader = l
 	} else {
 		c.leader = l
@@ -294,6 +312,7 @@ func (c *Core) lost(why, node string) {
 		// The move under way replaced its stages (a node loads one stage
 		// at a time): expected, the requests wait for the new pipeline.
 		c.info("pipeline of epoch %d stopped while moving to epoch %d: %s", p.epoch, c.building.epoch, why)
+		c.reason = fmt.Sprintf("building the pipeline of epoch %d", c.building.epoch)
 	} else {
 		c.warn("pipeline of epoch %d lost: %s; rebuilding it over the live stage nodes", p.epoch, why)
 		if node != "" {
@@ -306,6 +325,10 @@ func (c *Core) lost(why, node string) {
 	if c.outage.IsZero() {
 		c.outage, c.outageWhy, c.failed = c.now, why, false
 		c.last = Change{Kind: "recovery", Why: why, Start: c.now}
+		if b := c.building; b != nil {
+			// The change is the move, whose requests wait for it.
+			c.last = Change{Kind: b.kind, Why: b.why, Start: b.started}
+		}
 	}
 }
 
@@ -334,6 +357,9 @@ func (c *Core) buildDone(ev BuildDone) {
 	c.building = nil
 	if ev.Err != nil {
 		c.warn("building the pipeline of epoch %d failed: %v", p.epoch, ev.Err)
+		if c.outage.IsZero() {
+			c.last.End, c.last.Err = c.now, ev.Err.Error()
+		}
 		for _, n := range ev.Nodes {
 			c.suspects[n] = c.now
 		}
@@ -357,10 +383,18 @@ func (c *Core) buildDone(ev BuildDone) {
 		c.info("pipeline of epoch %d serving [%s]: recovered %v after losing the last one (%s)", p.epoch, PlanString(p.plan), c.now.Sub(c.outage), c.outageWhy)
 		c.last.End, c.last.Epoch = c.now, p.epoch
 		c.outage, c.failed = time.Time{}, false
-		return
+	} else {
+		c.info("pipeline of epoch %d serving [%s] (%s: %s)", p.epoch, PlanString(p.plan), p.kind, p.why)
+		c.last = Change{Kind: p.kind, Why: p.why, Start: p.started, End: c.now, Epoch: p.epoch}
 	}
-	c.info("pipeline of epoch %d serving [%s] (%s: %s)", p.epoch, PlanString(p.plan), p.kind, p.why)
-	c.last = Change{Kind: p.kind, Why: p.why, Start: p.started, End: c.now, Epoch: p.epoch}
+	switch c.last.Kind {
+	case "recovery":
+		c.counts.Recoveries++
+	case "move":
+		c.counts.Moves++
+	case "rebalance":
+		c.counts.Rebalances++
+	}
 }
 
 // errNotLeader refuses an admin command on a node that does not lead.
@@ -442,7 +476,7 @@ func (c *Core) decide() {
 	cands := c.candidates()
 	switch {
 	case c.serving == nil:
-		if !c.everServed && len(cands) < c.cfg.ExpectStages {
+		if !c.everServed && c.inherited == "" && len(cands) < c.cfg.ExpectStages {
 			c.reason = waitingReason(c.members, c.cfg.kin(), len(cands), c.cfg.ExpectStages)
 			return
 		}
@@ -454,6 +488,8 @@ func (c *Core) decide() {
 		}
 		if !c.outage.IsZero() {
 			c.startBuild(plan, "recovery", c.outageWhy)
+		} else if c.inherited != "" {
+			c.startBuild(plan, "start", fmt.Sprintf("took the leadership over from %s; %d stage nodes up", c.inherited, len(cands)))
 		} else {
 			c.startBuild(plan, "start", fmt.Sprintf("%d stage nodes up", len(cands)))
 		}
@@ -515,7 +551,7 @@ func (c *Core) demote() {
 	} else if !c.outage.IsZero() && !c.failed {
 		c.emit(FailRequests{Reason: why})
 	}
-	c.outage, c.failed, c.replace, c.leaving, c.everServed = time.Time{}, false, "", false, false
+	c.outage, c.failed, c.replace, c.leaving, c.everServed, c.inherited = time.Time{}, false, "", false, false, ""
 	if c.leader.Name == "" {
 		c.reason = "no leader: no eligible member is alive"
 	} else {
@@ -577,7 +613,11 @@ func (c *Core) startBuild(plan placement.Plan, kind, why string) {
 	if c.serving == nil {
 		c.reason = fmt.Sprintf("building the pipeline of epoch %d", c.lastEpoch)
 	}
-	c.emit(Build{Epoch: c.lastEpoch, Plan: plan, Members: ms, Why: kind + ": " + why})
+	if c.outage.IsZero() {
+		// A recovery's change began with the loss.
+		c.last = Change{Kind: kind, Why: why, Start: c.now}
+	}
+	c.emit(Build{Epoch: c.lastEpoch, Plan: plan, Members: ms, Why: kind + ": " + why, Alongside: c.serving != nil})
 }
 
 func inPlan(p placement.Plan, node string) bool {

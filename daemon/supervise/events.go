@@ -77,6 +77,10 @@ type Build struct {
 	Plan    placement.Plan
 	Members []membership.Member
 	Why     string
+	// Alongside: a pipeline serves meanwhile, so each node keeps its stage
+	// of it running beside the new one where its memory allows (a stage
+	// whose layers do not change is reused), until the switch.
+	Alongside bool
 }
 
 // Switch moves the requests onto the built pipeline of Epoch: the steps in
@@ -123,7 +127,11 @@ func (FailRequests) action() {}
 func (Log) action()          {}
 
 func (a Build) String() string {
-	return fmt.Sprintf("build epoch %d [%s] kv %d (%s)", a.Epoch, PlanString(a.Plan), a.Plan.KVTokens, a.Why)
+	beside := ""
+	if a.Alongside {
+		beside = " alongside"
+	}
+	return fmt.Sprintf("build epoch %d [%s] kv %d%s (%s)", a.Epoch, PlanString(a.Plan), a.Plan.KVTokens, beside, a.Why)
 }
 func (a Switch) String() string      { return fmt.Sprintf("switch to epoch %d", a.Epoch) }
 func (a Close) String() string       { return fmt.Sprintf("close epoch %d (%s)", a.Epoch, a.Why) }

@@ -109,11 +109,12 @@ type script struct {
 	nodes   *fakeNodes
 	builder *Builder
 	pending []Build
+	plans   map[uint64]placement.Plan // of every build asked for
 	out     strings.Builder
 }
 
 func runScript(t *testing.T, text string) string {
-	s := &script{t: t, now: time.Unix(1000, 0).UTC(), members: map[string]*membership.Member{}, nodes: &fakeNodes{nodes: map[string]*fakeNode{}}}
+	s := &script{t: t, now: time.Unix(1000, 0).UTC(), members: map[string]*membership.Member{}, nodes: &fakeNodes{nodes: map[string]*fakeNode{}}, plans: map[uint64]placement.Plan{}}
 	for n, line := range strings.Split(strings.TrimSuffix(text, "\n"), "\n") {
 		if strings.HasPrefix(line, "  ") {
 			continue // expected output, replaced below
@@ -139,9 +140,23 @@ func (s *script) step(ev Event) {
 	}
 	for _, a := range acts {
 		s.print("%s", a)
-		if b, ok := a.(Build); ok {
-			s.pending = append(s.pending, b)
+		switch a := a.(type) {
+		case Build:
+			s.pending = append(s.pending, a)
+			s.plans[a.Epoch] = a.Plan
+		case Close:
+			// The supervisor releases the pipeline's stages.
+			s.release(a.Epoch)
+		case Retire:
+			s.release(a.Epoch)
 		}
+	}
+}
+
+// release has the fake nodes drop their stage of a pipeline given up.
+func (s *script) release(epoch uint64) {
+	for _, st := range s.plans[epoch].Stages {
+		s.nodes.get(st.Node).release(epoch)
 	}
 }
 
@@ -258,7 +273,7 @@ func (s *script) run(f []string) error {
 			s.print("no build")
 		}
 		for _, b := range pending {
-			p, err := s.builder.Build(context.Background(), b.Epoch, b.Plan, b.Members)
+			p, err := s.builder.Build(context.Background(), b)
 			done := BuildDone{Epoch: b.Epoch, Err: err}
 			var be *BuildError
 			if errors.As(err, &be) {
@@ -266,7 +281,17 @@ func (s *script) run(f []string) error {
 			}
 			if p != nil {
 				p.drv.Close()
-				s.print("built epoch %d: kv %d tokens, %d in flight, hand-off %t", p.Epoch, p.KVTokens, p.MaxInFlight, p.Handoff)
+				var reused []string
+				for _, st := range p.Stages {
+					if st.Reused {
+						reused = append(reused, st.Node)
+					}
+				}
+				line := fmt.Sprintf("built epoch %d: kv %d tokens, %d in flight, hand-off %t", p.Epoch, p.KVTokens, p.MaxInFlight, p.Handoff)
+				if len(reused) > 0 {
+					line += fmt.Sprintf(", stages reused on %v", reused)
+				}
+				s.print("%s", line)
 			} else {
 				s.print("build of epoch %d failed: nodes %v refused %d", b.Epoch, done.Nodes, done.RefusedEpoch)
 			}
@@ -306,10 +331,16 @@ func (s *script) run(f []string) error {
 		}
 		if l := st.Last; l.Kind != "" {
 			end := "under way"
-			if !l.End.IsZero() {
+			switch {
+			case l.Err != "":
+				end = fmt.Sprintf("failed after %v: %s", l.End.Sub(l.Start), l.Err)
+			case !l.End.IsZero():
 				end = fmt.Sprintf("took %v, epoch %d", l.End.Sub(l.Start), l.Epoch)
 			}
 			s.print("last %s (%s): %s", l.Kind, l.Why, end)
+		}
+		if c := st.Counts; c != (Counts{}) {
+			s.print("done: %d recoveries, %d moves, %d rebalances", c.Recoveries, c.Moves, c.Rebalances)
 		}
 	default:
 		return fmt.Errorf("unknown command %q", f[0])
@@ -372,6 +403,19 @@ type fakeNode struct {
 	down     bool
 	epoch    uint64 // the newest accepted
 	loadFail string
+	// The layers of the stage it holds and its epoch, until released: a
+	// Load of the same layers reuses it.
+	lo, hi uint32
+	held   uint64
+}
+
+// release drops the stage of epoch, if it is the one held.
+func (n *fakeNode) release(epoch uint64) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.held == epoch {
+		n.lo, n.hi, n.held = 0, 0, 0
+	}
 }
 
 // check refuses a call while down, or of an epoch older than the newest
@@ -400,6 +444,8 @@ func (n *fakeNode) Load(_ context.Context, in *tandemv1.LoadRequest, opts ...grp
 	}
 	n.mu.Lock()
 	fail := n.loadFail
+	reused := n.held != 0 && n.lo == in.GetLayerLo() && n.hi == in.GetLayerHi()
+	n.lo, n.hi, n.held = in.GetLayerLo(), in.GetLayerHi(), in.GetEpoch()
 	n.mu.Unlock()
 	if fail != "" {
 		return nil, status.Error(codes.Internal, fail)
@@ -407,7 +453,7 @@ func (n *fakeNode) Load(_ context.Context, in *tandemv1.LoadRequest, opts ...grp
 	return &tandemv1.LoadResponse{
 		ControlAddr: "ctl-" + n.name, DataAddr: "data-" + n.name, HandoffAddr: "handoff-" + n.name, Backend: "cpu", ModelId: in.GetModelId(),
 		KvBlocks: uint64(64 * (in.GetLayerHi() - in.GetLayerLo())), MaxSeqLen: 4096, GraphSupport: "NEVER",
-		ActDtype: uint32(collective.F32), HandoffReceiver: in.GetIndex() == 0,
+		ActDtype: uint32(collective.F32), HandoffReceiver: in.GetIndex() == 0, Reused: reused, Alongside: in.GetAlongside(),
 	}, nil
 }
 
@@ -424,7 +470,8 @@ func (n *fakeNode) Join(_ context.Context, in *tandemv1.JoinRequest, opts ...grp
 }
 
 func (n *fakeNode) Release(_ context.Context, in *tandemv1.ReleaseRequest, opts ...grpc.CallOption) (*tandemv1.ReleaseResponse, error) {
-	return &tandemv1.ReleaseResponse{}, n.check(in.GetEpoch(), opts)
+	n.release(in.GetEpoch())
+	return &tandemv1.ReleaseResponse{}, nil
 }
 
 // fakeLink is a control link to a fake stage: it takes steps and reports

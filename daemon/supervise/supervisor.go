@@ -11,6 +11,7 @@ import (
 
 	"github.com/tandem-llm/tandem/daemon/apierr"
 	"github.com/tandem-llm/tandem/daemon/membership"
+	"github.com/tandem-llm/tandem/daemon/placement"
 	"github.com/tandem-llm/tandem/pipeline"
 	"github.com/tandem-llm/tandem/sched"
 )
@@ -60,6 +61,42 @@ type Snapshot struct {
 	// Pipeline is the serving pipeline (nil: none).
 	Pipeline *Pipeline
 	Sched    sched.Stats
+	// Change is the last change of pipeline (Status.Last) with what it
+	// re-prefilled.
+	Change ChangeReport
+	// Totals count since the supervisor started, across leaderships.
+	Totals Totals
+}
+
+// ChangeReport is a change of pipeline and the running requests it sent
+// to prefill again on the new pipeline.
+type ChangeReport struct {
+	Change
+	// Requests re-prefilled, and the KV positions they had, which they
+	// compute again.
+	Requests, Tokens uint64
+}
+
+// Totals are the supervisor's counts for the life of the process.
+type Totals struct {
+	Counts
+	// ReprefilledRequests and ReprefilledTokens count the running
+	// requests re-prefilled on a new pipeline and the positions they
+	// computed again; FailedRequests those failed for want of a pipeline.
+	ReprefilledRequests, ReprefilledTokens, FailedRequests uint64
+}
+
+// monotonic turns a count that restarts from zero (a new scheduler loop
+// for each leadership) into one that only grows.
+type monotonic struct{ last, total uint64 }
+
+func (m *monotonic) observe(v uint64) {
+	if v >= m.last {
+		m.total += v - m.last
+	} else {
+		m.total += v
+	}
+	m.last = v
 }
 
 // Supervisor is the leader's supervision loop: it feeds the Core the
@@ -79,12 +116,16 @@ type Supervisor struct {
 	bg      sync.WaitGroup
 
 	// The loop goroutine's own state.
-	builds map[uint64]context.CancelFunc
-	watch  *Pipeline // the serving pipeline, watched for a failure while idle
+	builds  map[uint64]context.CancelFunc
+	watch   *Pipeline               // the serving pipeline, watched for a failure while idle
+	waiters map[uint64][]chan error // admin commands waiting for the build of an epoch to end
+	base    [2]uint64               // the re-prefill totals when the last change began
 
 	mu    sync.Mutex
 	pipes map[uint64]*Pipeline // built and not closed, by epoch
 	snap  Snapshot
+	// The scheduler's counts, made monotonic across its loops.
+	reqs, toks, failed monotonic
 }
 
 // New returns a supervisor over memb; it starts nothing.
@@ -104,7 +145,7 @@ func New(cfg Config, memb Membership) *Supervisor {
 	s := &Supervisor{
 		cfg: cfg, log: cfg.Log, core: NewCore(cfg.Core), builder: NewBuilder(cfg.Builder), memb: memb,
 		events: make(chan Event, 16), stopped: make(chan struct{}),
-		builds: map[uint64]context.CancelFunc{}, pipes: map[uint64]*Pipeline{},
+		builds: map[uint64]context.CancelFunc{}, pipes: map[uint64]*Pipeline{}, waiters: map[uint64][]chan error{},
 	}
 	s.engine = newEngine(s.pipelineFailed)
 	s.snap.Status = s.core.Status()
@@ -116,11 +157,21 @@ func (s *Supervisor) Engine() *Engine { return s.engine }
 
 // Snapshot is the state after the loop's last step.
 func (s *Supervisor) Snapshot() Snapshot {
+	st := s.engine.Stats()
 	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.observe(st)
 	snap := s.snap
-	s.mu.Unlock()
-	snap.Sched = s.engine.Stats()
+	snap.Sched = st
+	snap.Totals.ReprefilledRequests, snap.Totals.ReprefilledTokens, snap.Totals.FailedRequests = s.reqs.total, s.toks.total, s.failed.total
 	return snap
+}
+
+// observe takes the scheduler's counts into the totals. s.mu is held.
+func (s *Supervisor) observe(st sched.Stats) {
+	s.reqs.observe(st.Reprefilled)
+	s.toks.observe(st.ReprefilledTokens)
+	s.failed.observe(st.Failed)
 }
 
 // LastTick is when the loop last woke up.
@@ -133,6 +184,9 @@ func (s *Supervisor) Run(ctx context.Context) {
 	defer func() {
 		for _, cancel := range s.builds {
 			cancel()
+		}
+		for epoch := range s.waiters {
+			s.answer(epoch, errors.New("the supervisor stopped"))
 		}
 	}()
 	t := time.NewTicker(s.cfg.Tick)
@@ -162,53 +216,153 @@ func (s *Supervisor) Run(ctx context.Context) {
 	}
 }
 
-// Admin applies an admin command (Drain, Undrain, Rebalance) on the
-// loop's goroutine and returns the core's answer.
-func (s *Supervisor) Admin(ctx context.Context, ev Event) error {
-	reply := make(chan error, 1)
+// Move is a pipeline build an admin command started.
+type Move struct {
+	// Epoch is the pipeline being built (0: the command started none).
+	Epoch uint64
+	done  <-chan error
+}
+
+// Wait waits until the build has ended: nil once the requests run on the
+// new pipeline, else why it did not (the build failed or was given up).
+func (m Move) Wait(ctx context.Context) error {
+	if m.Epoch == 0 {
+		return nil
+	}
 	select {
-	case s.events <- adminEvent{ev, reply}:
-	case <-s.stopped:
-		return errors.New("the supervisor has stopped")
+	case err := <-m.done:
+		return err
 	case <-ctx.Done():
 		return ctx.Err()
 	}
-	return <-reply
+}
+
+// Admin applies an admin command (Drain, Undrain, Rebalance) on the
+// loop's goroutine and returns the core's answer, and the build it
+// started, if any.
+func (s *Supervisor) Admin(ctx context.Context, ev Event) (Move, error) {
+	reply := make(chan adminReply, 1)
+	select {
+	case s.events <- adminEvent{ev, reply}:
+	case <-s.stopped:
+		return Move{}, errors.New("the supervisor has stopped")
+	case <-ctx.Done():
+		return Move{}, ctx.Err()
+	}
+	r := <-reply
+	return r.move, r.err
+}
+
+// Plan is the placement a rebalance would apply now (ranges nil: by
+// memory over the live, undrained stage nodes), changing nothing.
+func (s *Supervisor) Plan(ctx context.Context, ranges []placement.Range) (placement.Plan, error) {
+	type result struct {
+		p   placement.Plan
+		err error
+	}
+	reply := make(chan result, 1)
+	q := queryEvent(func(c *Core) {
+		p, err := c.Plan(ranges)
+		reply <- result{p, err}
+	})
+	select {
+	case s.events <- q:
+	case <-s.stopped:
+		return placement.Plan{}, errors.New("the supervisor has stopped")
+	case <-ctx.Done():
+		return placement.Plan{}, ctx.Err()
+	}
+	r := <-reply
+	return r.p, r.err
 }
 
 // adminEvent carries an admin command and its reply through the loop.
 type adminEvent struct {
 	Event
-	reply chan error
+	reply chan adminReply
 }
+
+type adminReply struct {
+	move Move
+	err  error
+}
+
+// queryEvent runs on the loop's goroutine with the core, changing nothing.
+type queryEvent func(*Core)
+
+func (queryEvent) event() {}
 
 // step gives the core one event and performs the actions it returns.
 func (s *Supervisor) step(ctx context.Context, ev Event) {
-	var reply chan error
+	var reply chan adminReply
 	switch e := ev.(type) {
+	case queryEvent:
+		e(s.core)
+		return
 	case adminEvent:
 		ev, reply = e.Event, e.reply
 	case BuildDone:
 		delete(s.builds, e.Epoch)
 	}
+	s.mu.Lock()
+	s.observe(s.engine.Stats())
+	before := [2]uint64{s.reqs.total, s.toks.total}
+	s.mu.Unlock()
+	building := s.core.Status().Building
 	acts, err := s.core.Step(time.Now(), ev)
 	if reply != nil {
-		reply <- err
+		r := adminReply{err: err}
+		if b := s.core.Status().Building; err == nil && b != 0 && b != building {
+			done := make(chan error, 1)
+			s.waiters[b] = append(s.waiters[b], done)
+			r.move = Move{Epoch: b, done: done}
+		}
+		reply <- r
 	}
 	for _, a := range acts {
 		s.perform(ctx, a)
 	}
 	st := s.core.Status()
+	if e, ok := ev.(BuildDone); ok {
+		var err error
+		if st.Epoch != e.Epoch {
+			err = e.Err
+			if err == nil {
+				err = fmt.Errorf("the build of epoch %d was given up", e.Epoch)
+			}
+		}
+		s.answer(e.Epoch, err)
+	}
 	s.engine.admit(st.Accepting, st.Reason)
+	stats := s.engine.Stats()
 	s.mu.Lock()
+	s.observe(stats)
+	if c := &s.snap.Change; st.Last.Start != c.Start || st.Last.Kind != c.Kind {
+		// A change began in this step: what it re-prefills counts from
+		// before the step's actions.
+		s.base = before
+	}
+	if c := &s.snap.Change; c.End.IsZero() || c.Start != st.Last.Start {
+		*c = ChangeReport{Change: st.Last, Requests: s.reqs.total - s.base[0], Tokens: s.toks.total - s.base[1]}
+	}
 	s.snap.Status = st
 	s.snap.Pipeline = s.pipes[st.Epoch]
+	s.snap.Totals.Counts = st.Counts
 	snap := s.snap
 	s.mu.Unlock()
 	if s.cfg.OnStatus != nil {
-		snap.Sched = s.engine.Stats()
+		snap.Sched = stats
 		s.cfg.OnStatus(snap)
 	}
+}
+
+// answer tells the admin commands waiting for the build of epoch how it
+// ended.
+func (s *Supervisor) answer(epoch uint64, err error) {
+	for _, w := range s.waiters[epoch] {
+		w <- err
+	}
+	delete(s.waiters, epoch)
 }
 
 func (s *Supervisor) perform(ctx context.Context, a Action) {
@@ -226,7 +380,7 @@ func (s *Supervisor) perform(ctx context.Context, a Action) {
 		s.bg.Go(func() {
 			defer cancel()
 			start := time.Now()
-			p, err := s.builder.Build(bctx, a.Epoch, a.Plan, a.Members)
+			p, err := s.builder.Build(bctx, a)
 			done := BuildDone{Epoch: a.Epoch, Err: err}
 			var be *BuildError
 			if errors.As(err, &be) {
@@ -246,6 +400,7 @@ func (s *Supervisor) perform(ctx context.Context, a Action) {
 		if cancel := s.builds[a.Epoch]; cancel != nil {
 			cancel()
 		}
+		s.answer(a.Epoch, fmt.Errorf("the build of epoch %d was given up: %s", a.Epoch, s.core.Status().Reason))
 	case Switch:
 		s.mu.Lock()
 		p := s.pipes[a.Epoch]
