@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/tandem-llm/tandem/daemon/apierr"
 	"github.com/tandem-llm/tandem/daemon/membership"
@@ -61,7 +62,11 @@ func (a *adminServer) Status(context.Context, *tandemv1.StatusRequest) (*tandemv
 		resp.RequestsRunning = uint32(snap.Sched.Running)
 		resp.RequestsWaiting = uint32(snap.Sched.Waiting)
 		resp.Scheduler = schedulerStats(snap.Sched)
+		resp.Drained = snap.Drained
+		resp.LastChange = changeStatus(snap.Change)
 	}
+	resp.Recoveries = snap.Totals.Recoveries
+	resp.Moves = snap.Totals.Moves + snap.Totals.Rebalances
 	if p := snap.Pipeline; p != nil {
 		resp.Epoch = p.Epoch
 		resp.KvTokens = uint64(p.KVTokens)
@@ -92,6 +97,7 @@ func stageStatus(i int, s *supervise.Stage) *tandemv1.Stage {
 		KvBytes:     l.GetKvBytes(),
 		GraphBytes:  l.GetGraphBytes(),
 		NextLink:    s.NextLink,
+		Reused:      s.Reused,
 	}
 	if c := s.Capture; c != nil {
 		out.GraphBytes, out.Graphs, out.CaptureTime = c.GetGraphBytes(), c.GetGraphs(), c.GetCaptureTime()
@@ -120,19 +126,22 @@ func (a *adminServer) Graphs(context.Context, *tandemv1.GraphsRequest) (*tandemv
 // schedulerStats describes the leader's scheduler.
 func schedulerStats(st sched.Stats) *tandemv1.SchedulerStats {
 	return &tandemv1.SchedulerStats{
-		Running:         uint32(st.Running),
-		Waiting:         uint32(st.Waiting),
-		InFlight:        uint32(st.InFlight),
-		KvBlocksUsed:    uint64(st.KVBlocksUsed),
-		KvBlocks:        uint64(st.KVBlocks),
-		BlockSize:       uint32(st.BlockSize),
-		Preemptions:     st.Preemptions,
-		DiscardedTokens: st.Discarded,
-		Finished:        st.Finished,
-		Cancelled:       st.Cancelled,
-		Steps:           st.Steps,
-		LastStepTime:    durationpb.New(st.LastStepTime),
-		MeanStepTime:    durationpb.New(st.StepTime),
+		Running:           uint32(st.Running),
+		Waiting:           uint32(st.Waiting),
+		InFlight:          uint32(st.InFlight),
+		KvBlocksUsed:      uint64(st.KVBlocksUsed),
+		KvBlocks:          uint64(st.KVBlocks),
+		BlockSize:         uint32(st.BlockSize),
+		Preemptions:       st.Preemptions,
+		DiscardedTokens:   st.Discarded,
+		Finished:          st.Finished,
+		Cancelled:         st.Cancelled,
+		Steps:             st.Steps,
+		LastStepTime:      durationpb.New(st.LastStepTime),
+		MeanStepTime:      durationpb.New(st.StepTime),
+		Failed:            st.Failed,
+		Reprefilled:       st.Reprefilled,
+		ReprefilledTokens: st.ReprefilledTokens,
 	}
 }
 
@@ -146,4 +155,17 @@ func (d *Daemon) followerReason(leader string) string {
 		return fmt.Sprintf("led by %s; this node serves a stage of its pipeline", leader)
 	}
 	return fmt.Sprintf("led by %s; this node holds no stage of its pipeline", leader)
+}
+
+// changeStatus describes the pipeline's last change (nil: none yet).
+func changeStatus(c supervise.ChangeReport) *tandemv1.PipelineChange {
+	if c.Kind == "" {
+		return nil
+	}
+	out := &tandemv1.PipelineChange{Kind: c.Kind, Why: c.Why, Start: timestamppb.New(c.Start), Epoch: c.Epoch,
+		RequestsReprefilled: uint32(c.Requests), TokensReprefilled: c.Tokens, InProgress: c.End.IsZero(), Error: c.Err}
+	if !c.End.IsZero() {
+		out.Took = durationpb.New(c.End.Sub(c.Start))
+	}
+	return out
 }

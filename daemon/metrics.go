@@ -26,7 +26,8 @@ const httpReadHeaderTimeout = 10 * time.Second
 // keep no counts of their own. The request-level set (vLLM's: latencies,
 // tokens, requests running, waiting and finished, KV-cache usage,
 // preemptions) is the frontend's (frontend.Metrics), registered beside
-// them.
+// them. The pipeline-change totals are the supervisor's, which outlive its
+// scheduler loops: they only grow for the process's life.
 var (
 	descInfo = prometheus.NewDesc("tandem_node_info",
 		"This node: its name, software version and model identity (always 1).",
@@ -60,6 +61,13 @@ var (
 	descGraphMem = prometheus.NewDesc("tandem_graph_memory_bytes",
 		"Device memory of each stage's CUDA graphs (leader only).",
 		[]string{"stage", "node"}, nil)
+	descChanges = prometheus.NewDesc("tandem_pipeline_changes_total",
+		"Pipeline changes this node completed as leader, since it started: recoveries from a lost stage, moves off a leaving or drained node, rebalances.",
+		[]string{"kind"}, nil)
+	descReprefilled = prometheus.NewDesc("tandem_reprefilled_requests_total",
+		"Running requests re-prefilled on a new pipeline (a recovery or a move), since this node started.", nil, nil)
+	descReprefilledTokens = prometheus.NewDesc("tandem_reprefilled_tokens_total",
+		"KV positions re-prefilled requests computed again on a new pipeline, since this node started.", nil, nil)
 )
 
 // metricsCollector is a prometheus.Collector reading the daemon's live
@@ -70,7 +78,8 @@ type metricsCollector struct{ d *Daemon }
 // Describe implements prometheus.Collector.
 func (c metricsCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descInfo, descLeader, descServing, descEpoch, descInFlight, descKVUsed,
-		descKVTotal, descDiscarded, descSteps, descFailed, descRefused, descStepTime, descGraphSteps, descGraphMem} {
+		descKVTotal, descDiscarded, descSteps, descFailed, descRefused, descStepTime, descGraphSteps, descGraphMem,
+		descChanges, descReprefilled, descReprefilledTokens} {
 		ch <- d
 	}
 }
@@ -109,6 +118,12 @@ func (c metricsCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, r := range d.graphSteps.Snapshot() {
 		counter(descGraphSteps, r.Count, r.Mode.String(), strconv.Itoa(r.Padded), strconv.Itoa(r.Unpadded))
 	}
+	tot := snap.Totals
+	counter(descChanges, tot.Recoveries, "recovery")
+	counter(descChanges, tot.Moves, "move")
+	counter(descChanges, tot.Rebalances, "rebalance")
+	counter(descReprefilled, tot.ReprefilledRequests)
+	counter(descReprefilledTokens, tot.ReprefilledTokens)
 	if !snap.Leading {
 		return
 	}

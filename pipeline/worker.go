@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"reflect"
+	"strings"
 
 	"github.com/tandem-llm/tandem/collective"
 	"github.com/tandem-llm/tandem/stage"
@@ -15,6 +16,11 @@ import (
 // links (activations or hand-off): the consequence of a neighbour's
 // failure, more often than not, which the Driver blames first.
 const linkFailed = "data link failed: "
+
+// LinkFailure reports whether a worker's error is the failure of one of
+// its data links (its neighbour ended, failed, or the pipeline was being
+// closed), rather than of its own stage.
+func LinkFailure(err error) bool { return err != nil && strings.Contains(err.Error(), linkFailed) }
 
 // Worker serves one stage of a pipeline: for each step it receives the
 // batch description from the leader, receives the stage's input

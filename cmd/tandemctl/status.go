@@ -4,8 +4,10 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -54,6 +56,15 @@ func printStatus(w io.Writer, st *tandemv1.StatusResponse) error {
 	fmt.Fprintf(tw, "leader:\t%s\n", leader)
 	fmt.Fprintf(tw, "pipeline:\t%s\n", pipe)
 	fmt.Fprintf(tw, "model:\t%s\n", st.GetModelId())
+	if len(st.GetDrained()) > 0 {
+		fmt.Fprintf(tw, "drained:\t%s (out of placement; tandemctl undrain NODE puts one back)\n", strings.Join(st.GetDrained(), ", "))
+	}
+	if c := st.GetLastChange(); c != nil {
+		fmt.Fprintf(tw, "last change:\t%s\n", changeText(c))
+	}
+	if st.GetRecoveries()+st.GetMoves() > 0 {
+		fmt.Fprintf(tw, "changes:\t%d recoveries, %d moves since this node started\n", st.GetRecoveries(), st.GetMoves())
+	}
 	if sc := st.GetScheduler(); sc != nil {
 		printScheduler(tw, sc)
 	}
@@ -75,6 +86,9 @@ func printStatus(w io.Writer, st *tandemv1.StatusResponse) error {
 			model += " (differs)"
 		}
 		state := strings.ToLower(strings.TrimPrefix(m.GetState().String(), "MEMBER_STATE_"))
+		if slices.Contains(st.GetDrained(), m.GetName()) {
+			state += ", drained"
+		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", m.GetName(), state, m.GetBackend(), bytesText(m.GetMemFree()),
 			m.GetGrpcAddr(), m.GetGossipAddr(), m.GetVersion(), model, m.GetDevice())
 	}
@@ -98,6 +112,23 @@ func printStatus(w io.Writer, st *tandemv1.StatusResponse) error {
 	return nil
 }
 
+// changeText describes the pipeline's last change: what, why, when, how
+// long, and the requests it re-prefilled.
+func changeText(c *tandemv1.PipelineChange) string {
+	when := c.GetStart().AsTime().Local().Format("2006-01-02 15:04:05.000")
+	var how string
+	switch {
+	case c.GetInProgress():
+		how = "in progress"
+	case c.GetError() != "":
+		how = fmt.Sprintf("failed after %v: %s", c.GetTook().AsDuration().Round(time.Millisecond), c.GetError())
+	default:
+		how = fmt.Sprintf("took %v, to epoch %d; %d running requests re-prefilled (%d tokens)",
+			c.GetTook().AsDuration().Round(time.Millisecond), c.GetEpoch(), c.GetRequestsReprefilled(), c.GetTokensReprefilled())
+	}
+	return fmt.Sprintf("%s at %s (%s): %s", c.GetKind(), when, c.GetWhy(), how)
+}
+
 // printScheduler writes the leader's scheduler figures as rows of the
 // header table.
 func printScheduler(tw io.Writer, sc *tandemv1.SchedulerStats) {
@@ -112,6 +143,10 @@ func printScheduler(tw io.Writer, sc *tandemv1.SchedulerStats) {
 	fmt.Fprintf(tw, "steps:\t%d done, %d in flight, step time %v last, %v mean; %d preemptions, %d tokens discarded\n",
 		sc.GetSteps(), sc.GetInFlight(), sc.GetLastStepTime().AsDuration(), sc.GetMeanStepTime().AsDuration(),
 		sc.GetPreemptions(), sc.GetDiscardedTokens())
+	if sc.GetReprefilled()+sc.GetFailed() > 0 {
+		fmt.Fprintf(tw, "recovery:\t%d requests re-prefilled on a new pipeline (%d tokens), %d failed for want of one\n",
+			sc.GetReprefilled(), sc.GetReprefilledTokens(), sc.GetFailed())
+	}
 }
 
 func short(id string) string {

@@ -78,9 +78,10 @@ type Slot struct {
 	stop context.CancelFunc
 	wg   sync.WaitGroup // assignment goroutines
 
-	mu    sync.Mutex    // serializes the Node calls
-	epoch uint64        // newest accepted
-	live  []*assignment // not released, oldest first: the newest, and the one serving kept beside it while the pipeline moves
+	mu     sync.Mutex    // serializes the Node calls
+	epoch  uint64        // newest accepted
+	newest atomic.Uint64 // epoch, read without mu
+	live   []*assignment // not released, oldest first: the newest, and the one serving kept beside it while the pipeline moves
 
 	servingMu sync.Mutex
 	serving   int // assignments whose worker runs
@@ -183,6 +184,7 @@ func (s *Slot) load(ctx context.Context, in *tandemv1.LoadRequest) (*tandemv1.Lo
 	}
 	hs, kept, prev := s.place(sp, in.GetAlongside(), cost)
 	s.epoch = in.GetEpoch()
+	s.newest.Store(s.epoch)
 	move := s.startMove(prev, sp, hs != nil, kept != nil, in.GetEpoch())
 	if hs == nil {
 		steps := s.cfg.Progress.Steps(progress.Count, "node", s.cfg.Name, "layers", fmt.Sprintf("[%d,%d)", sp.lo, sp.hi))
@@ -625,6 +627,11 @@ func (s *Slot) serve(a *assignment) {
 		s.log.Info("stage finished", "epoch", a.epoch, "index", a.index)
 	case a.ctx.Err() != nil:
 		s.log.Info("stage released", "epoch", a.epoch, "index", a.index)
+	case s.newest.Load() > a.epoch || pipeline.LinkFailure(err):
+		// A newer pipeline replaced this one, or a neighbour ended first
+		// (the leader closing the pipeline, or the neighbour failing,
+		// which the leader hears from it): not this stage's failure.
+		s.log.Info("stage finished: its pipeline ended", "epoch", a.epoch, "index", a.index, "newest_epoch", s.newest.Load(), "err", err)
 	default:
 		s.log.Warn("stage failed", "epoch", a.epoch, "index", a.index, "err", err)
 	}

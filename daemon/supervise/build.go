@@ -156,9 +156,9 @@ type build struct {
 	plan      placement.Plan
 	alongside bool
 	nodes     []tandemv1.NodeClient
-	mu      sync.Mutex
-	failed  map[string]bool
-	refused uint64
+	mu        sync.Mutex
+	failed    map[string]bool
+	refused   uint64
 }
 
 // fail records that stage i's node failed a call, and returns err. A

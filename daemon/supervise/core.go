@@ -100,7 +100,7 @@ type Core struct {
 	changed time.Time // when candKey last changed
 
 	serving, building *pipe
-	everServed        bool // this node has led a pipeline since it became leader
+	everServed        bool   // this node has led a pipeline since it became leader
 	inherited         string // the member this node took the leadership over from ("": none): the cluster was up, so no start-up wait
 	lastEpoch         uint64
 	seenEpoch         uint64 // the newest epoch a node said it had accepted
@@ -117,6 +117,7 @@ type Core struct {
 	leaving  bool            // it must move because a stage node is leaving: if it cannot, it retires
 	stuck    string          // the last move found impossible, warned about once
 	pinned   bool            // the serving placement was asked for explicitly: auto-rebalance leaves it until the membership changes
+	asked    bool            // an operator undrained a node in this step: auto-rebalance need not wait for a stable membership
 	reason   string          // why no pipeline serves
 	last     Change
 	counts   Counts
@@ -434,6 +435,7 @@ func (c *Core) undrain(node string) error {
 	}
 	delete(c.drained, node)
 	c.wanted[node] = true
+	c.asked = true
 	c.info("stage node %s undrained: back in placement", node)
 	return nil
 }
@@ -462,6 +464,7 @@ func (c *Core) rebalance(ranges []placement.Range) error {
 // a leaving or drained node, an automatic rebalance; and fails the
 // requests of an outage past its deadline.
 func (c *Core) decide() {
+	defer func() { c.asked = false }()
 	if !c.leading() {
 		c.demote()
 		return
@@ -514,7 +517,7 @@ func (c *Core) decide() {
 			return
 		}
 		c.startBuild(plan, "move", c.replace)
-	case c.cfg.AutoRebalance && !c.pinned && c.now.Sub(c.changed) >= c.cfg.StableFor:
+	case c.cfg.AutoRebalance && !c.pinned && (c.now.Sub(c.changed) >= c.cfg.StableFor || c.asked):
 		plan, err := c.place(cands, c.cfg.Plan, true)
 		if err != nil || samePlan(plan, c.serving.plan) {
 			return

@@ -31,7 +31,7 @@
 //     StableFor, the pipeline moves when the placement over them restores
 //     a node lost or undrained, or raises the KV capacity by 10% or more;
 //     a placement an operator asked for explicitly stays until the
-//     membership changes.
+//     membership changes. An operator's undrain needs no stable wait.
 //   - Events of an epoch no longer serving (a zombie stage's, a build
 //     given up) are stale: ignored, or, for a built pipeline, closed.
 //

@@ -323,16 +323,6 @@ func (s *Supervisor) step(ctx context.Context, ev Event) {
 		s.perform(ctx, a)
 	}
 	st := s.core.Status()
-	if e, ok := ev.(BuildDone); ok {
-		var err error
-		if st.Epoch != e.Epoch {
-			err = e.Err
-			if err == nil {
-				err = fmt.Errorf("the build of epoch %d was given up", e.Epoch)
-			}
-		}
-		s.answer(e.Epoch, err)
-	}
 	s.engine.admit(st.Accepting, st.Reason)
 	stats := s.engine.Stats()
 	s.mu.Lock()
@@ -350,6 +340,17 @@ func (s *Supervisor) step(ctx context.Context, ev Event) {
 	s.snap.Totals.Counts = st.Counts
 	snap := s.snap
 	s.mu.Unlock()
+	if e, ok := ev.(BuildDone); ok {
+		// Answered once the snapshot shows the step's outcome.
+		var err error
+		if st.Epoch != e.Epoch {
+			err = e.Err
+			if err == nil {
+				err = fmt.Errorf("the build of epoch %d was given up", e.Epoch)
+			}
+		}
+		s.answer(e.Epoch, err)
+	}
 	if s.cfg.OnStatus != nil {
 		snap.Sched = stats
 		s.cfg.OnStatus(snap)
@@ -461,13 +462,14 @@ func (s *Supervisor) take(epoch uint64) *Pipeline {
 	return p
 }
 
-// closePipeline closes a pipeline's links, concurrently (the stages'
-// workers end), and releases its stages.
+// closePipeline releases a pipeline's stages (each stage's worker ends,
+// cleanly, before its neighbours' links close under it), then closes its
+// links, concurrently.
 func (s *Supervisor) closePipeline(ctx context.Context, p *Pipeline) {
+	s.builder.Release(ctx, p)
 	if err := p.drv.Close(); err != nil {
 		s.log.Debug("close the pipeline's links", "epoch", p.Epoch, "err", err)
 	}
-	s.builder.Release(ctx, p)
 }
 
 // pipelineFailed is the engine's report of a failed step or link; it runs

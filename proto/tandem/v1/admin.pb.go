@@ -778,8 +778,11 @@ type PipelineChange struct {
 	RequestsReprefilled uint32 `protobuf:"varint,6,opt,name=requests_reprefilled,json=requestsReprefilled,proto3" json:"requests_reprefilled,omitempty"`
 	TokensReprefilled   uint64 `protobuf:"varint,7,opt,name=tokens_reprefilled,json=tokensReprefilled,proto3" json:"tokens_reprefilled,omitempty"`
 	InProgress          bool   `protobuf:"varint,8,opt,name=in_progress,json=inProgress,proto3" json:"in_progress,omitempty"`
-	unknownFields       protoimpl.UnknownFields
-	sizeCache           protoimpl.SizeCache
+	// Why it failed (a build that failed: the pipeline before, if any,
+	// serves on); empty unless it did.
+	Error         string `protobuf:"bytes,9,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *PipelineChange) Reset() {
@@ -866,6 +869,13 @@ func (x *PipelineChange) GetInProgress() bool {
 		return x.InProgress
 	}
 	return false
+}
+
+func (x *PipelineChange) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
 }
 
 // SchedulerStats is a snapshot of the leader's scheduler, taken between
@@ -1589,7 +1599,7 @@ const file_tandem_v1_admin_proto_rawDesc = "" +
 	"\n" +
 	"recoveries\x18\x14 \x01(\x04R\n" +
 	"recoveries\x12\x14\n" +
-	"\x05moves\x18\x15 \x01(\x04R\x05moves\"\xb0\x02\n" +
+	"\x05moves\x18\x15 \x01(\x04R\x05moves\"\xc6\x02\n" +
 	"\x0ePipelineChange\x12\x12\n" +
 	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x10\n" +
 	"\x03why\x18\x02 \x01(\tR\x03why\x120\n" +
@@ -1599,7 +1609,8 @@ const file_tandem_v1_admin_proto_rawDesc = "" +
 	"\x14requests_reprefilled\x18\x06 \x01(\rR\x13requestsReprefilled\x12-\n" +
 	"\x12tokens_reprefilled\x18\a \x01(\x04R\x11tokensReprefilled\x12\x1f\n" +
 	"\vin_progress\x18\b \x01(\bR\n" +
-	"inProgress\"\xcb\x04\n" +
+	"inProgress\x12\x14\n" +
+	"\x05error\x18\t \x01(\tR\x05error\"\xcb\x04\n" +
 	"\x0eSchedulerStats\x12\x18\n" +
 	"\arunning\x18\x01 \x01(\rR\arunning\x12\x18\n" +
 	"\awaiting\x18\x02 \x01(\rR\awaiting\x12\x1b\n" +
