@@ -160,6 +160,95 @@ func TestStatusAndGenerate(t *testing.T) {
 	}
 	checkSchedulerStatus(t)
 	checkGraphs(t)
+	checkMoves(t)
+}
+
+// checkMoves runs rebalance, drain and undrain against the one-node
+// cluster of TestStatusAndGenerate, where nothing can move: a dry run
+// prints the layer maps, a rebalance to the placement in place and an
+// impossible plan are refused, a drain of the only stage node keeps it
+// serving and says why, and undrain puts it back. (Moves under load are
+// cmd/tandemd's TestChaosDrainUndrainRebalance.)
+func checkMoves(t *testing.T) {
+	out, err := run(t, "", "rebalance", "--dry-run")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("tandemctl rebalance --dry-run:\n%s", out)
+	for _, w := range []string{"before: KV capacity", "after: KV capacity about", "placement's estimate", "solo", "[0, 4)", "dry run: the pipeline of epoch", "already has this placement"} {
+		if !strings.Contains(out, w) {
+			t.Errorf("rebalance --dry-run lacks %q:\n%s", w, out)
+		}
+	}
+	out, err = run(t, "", "rebalance", "--dry-run", "--json")
+	var mv struct {
+		Before, After []struct {
+			Node             string
+			LayerLo, LayerHi uint32
+			Estimate, Reused bool
+		}
+		Moved bool
+		Note  string
+	}
+	if err != nil || json.Unmarshal([]byte(out), &mv) != nil || mv.Moved || len(mv.Before) != 1 || len(mv.After) != 1 || !mv.After[0].Estimate || mv.After[0].LayerHi != 4 {
+		t.Errorf("rebalance --dry-run --json: %+v, %v:\n%s", mv, err, out)
+	}
+	if _, err := run(t, "", "rebalance"); err == nil || !strings.Contains(err.Error(), "already has this placement") {
+		t.Errorf("rebalance to the placement in place: %v, want it refused", err)
+	}
+	if _, err := run(t, "", "rebalance", "--plan", "solo=0-2,ghost=2-4"); err == nil || !strings.Contains(err.Error(), "ghost") {
+		t.Errorf("rebalance to a plan naming no member: %v, want it refused naming the node", err)
+	}
+	if _, err := run(t, "", "rebalance", "--plan", "solo=3-1"); err == nil || !strings.Contains(err.Error(), "--plan") {
+		t.Errorf("rebalance --plan solo=3-1: %v, want a plan error", err)
+	}
+	out, err = run(t, "", "drain", "solo")
+	t.Logf("tandemctl drain solo:\n%s", out)
+	if err != nil || !strings.Contains(out, "solo drained, but no placement without it is possible") || !strings.Contains(out, "keeps serving") {
+		t.Errorf("drain of the only stage node: %v:\n%s", err, out)
+	}
+	out, err = run(t, "", "status")
+	if err != nil || !strings.Contains(out, "drained:   solo") || !strings.Contains(out, "alive, drained") || !strings.Contains(out, "pipeline:  serving") {
+		t.Errorf("status after the drain: %v:\n%s", err, out)
+	}
+	out, err = run(t, "", "undrain", "solo")
+	if err != nil || !strings.Contains(out, "solo undrained: back in placement") {
+		t.Errorf("undrain: %v:\n%s", err, out)
+	}
+	if _, err := run(t, "", "undrain", "solo"); err == nil || !strings.Contains(err.Error(), "not drained") {
+		t.Errorf("undrain of a node not drained: %v, want it refused", err)
+	}
+}
+
+// TestParsePlan checks the --plan syntax of rebalance.
+func TestParsePlan(t *testing.T) {
+	for _, tt := range []struct {
+		in, want, err string
+	}{
+		{"", "", ""},
+		{"a=0-2,b=2-4", "a[0,2) b[2,4)", ""},
+		{" a=0-1 , b=1-8", "a[0,1) b[1,8)", ""},
+		{"a=0-2,b", "", `"b": want NODE=LO-HI`},
+		{"=0-2", "", "want NODE=LO-HI"},
+		{"a=2-2", "", "are empty"},
+		{"a=x-2", "", "want NODE=LO-HI"},
+		{"a=-1-2", "", "want NODE=LO-HI"},
+	} {
+		got, err := parsePlan(tt.in)
+		var parts []string
+		for _, r := range got {
+			parts = append(parts, fmt.Sprintf("%s[%d,%d)", r.GetNode(), r.GetLayerLo(), r.GetLayerHi()))
+		}
+		if tt.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tt.err) {
+				t.Errorf("parsePlan(%q): %v, want an error with %q", tt.in, err, tt.err)
+			}
+			continue
+		}
+		if err != nil || strings.Join(parts, " ") != tt.want {
+			t.Errorf("parsePlan(%q) = %v, %v; want %s", tt.in, parts, err, tt.want)
+		}
+	}
 }
 
 // checkGraphs checks the graphs command after the requests of

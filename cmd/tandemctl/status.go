@@ -60,7 +60,7 @@ func printStatus(w io.Writer, st *tandemv1.StatusResponse) error {
 		fmt.Fprintf(tw, "drained:\t%s (out of placement; tandemctl undrain NODE puts one back)\n", strings.Join(st.GetDrained(), ", "))
 	}
 	if c := st.GetLastChange(); c != nil {
-		fmt.Fprintf(tw, "last change:\t%s\n", changeText(c))
+		fmt.Fprintf(tw, "change:\t%s\n", changeText(c))
 	}
 	if st.GetRecoveries()+st.GetMoves() > 0 {
 		fmt.Fprintf(tw, "changes:\t%d recoveries, %d moves since this node started\n", st.GetRecoveries(), st.GetMoves())
