@@ -11,7 +11,16 @@
 #                                             on a machine of one GPU or more: a
 #                                             tiny model on a CPU and a CUDA stage
 #                                             (each order) against two CPU stages
-#   BACKEND=cpu bash scripts/gpu-cluster-check.sh device [mixed]
+#   bash scripts/gpu-cluster-check.sh device failover
+#                                             on a machine of one GPU: a CUDA and
+#                                             a CPU stage daemon serve 8 greedy
+#                                             requests; the CPU stage is SIGKILLed
+#                                             mid-generation and the model moves
+#                                             to the CUDA stage alone, where the
+#                                             requests finish with the one-GPU
+#                                             tokens (cmd/tandemd's
+#                                             TestGPUStageFailover)
+#   BACKEND=cpu bash scripts/gpu-cluster-check.sh device [mixed|failover]
 #                                             here, on the CPU with a tiny model:
 #                                             checks the script itself
 #
@@ -41,6 +50,7 @@ if [ "${1:-}" != device ]; then
 	mkdir -p .carry/cluster
 	CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o .carry/cluster/tandemd ./cmd/tandemd
 	CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o .carry/cluster/tandemctl ./cmd/tandemctl
+	CGO_ENABLED=0 go test -c -trimpath -o .carry/cluster/tandemd.test ./cmd/tandemd
 	exit 0
 fi
 
@@ -67,6 +77,23 @@ step "environment"
 		nvidia-smi topo -m
 	fi
 } 2>&1 | tee -a "$LOG"
+
+if [ "$MODE" = failover ]; then
+	# The test binary doubles as tandemd; it writes its own checkpoint.
+	step "(F) a CUDA and a CPU stage; the CPU stage SIGKILLed mid-generation"
+	fenv=()
+	[ "$BACKEND" = cpu ] && fenv=(TANDEM_FAILOVER_BACKEND=cpu)
+	env "${fenv[@]}" TANDEM_FAILOVER_LOG="$OUT/failover-daemons.log" timeout 420 "$BIN/tandemd.test" \
+		-test.run '^TestGPUStageFailover$' -test.v -test.count=1 -test.timeout=400s 2>&1 | tee "$OUT/failover.log" | grep -v '^        ' | tee -a "$LOG"
+	status=${PIPESTATUS[0]}
+	step "summary"
+	{
+		grep -E 'gpu_failover_test.go:[0-9]+:' "$OUT/failover.log" | sed 's/^ *//'
+		grep -E '^(--- |PASS|FAIL|ok)' "$OUT/failover.log"
+		echo "exit status $status"
+	} | tee "$OUT/summary.txt" | tee -a "$LOG"
+	exit "$status"
+fi
 
 step "(1) checkpoint"
 MODEL=$WORK/model
