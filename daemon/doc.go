@@ -60,7 +60,8 @@
 // membership, health, metrics and systemd.
 //
 // Clients call the leader's tandem.v1.Inference (Generate) and
-// tandem.v1.Admin (Status) services, with gRPC health (NOT_SERVING until a
+// tandem.v1.Admin (Status, Graphs; Drain, Undrain, Rebalance) services,
+// with gRPC health (NOT_SERVING until a
 // pipeline is ready and while draining) and server reflection. Domain
 // errors become gRPC codes in one place (package apierr): INVALID_ARGUMENT for
 // bad requests (a text prompt longer than any prompt of the context can
@@ -129,6 +130,31 @@
 // keep retrying their seeds, so members find each other again after any
 // restart, in any order.
 //
+// The pipeline moves live: Admin.Drain takes a stage node out of
+// placement (it stays a member), Admin.Undrain puts it back (the
+// rebalance follows at once with auto_rebalance), Admin.Rebalance moves to
+// the balanced placement or an explicit plan; each waits for the move and
+// answers the layer maps before and after, the time it took and the
+// requests re-prefilled; other nodes answer UNAVAILABLE naming the
+// leader. A move builds the new pipeline beside the serving one: each
+// stage node keeps its stage of it running while it loads the new one
+// where its memory holds both (CPU stages; a CUDA stage sizes its KV cache
+// from the device's free memory, so it releases its old stage first), and
+// reuses a stage whose layers and batch bounds do not change (no reload;
+// package stagehost). The requests switch at a step boundary, re-prefill
+// on the new pipeline, and the old stages are released. Status shows the
+// drained nodes and the last change (start, recovery, move or rebalance:
+// when, why, how long, the requests and tokens re-prefilled).
+//
+// When the leader dies (with no fixed cluster.leader), the leader-eligible
+// live member with the next smallest name leads once gossip declares it
+// dead (about 6s at the default LAN timings), and builds a pipeline over
+// the stage nodes left at once: the cluster was up, so it does not wait
+// for cluster.expect_stages. The requests in flight on the dead leader
+// fail at their client (the leader alone held their tokens; the client
+// retries on the new leader, which any other node names in its
+// UNAVAILABLE answer).
+//
 // # Metrics
 //
 // With listen.metrics set (default off), Run serves Prometheus metrics
@@ -140,7 +166,9 @@
 // tandem_graph_steps_total{mode, padded_tokens, unpadded_tokens} and each
 // stage's graph memory tandem_graph_memory_bytes{stage, node}; the
 // counters, tandem_steps_total, tandem_discarded_tokens_total,
-// tandem_requests_failed_total, tandem_requests_refused_total (queue full)
+// tandem_requests_failed_total, tandem_requests_refused_total (queue full),
+// tandem_pipeline_changes_total{kind: recovery, move, rebalance},
+// tandem_reprefilled_requests_total, tandem_reprefilled_tokens_total
 // and the dispatch counts, count for the life of the process, whatever
 // pipelines and leaderships come and go; on every node tandem_pipeline_serving and
 // tandem_leader); and the frontend's request-level metrics, vLLM's set

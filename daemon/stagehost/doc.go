@@ -14,7 +14,21 @@
 // replaces the assignment, Release ends it, or the slot stops. A call of
 // an epoch older than the newest accepted is refused with
 // FAILED_PRECONDITION, the node's epoch in the nodewire.EpochTrailer
-// trailer, so a stale leader cannot drive the stage.
+// trailer, so a stale leader cannot drive the stage (Release of an
+// assignment the slot still holds is always done).
+//
+// While the pipeline moves, a slot holds two assignments: the serving
+// pipeline's and the new one's. A Load with alongside set keeps the
+// serving assignment running where the node's memory holds both stages
+// (placement.Cost counts them; a CUDA stage sizes its KV cache from the
+// device's free memory, so one is never loaded beside another), else
+// releases it first. A stage of the same layers, batch bounds and block
+// size is reused, weights and all (LoadResponse.reused): both
+// assignments hold it, the old one runs its steps until the new one's
+// first step takes it over (the old worker ends, the stage forgets its
+// sequences: Reset), and it closes with the last assignment. A move shows
+// through the progress seam as "move layers [a,b) -> [c,d)" (or "keep
+// layers [a,b)") in three steps: load, wire, switch.
 //
 // The control link and the TCP links are authenticated with the cluster
 // credential (Config.Credential; auth.go); the Node calls themselves are
@@ -43,7 +57,9 @@
 // The Node calls are serialized by the slot's mutex. Each assignment runs
 // on one goroutine (wiring, then the worker), with, while it is wired, one
 // that accepts its TCP link in and one per NCCL link it joins; Release, a
-// newer Load or Stop ends it and waits for it. A GPU stage is driven
+// newer Load or Stop ends it and waits for it, and so does the first step
+// of a newer assignment that takes its stage over (on that assignment's
+// goroutine, under the stage's own mutex, not the slot's). A GPU stage is driven
 // through its gpu.Device goroutine. Stop ends every goroutine the slot
 // started.
 package stagehost

@@ -27,6 +27,15 @@
 //     pipeline without it is built and the requests switch to it. If none
 //     is possible, a leaving node's pipeline retires (its requests finish
 //     first); a drained one keeps serving.
+//   - Every build while a pipeline serves is alongside it (Build.Alongside):
+//     the stage nodes keep their stages of the serving pipeline where their
+//     memory allows and reuse those whose layers do not change; if the
+//     serving pipeline stops meanwhile (a node had to release its old
+//     stage), its requests wait for the new one, and the change stays the
+//     move's.
+//   - A node that takes the leadership over from another member builds at
+//     once over the stage nodes left: the ExpectStages wait is for a
+//     cluster's start only.
 //   - With AutoRebalance, once the candidates have been stable for
 //     StableFor, the pipeline moves when the placement over them restores
 //     a node lost or undrained, or raises the KV capacity by 10% or more;
@@ -62,7 +71,9 @@
 // goroutine, the only user of the Core; it runs each build on a goroutine
 // of its own, closes and releases pipelines on others, and hands every
 // failure report to the loop through a channel; Admin commands go
-// through the same channel. The Engine's scheduler loop owns its
+// through the same channel, and Move.Wait waits for the build one started
+// (answered once the step that switched to it, or gave it up, is in the
+// Snapshot). The Engine's scheduler loop owns its
 // goroutines (package sched); its failure callback only hands the report
 // on. Snapshot, Engine and Admin are safe for concurrent use. Stop, once
 // Run has returned, drains the requests, closes every pipeline and waits
