@@ -59,7 +59,7 @@ BACKEND=${BACKEND:-cuda}
 MODE=${2:-pair}
 OUT=${OUT:-/tmp/tandem-cluster-check}
 WORK=${WORK:-/tmp/tandem-cluster}
-BIN=$PWD/.carry/cluster
+BIN=${BIN:-$PWD/.carry/cluster}
 CONCURRENT=${CONCURRENT:-8 32 64}
 THROUGHPUT_TOKENS=${THROUGHPUT_TOKENS:-256}
 mkdir -p "$OUT" "$WORK/logs" "$WORK/runs"

@@ -101,7 +101,8 @@ func chaosRequests(t *testing.T, dir string, n, maxTokens int) ([]*tandemv1.Gene
 // stream is one chaos request as its client saw it.
 type stream struct {
 	ids      []int32
-	at       []time.Time // when each token arrived
+	lps      []*tandemv1.TokenLogprobs // with each token, when the request asks for log-probabilities
+	at       []time.Time               // when each token arrived
 	err      error
 	finished bool
 }
@@ -138,6 +139,7 @@ func startStreams(ctx context.Context, conn *grpc.ClientConn, reqs []*tandemv1.G
 					s.at = append(s.at, time.Now())
 				}
 				s.ids = append(s.ids, msg.GetTokenIds()...)
+				s.lps = append(s.lps, msg.GetLogprobs()...)
 				s.finished = s.finished || msg.GetFinishReason() == tandemv1.FinishReason_FINISH_REASON_LENGTH
 				select {
 				case ss.progress <- i:

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -94,7 +95,7 @@ func TestGPUStageFailover(t *testing.T) {
 		for j := range prompt {
 			prompt[j] = int32((i*53 + j*29 + 7) % o.Vocab)
 		}
-		reqs[i] = &tandemv1.GenerateRequest{PromptTokenIds: prompt, MaxTokens: tokens, IgnoreEos: true, Temperature: proto.Float32(0), Logprobs: proto.Uint32(0)}
+		reqs[i] = &tandemv1.GenerateRequest{PromptTokenIds: prompt, MaxTokens: tokens, IgnoreEos: true, Temperature: proto.Float32(0), Logprobs: proto.Uint32(2)}
 	}
 	ss := startStreams(ctx, conn, reqs)
 	ss.midway(t, ctx, 30)
@@ -131,13 +132,13 @@ func TestGPUStageFailover(t *testing.T) {
 	for i, s := range ss.s {
 		k := min(split[i], len(s.ids))
 		conts[i] = &tandemv1.GenerateRequest{PromptTokenIds: append(slices.Clone(reqs[i].GetPromptTokenIds()), s.ids[:k]...),
-			MaxTokens: uint32(tokens - k), IgnoreEos: true, Temperature: proto.Float32(0)}
+			MaxTokens: uint32(tokens - k), IgnoreEos: true, Temperature: proto.Float32(0), Logprobs: proto.Uint32(2)}
 	}
 	cs := startStreams(ctx, conn, conts)
 	cs.wg.Wait()
 	fresh := startStreams(ctx, conn, reqs)
 	fresh.wg.Wait()
-	completed, continued, whole := 0, 0, 0
+	completed, continued, whole, nearTies := 0, 0, 0, 0
 	var worst time.Duration
 	for i, s := range ss.s {
 		if s.err != nil || !s.finished || len(s.ids) != tokens {
@@ -149,23 +150,58 @@ func TestGPUStageFailover(t *testing.T) {
 			worst = max(worst, s.at[j].Sub(s.at[j-1]))
 		}
 		k, g := split[i], cs.s[i]
-		if g.err != nil || !slices.Equal(g.ids, s.ids[k:]) {
-			first := -1
-			for j := range min(len(g.ids), len(s.ids)-k) {
-				if g.ids[j] != s.ids[k+j] {
-					first = j
-					break
-				}
-			}
-			t.Errorf("request %d: the %d tokens after the recovery (from token %d) are not the one GPU's continuation (%d tokens, first difference at %d, %v)", i, tokens-k, k, len(g.ids), first, g.err)
-		} else {
+		switch first := firstDifference(g.ids, s.ids[k:]); {
+		case g.err != nil || len(g.ids) != tokens-k:
+			t.Errorf("request %d: the one GPU's continuation from token %d: %d tokens, %v", i, k, len(g.ids), g.err)
+		case first < 0:
 			continued++
+		default:
+			// bf16 sums on the GPU depend on the batch: two tokens within
+			// a hair of each other may swap between two runs of the same
+			// context. Anything else is a wrong token.
+			m1, m2 := margin(s.lps, k+first), margin(g.lps, first)
+			t.Logf("request %d: after the recovery (from token %d) the one GPU's continuation parts at token %d: %d in the run, %d alone; the top two log-probabilities %.4f apart in the run, %.4f alone",
+				i, k, k+first, s.ids[k+first], g.ids[first], m1, m2)
+			if min(m1, m2) > nearTie {
+				t.Errorf("request %d: token %d after the recovery is not the one GPU's (margin %.4f, not a near-tie)", i, k+first, min(m1, m2))
+			} else {
+				nearTies++
+			}
 		}
 		if f := fresh.s[i]; f.err == nil && slices.Equal(f.ids, s.ids) {
 			whole++
 		}
 	}
-	t.Logf("%d of %d requests in flight completed; %d of %d continue after the recovery exactly as the one GPU does; %d of %d equal the one-GPU run from scratch in full; the longest pause a stream saw %v",
-		completed, n, continued, n, whole, n, worst.Round(time.Millisecond))
+	if nearTies > 0 {
+		t.Logf("%d of %d continuations part from the run at a near-tie (top two log-probabilities within %.2f), which bf16 batching decides either way", nearTies, n, nearTie)
+	}
+	t.Logf("%d of %d requests in flight completed; %d of %d continue after the recovery exactly as the one GPU does (%d part at a near-tie); %d of %d equal the one-GPU run from scratch in full; the longest pause a stream saw %v",
+		completed, n, continued, n, nearTies, whole, n, worst.Round(time.Millisecond))
 	t.Logf("split points (tokens received before the recovery was seen): %v", split)
+}
+
+// nearTie is the largest gap between the top two log-probabilities at
+// which two runs of a context may pick different tokens: the bf16
+// tolerance scripts/gpu-cluster-check.sh holds log-probabilities to.
+const nearTie = 0.05
+
+// firstDifference is the first index where a and b differ (their common
+// length compared), or -1.
+func firstDifference(a, b []int32) int {
+	for j := range min(len(a), len(b)) {
+		if a[j] != b[j] {
+			return j
+		}
+	}
+	return -1
+}
+
+// margin is the gap between the two most likely tokens' log-probabilities
+// at token j (+Inf when unknown).
+func margin(lps []*tandemv1.TokenLogprobs, j int) float64 {
+	if j >= len(lps) || len(lps[j].GetTop()) < 2 {
+		return math.Inf(1)
+	}
+	top := lps[j].GetTop()
+	return math.Abs(float64(top[0].GetLogprob() - top[1].GetLogprob()))
 }
