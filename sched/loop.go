@@ -232,6 +232,9 @@ func (l *Loop) run(ctx context.Context, sc *Scheduler, cur *attachment) (err err
 					r.s.end(fmt.Errorf("%w: the new pipeline holds %d KV blocks of %d positions, at most %d positions a request", ErrTooLarge, sc.cfg.NumBlocks, sc.cfg.BlockSize, sc.cfg.MaxModelLen))
 				}
 				cur = l.attach(ctx, c.replace.ex, sc.cfg.MaxConcurrentBatches)
+				// Stats shows the replacement once Replace returns.
+				st := sc.Stats()
+				l.stats.Store(&st)
 				c.ack <- nil
 				continue
 			case c.failAll != nil:
@@ -241,6 +244,8 @@ func (l *Loop) run(ctx context.Context, sc *Scheduler, cur *attachment) (err err
 					r.s.end(c.failAll)
 				}
 				clear(reqs)
+				st := sc.Stats()
+				l.stats.Store(&st)
 				c.ack <- nil
 				continue
 			}

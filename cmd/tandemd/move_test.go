@@ -97,6 +97,9 @@ func moveUnderLoad(t *testing.T, ctx context.Context, c *localCluster, reqs []*t
 	if err != nil {
 		t.Fatalf("%s: %v", what, err)
 	}
+	if r.GetMoveTime() != nil && (r.GetRequestsReprefilled() == 0 || int(r.GetRequestsReprefilled()) > len(reqs)) {
+		t.Errorf("%s: %d running requests re-prefilled, want some of the %d under way", what, r.GetRequestsReprefilled(), len(reqs))
+	}
 	survived, pause := ss.check(t, want)
 	g := ss.gaps(start, end)
 	t.Logf("%s: moved %t to epoch %d in %v (the call: %v): [%s] -> [%s] (* reused), KV %d -> %d tokens, %d running requests re-prefilled; %s",
