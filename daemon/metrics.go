@@ -122,8 +122,8 @@ func (c metricsCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(descChanges, tot.Recoveries, "recovery")
 	counter(descChanges, tot.Moves, "move")
 	counter(descChanges, tot.Rebalances, "rebalance")
-	counter(descReprefilled, tot.ReprefilledRequests)
-	counter(descReprefilledTokens, tot.ReprefilledTokens)
+	counter(descReprefilled, d.counters.Reprefilled())
+	counter(descReprefilledTokens, d.counters.ReprefilledTokens())
 	if !snap.Leading {
 		return
 	}

@@ -69,7 +69,16 @@ type Config struct {
 // Counters. They are safe for concurrent use.
 type Counters struct {
 	preemptions, failed, refused, discarded, steps atomic.Uint64
+	reprefilled, reprefilledTokens                 atomic.Uint64
 }
+
+// Reprefilled is the number of running requests Replace sent back to
+// prefill again on a new pipeline; ReprefilledTokens the positions they
+// had in the old pipeline's KV cache, which they compute again.
+func (c *Counters) Reprefilled() uint64 { return c.reprefilled.Load() }
+
+// ReprefilledTokens: see Reprefilled.
+func (c *Counters) ReprefilledTokens() uint64 { return c.reprefilledTokens.Load() }
 
 // Preemptions is the number of requests sent back to waiting for lack of
 // KV blocks.

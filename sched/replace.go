@@ -34,6 +34,8 @@ func (sc *Scheduler) Replace(cfg Config) (dropped []uint64, err error) {
 		if s.state == running {
 			sc.stats.Reprefilled++
 			sc.stats.ReprefilledTokens += uint64(s.computed)
+			sc.cfg.Counters.reprefilled.Add(1)
+			sc.cfg.Counters.reprefilledTokens.Add(uint64(s.computed))
 		}
 		// Steps in flight alias the old block tables: drop them, never
 		// reuse them.

@@ -107,6 +107,8 @@ func TestChaosPartition(t *testing.T) {
 	dir := testModel(t)
 	const n = 12
 	reqs, want := chaosRequests(t, dir, n, 300)
+	// Beyond loopback a node needs the cluster secret.
+	keyFile, _ := writeSecret(t, "cluster.key", "the partition test's cluster secret")
 	logs := &logBuffer{}
 	var procs []*daemonProc
 	t.Cleanup(func() {
@@ -121,7 +123,8 @@ func TestChaosPartition(t *testing.T) {
 		ns, addr := lab.host(name)
 		args := []string{"netns", "exec", ns, os.Args[0], "serve", "--name", name, "--model", dir,
 			"--grpc", addr + ":7400", "--gossip", addr + ":7401", "--control", addr + ":0", "--data", addr + ":0",
-			"--leader", "leader", "--fast-gossip", "--log-level", "info", "--memory", "1GiB", "--backend", "cpu", "--progress", "log"}
+			"--leader", "leader", "--fast-gossip", "--log-level", "info", "--memory", "1GiB", "--backend", "cpu", "--progress", "log",
+			"--cluster-key-file", keyFile}
 		spec := clusterSpec{exe: "ip", env: []string{asDaemonEnv + "=1"}, model: dir, logLevel: "info", stderr: logs}
 		p, err := startDaemon(ctx, spec, name, append(args, extra...))
 		if err != nil {

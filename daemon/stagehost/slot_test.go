@@ -10,6 +10,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/tandem-llm/tandem/daemon/nodewire"
 	"github.com/tandem-llm/tandem/daemon/placement"
 	"github.com/tandem-llm/tandem/model"
 	"github.com/tandem-llm/tandem/model/randinit"
@@ -69,7 +70,7 @@ func wire(t *testing.T, s *Slot, epoch uint64, r *tandemv1.LoadResponse) *pipeli
 	if _, err := s.Connect(ctx, &tandemv1.ConnectRequest{Epoch: epoch}); err != nil {
 		t.Fatalf("connect epoch %d: %v", epoch, err)
 	}
-	link, err := pipeline.DialLink(ctx, r.GetControlAddr())
+	link, err := pipeline.ControlConfig{Link: nodewire.ControlLink(s.cfg.Name), Epoch: epoch}.Dial(ctx, r.GetControlAddr())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -82,21 +82,8 @@ type Totals struct {
 	Counts
 	// ReprefilledRequests and ReprefilledTokens count the running
 	// requests re-prefilled on a new pipeline and the positions they
-	// computed again; FailedRequests those failed for want of a pipeline.
-	ReprefilledRequests, ReprefilledTokens, FailedRequests uint64
-}
-
-// monotonic turns a count that restarts from zero (a new scheduler loop
-// for each leadership) into one that only grows.
-type monotonic struct{ last, total uint64 }
-
-func (m *monotonic) observe(v uint64) {
-	if v >= m.last {
-		m.total += v - m.last
-	} else {
-		m.total += v
-	}
-	m.last = v
+	// computed again (BuilderConfig.Counters).
+	ReprefilledRequests, ReprefilledTokens uint64
 }
 
 // Supervisor is the leader's supervision loop: it feeds the Core the
@@ -119,13 +106,11 @@ type Supervisor struct {
 	builds  map[uint64]context.CancelFunc
 	watch   *Pipeline               // the serving pipeline, watched for a failure while idle
 	waiters map[uint64][]chan error // admin commands waiting for the build of an epoch to end
-	base    [2]uint64               // the re-prefill totals when the last change began
+	base    [2]uint64               // the re-prefill counts when the last change began
 
 	mu    sync.Mutex
 	pipes map[uint64]*Pipeline // built and not closed, by epoch
 	snap  Snapshot
-	// The scheduler's counts, made monotonic across its loops.
-	reqs, toks, failed monotonic
 }
 
 // New returns a supervisor over memb; it starts nothing.
@@ -142,6 +127,9 @@ func New(cfg Config, memb Membership) *Supervisor {
 	if cfg.Builder.Log == nil {
 		cfg.Builder.Log = cfg.Log
 	}
+	if cfg.Builder.Counters == nil {
+		cfg.Builder.Counters = &sched.Counters{}
+	}
 	s := &Supervisor{
 		cfg: cfg, log: cfg.Log, core: NewCore(cfg.Core), builder: NewBuilder(cfg.Builder), memb: memb,
 		events: make(chan Event, 16), stopped: make(chan struct{}),
@@ -157,21 +145,19 @@ func (s *Supervisor) Engine() *Engine { return s.engine }
 
 // Snapshot is the state after the loop's last step.
 func (s *Supervisor) Snapshot() Snapshot {
-	st := s.engine.Stats()
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.observe(st)
 	snap := s.snap
-	snap.Sched = st
-	snap.Totals.ReprefilledRequests, snap.Totals.ReprefilledTokens, snap.Totals.FailedRequests = s.reqs.total, s.toks.total, s.failed.total
+	s.mu.Unlock()
+	snap.Sched = s.engine.Stats()
+	c := s.cfg.Builder.Counters
+	snap.Totals.ReprefilledRequests, snap.Totals.ReprefilledTokens = c.Reprefilled(), c.ReprefilledTokens()
 	return snap
 }
 
-// observe takes the scheduler's counts into the totals. s.mu is held.
-func (s *Supervisor) observe(st sched.Stats) {
-	s.reqs.observe(st.Reprefilled)
-	s.toks.observe(st.ReprefilledTokens)
-	s.failed.observe(st.Failed)
+// reprefilled is how many requests and positions were re-prefilled so far.
+func (s *Supervisor) reprefilled() [2]uint64 {
+	c := s.cfg.Builder.Counters
+	return [2]uint64{c.Reprefilled(), c.ReprefilledTokens()}
 }
 
 // LastTick is when the loop last woke up.
@@ -304,10 +290,7 @@ func (s *Supervisor) step(ctx context.Context, ev Event) {
 	case BuildDone:
 		delete(s.builds, e.Epoch)
 	}
-	s.mu.Lock()
-	s.observe(s.engine.Stats())
-	before := [2]uint64{s.reqs.total, s.toks.total}
-	s.mu.Unlock()
+	before := s.reprefilled()
 	building := s.core.Status().Building
 	acts, err := s.core.Step(time.Now(), ev)
 	if reply != nil {
@@ -325,15 +308,15 @@ func (s *Supervisor) step(ctx context.Context, ev Event) {
 	st := s.core.Status()
 	s.engine.admit(st.Accepting, st.Reason)
 	stats := s.engine.Stats()
+	now := s.reprefilled()
 	s.mu.Lock()
-	s.observe(stats)
 	if c := &s.snap.Change; st.Last.Start != c.Start || st.Last.Kind != c.Kind {
 		// A change began in this step: what it re-prefills counts from
 		// before the step's actions.
 		s.base = before
 	}
 	if c := &s.snap.Change; c.End.IsZero() || c.Start != st.Last.Start {
-		*c = ChangeReport{Change: st.Last, Requests: s.reqs.total - s.base[0], Tokens: s.toks.total - s.base[1]}
+		*c = ChangeReport{Change: st.Last, Requests: now[0] - s.base[0], Tokens: now[1] - s.base[1]}
 	}
 	s.snap.Status = st
 	s.snap.Pipeline = s.pipes[st.Epoch]
