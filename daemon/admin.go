@@ -2,13 +2,16 @@ package daemon
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"time"
 
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/tandem-llm/tandem/daemon/apierr"
 	"github.com/tandem-llm/tandem/daemon/membership"
+	"github.com/tandem-llm/tandem/daemon/steptrace"
 	"github.com/tandem-llm/tandem/daemon/supervise"
 	tandemv1 "github.com/tandem-llm/tandem/proto/tandem/v1"
 	"github.com/tandem-llm/tandem/sched"
@@ -74,8 +77,15 @@ func (a *adminServer) Status(context.Context, *tandemv1.StatusRequest) (*tandemv
 		resp.GraphMode = p.Graphs.Dispatch.Mode().String()
 		resp.Handoff = p.Handoff
 		resp.MaxInFlight = uint32(p.MaxInFlight)
+		epoch, busy := d.sup.Trace().Busy(time.Now())
 		for i := range p.Stages {
-			resp.Stages = append(resp.Stages, stageStatus(i, &p.Stages[i]))
+			st := stageStatus(i, &p.Stages[i])
+			if epoch == p.Epoch && i < len(busy) {
+				b := busy[i]
+				st.Busy, st.DeviceBusy = durationpb.New(b.Busy), durationpb.New(b.DeviceBusy)
+				st.BusyFraction, st.DeviceBusyFraction = b.Recent, b.RecentDevice
+			}
+			resp.Stages = append(resp.Stages, st)
 		}
 	}
 	return resp, nil
@@ -121,6 +131,41 @@ func (a *adminServer) Graphs(context.Context, *tandemv1.GraphsRequest) (*tandemv
 		resp.Steps = append(resp.Steps, &tandemv1.GraphStepCount{Unpadded: uint32(r.Unpadded), Padded: uint32(r.Padded), Mode: r.Mode.String(), Count: r.Count})
 	}
 	return resp, nil
+}
+
+// defaultTraceTimeout bounds a Trace call that sets no timeout.
+const defaultTraceTimeout = 30 * time.Second
+
+// Trace implements tandem.v1.Admin.
+func (a *adminServer) Trace(ctx context.Context, in *tandemv1.TraceRequest) (*tandemv1.TraceResponse, error) {
+	d := a.d
+	if d.sup.Snapshot().Pipeline == nil {
+		return nil, apierr.GRPC(apierr.Preconditionf("node %s runs no pipeline: ask the leader", d.cfg.Name))
+	}
+	n := int(in.GetSteps())
+	if n < 1 || n > steptrace.MaxSteps {
+		return nil, apierr.GRPC(apierr.Invalidf("steps %d: want 1 to %d", n, steptrace.MaxSteps))
+	}
+	timeout := in.GetTimeout().AsDuration()
+	if timeout <= 0 {
+		timeout = defaultTraceTimeout
+	}
+	rctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	tr, err := d.sup.Trace().Record(rctx, n)
+	switch {
+	case errors.Is(err, steptrace.ErrBusy):
+		return nil, apierr.GRPC(apierr.Preconditionf("%v", err))
+	case err != nil && ctx.Err() == nil && rctx.Err() != nil:
+		return nil, apierr.GRPC(apierr.Unavailablef("trace of %d steps: %v within %v: is the cluster serving requests?", n, err, timeout))
+	case err != nil:
+		return nil, apierr.GRPC(err)
+	}
+	js, err := tr.JSON()
+	if err != nil {
+		return nil, apierr.GRPC(err)
+	}
+	return &tandemv1.TraceResponse{TraceJson: js}, nil
 }
 
 // schedulerStats describes the leader's scheduler.

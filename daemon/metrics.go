@@ -68,6 +68,9 @@ var (
 		"Running requests re-prefilled on a new pipeline (a recovery or a move), since this node started.", nil, nil)
 	descReprefilledTokens = prometheus.NewDesc("tandem_reprefilled_tokens_total",
 		"KV positions re-prefilled requests computed again on a new pipeline, since this node started.", nil, nil)
+	descStageBusy = prometheus.NewDesc("tandem_stage_busy_seconds_total",
+		"Each stage's busy time since its pipeline was built, from its own timing: its forward passes (of=\"forward\") and their device time (of=\"device\", 0 where not measured); its rate is the stage's busy fraction (leader only).",
+		[]string{"stage", "node", "of"}, nil)
 )
 
 // metricsCollector is a prometheus.Collector reading the daemon's live
@@ -79,7 +82,7 @@ type metricsCollector struct{ d *Daemon }
 func (c metricsCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descInfo, descLeader, descServing, descEpoch, descInFlight, descKVUsed,
 		descKVTotal, descDiscarded, descSteps, descFailed, descRefused, descStepTime, descGraphSteps, descGraphMem,
-		descChanges, descReprefilled, descReprefilledTokens} {
+		descChanges, descReprefilled, descReprefilledTokens, descStageBusy} {
 		ch <- d
 	}
 }
@@ -140,6 +143,12 @@ func (c metricsCollector) Collect(ch chan<- prometheus.Metric) {
 	for i := range p.Stages {
 		s := stageStatus(i, &p.Stages[i])
 		gauge(descGraphMem, float64(s.GetGraphBytes()), strconv.Itoa(i), s.GetNode())
+	}
+	if epoch, busy := d.sup.Trace().Busy(time.Now()); epoch == p.Epoch {
+		for _, b := range busy {
+			ch <- prometheus.MustNewConstMetric(descStageBusy, prometheus.CounterValue, b.Busy.Seconds(), strconv.Itoa(b.Stage), b.Node, "forward")
+			ch <- prometheus.MustNewConstMetric(descStageBusy, prometheus.CounterValue, b.DeviceBusy.Seconds(), strconv.Itoa(b.Stage), b.Node, "device")
+		}
 	}
 }
 

@@ -46,6 +46,16 @@
 // message is 8 bytes a sequence), since the first stage takes them only
 // when a step awaits them; package sched keeps at most that many waiting.
 //
+// Stages time their own steps (StageTiming: waiting for the step,
+// awaiting hand-offs, receiving, the forward pass with its device time
+// where the stage measures it, sending, and the busy time so far) on a
+// monotonic clock of their own. A step with Step.Report asks for that
+// timing: the last stage returns it with its result, the others in a
+// report of their own, which the Driver hands its Observer
+// (DriverOptions.Observer) with the time it arrived; the Observer also
+// decides which steps ask (package daemon/steptrace: traces, and the
+// stages' busy time).
+//
 // Generate is the plain driving loop: chunked prefill, decodes of running
 // requests batched with other requests' prefill chunks, stop tokens and
 // token limits. The scheduler replaces it with continuous batching over a

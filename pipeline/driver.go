@@ -15,6 +15,7 @@ import (
 type Driver struct {
 	links   []Link
 	timeout time.Duration
+	obs     Observer
 	reports chan report
 	wg      sync.WaitGroup
 
@@ -54,6 +55,9 @@ type DriverOptions struct {
 	// device) fails the pipeline after it instead of hanging it (0: no
 	// bound).
 	StepTimeout time.Duration
+	// Observer, when set, sees every step submitted and the stages'
+	// timings of the steps it asks them to report (nil: none asked).
+	Observer Observer
 }
 
 // NewDriver drives the stages behind links, in pipeline order, without a
@@ -69,12 +73,19 @@ func (o DriverOptions) New(links []Link) (*Driver, error) {
 	if o.StepTimeout < 0 {
 		return nil, fmt.Errorf("pipeline driver: step timeout %v is negative", o.StepTimeout)
 	}
-	d := &Driver{links: links, timeout: o.StepTimeout, reports: make(chan report, 4*len(links)), broken: make(chan struct{})}
+	d := &Driver{links: links, timeout: o.StepTimeout, obs: o.Observer, reports: make(chan report, 4*len(links)), broken: make(chan struct{})}
+	last := len(links) - 1
 	for i, l := range links {
 		d.wg.Add(1)
 		go func() {
 			defer d.wg.Done()
 			for r := range l.Results() {
+				if r.Timing != nil && d.obs != nil {
+					d.obs.Reported(i, r.Batch, r.Timing, time.Now())
+				}
+				if r.Err == "" && i != last && r.Timing != nil {
+					continue // a stage's timing of a step, nothing more
+				}
 				if r.Err != "" {
 					d.learn(fact{stage: i, reported: true, link: strings.Contains(r.Err, linkFailed), err: fmt.Errorf("stage %d failed: %s", i, r.Err)})
 				}
@@ -130,8 +141,12 @@ func (d *Driver) Submit(ctx context.Context, s *Step) error {
 		defer cancel()
 	}
 	if len(s.Batch.Seqs) > 0 {
+		now := time.Now()
+		if d.obs != nil {
+			s.Report = d.obs.Submitting(s, now)
+		}
 		d.mu.Lock()
-		d.sent = append(d.sent, sentStep{batch: s.Batch.ID, at: time.Now()})
+		d.sent = append(d.sent, sentStep{batch: s.Batch.ID, at: now})
 		d.mu.Unlock()
 	}
 	for i, l := range d.links {

@@ -29,6 +29,8 @@ type LocalOptions struct {
 	// keeps in flight (0: the number of stages plus one, the most steps
 	// in flight with hand-off).
 	HandoffDepth int
+	// Observer sees the driver's steps (DriverOptions.Observer).
+	Observer Observer
 }
 
 // Start runs stages, in pipeline order, as one pipeline inside this process
@@ -74,7 +76,7 @@ func (o LocalOptions) Start(ctx context.Context, stages []stage.Stage) (*Driver,
 			l.finish(err)
 		}()
 	}
-	return NewDriver(links)
+	return DriverOptions{Observer: o.Observer}.New(links)
 }
 
 // memLink is both ends of an in-process control link: the leader's Link and

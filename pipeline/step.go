@@ -20,10 +20,14 @@ type Step struct {
 	// first stage must have received and applied before it runs this
 	// step: the placeholders of this step need their tokens. 0 otherwise.
 	AwaitHandoff int
+	// Report asks every stage for its timing of the step (Result.Timing):
+	// the last stage with its result, the others in a report of their own.
+	Report bool
 }
 
 // Result is what a stage reports for a step. The last stage reports every
-// step with its sampled tokens; the others report only failures.
+// step with its sampled tokens; the others report failures, and their
+// timing of the steps that ask for it (Step.Report), with no samples.
 type Result struct {
 	Batch   uint64
 	Stage   int // index of the reporting stage
@@ -31,6 +35,9 @@ type Result struct {
 	Logits  []stage.SeqLogits
 	// Err is the stage's failure, as text (it crosses process boundaries).
 	Err string
+	// Timing is the stage's account of the step when the step asked for
+	// it (nil otherwise).
+	Timing *StageTiming
 }
 
 // Control is a stage's link to the leader.

@@ -7,6 +7,7 @@ import (
 	"io"
 	"reflect"
 	"strings"
+	"time"
 
 	"github.com/tandem-llm/tandem/collective"
 	"github.com/tandem-llm/tandem/stage"
@@ -61,6 +62,12 @@ type Worker struct {
 	// applied.
 	expect  []collective.Header
 	applied int
+
+	// clk is the worker's clock, t the timing of the step being run, and
+	// busy and deviceBusy the stage's busy times so far.
+	clk              clock
+	t                StageTiming
+	busy, deviceBusy time.Duration
 }
 
 // Serve runs steps until the leader closes the control link (it then
@@ -78,8 +85,11 @@ func (w *Worker) Serve(ctx context.Context) error {
 	if _, ok := w.Stage.(stage.HandoffReceiver); w.HandoffIn != nil && !ok {
 		return fmt.Errorf("stage %d (layers %d-%d): a hand-off link in, but the stage (%T) cannot take hand-offs", w.Index, info.Lo, info.Hi, w.Stage)
 	}
+	w.clk = clock{start: time.Now()}
 	for {
+		w.t = StageTiming{Waited: w.clk.now()}
 		st, err := w.Ctl.Next(ctx)
+		w.t.Got = w.clk.now()
 		if errors.Is(err, io.EOF) {
 			return nil
 		}
@@ -99,6 +109,13 @@ func (w *Worker) Serve(ctx context.Context) error {
 			}
 			return err
 		}
+		if st.Report && len(st.Batch.Seqs) > 0 {
+			if res == nil {
+				res = &Result{Batch: st.Batch.ID, Stage: w.Index}
+			}
+			t := w.t
+			res.Timing = &t
+		}
 		if res != nil {
 			if err := w.Ctl.Report(ctx, res); err != nil {
 				return fmt.Errorf("stage %d: report batch %d: %w", w.Index, st.Batch.ID, err)
@@ -114,21 +131,37 @@ func (w *Worker) step(ctx context.Context, info stage.Info, st *Step) (*Result, 
 	if len(st.Batch.Seqs) == 0 {
 		return nil, nil
 	}
+	t := &w.t
+	t.HandoffStart = w.clk.now()
 	if info.First {
 		if err := w.awaitHandoff(ctx, st); err != nil {
 			return nil, err
 		}
 	}
+	t.HandoffEnd = w.clk.now()
+	t.RecvStart = t.HandoffEnd
 	if w.Prev != nil {
 		h := collective.Header{Batch: st.Batch.ID, Rows: st.Batch.NumTokens(), Cols: info.Hidden, DType: info.ActDType}
 		if err := w.Prev.Recv(ctx, h, w.Stage.Input()); err != nil {
 			return nil, fmt.Errorf("%sreceive activations: %w", linkFailed, err)
 		}
+		t.RecvEnd = w.clk.now()
+	} else {
+		t.RecvEnd = t.RecvStart
 	}
+	t.ForwardStart = t.RecvEnd
 	out, err := w.Stage.Forward(ctx, &st.Batch)
 	if err != nil {
 		return nil, fmt.Errorf("forward: %w", err)
 	}
+	t.ForwardEnd = w.clk.now()
+	if dt, ok := w.Stage.(DeviceTimer); ok {
+		t.Device = dt.LastStepTime()
+	}
+	w.busy += t.ForwardEnd - t.ForwardStart
+	w.deviceBusy += t.Device
+	t.Busy, t.DeviceBusy = w.busy, w.deviceBusy
+	t.SendStart, t.SendEnd = t.ForwardEnd, t.ForwardEnd
 	if st.Batch.Handoff {
 		if err := w.handoff(ctx, info, &st.Batch, out); err != nil {
 			return nil, err
@@ -138,8 +171,10 @@ func (w *Worker) step(ctx context.Context, info stage.Info, st *Step) (*Result, 
 		if err := w.Next.Send(ctx, out.Header, out.Activations); err != nil {
 			return nil, fmt.Errorf("%ssend activations: %w", linkFailed, err)
 		}
+		t.SendEnd = w.clk.now()
 		return nil, nil
 	}
+	t.SendEnd = w.clk.now()
 	return &Result{Batch: st.Batch.ID, Stage: w.Index, Sampled: out.Sampled, Logits: out.Logits}, nil
 }
 

@@ -86,7 +86,10 @@
 // whole KV cache) is refused with an error wrapping ErrTooLarge.
 //
 // Loop runs a Scheduler against an Executor (a *pipeline.Driver) and gives
-// each request a Stream of its tokens.
+// each request a Stream of its tokens. With LoopOptions.Observer it tells
+// when it scheduled and submitted each step, when it took each result and
+// when each request had its first token (tracing, package
+// daemon/steptrace).
 //
 // Requests outlive a pipeline. Replace moves the scheduler onto a new one
 // (a stage died, or the layers moved): the steps in flight are abandoned,

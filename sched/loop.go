@@ -7,6 +7,7 @@ import (
 	"io"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/tandem-llm/tandem/pipeline"
 )
@@ -33,6 +34,7 @@ var ErrClosed = errors.New("scheduler closed")
 type Loop struct {
 	cmds      chan command
 	onFailure func(Executor, error)
+	obs       Observer
 	cancel    context.CancelFunc
 	done      chan struct{} // closed when the loop goroutine has returned
 	wg        sync.WaitGroup
@@ -79,6 +81,23 @@ type LoopOptions struct {
 	// Without OnFailure a failure stops the loop, ending every stream with
 	// the error.
 	OnFailure func(ex Executor, err error)
+	// Observer, when set, sees the steps scheduled and completed and each
+	// request's first token (tracing).
+	Observer Observer
+}
+
+// Observer sees a Loop's work (LoopOptions.Observer). It is called on the
+// loop's goroutine and must return at once; it must not keep the step.
+type Observer interface {
+	// Scheduled: step st, which carries sequences, was planned and
+	// submitted between start and end; inFlight steps are in flight.
+	Scheduled(st *pipeline.Step, inFlight int, start, end time.Time)
+	// Completed: the result of batch came and its tokens were delivered
+	// between start and end; inFlight steps are still in flight.
+	Completed(batch uint64, tokens, inFlight int, start, end time.Time)
+	// FirstToken: request id, submitted to the loop at submitted, had its
+	// first token delivered at at.
+	FirstToken(id uint64, submitted, at time.Time)
 }
 
 // Start starts a loop over ex (nil: none yet, see Replace) with a
@@ -89,7 +108,7 @@ func (o LoopOptions) Start(cfg Config, ex Executor) (*Loop, error) {
 		return nil, err
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	l := &Loop{cmds: make(chan command), cancel: cancel, done: make(chan struct{}), onFailure: o.OnFailure}
+	l := &Loop{cmds: make(chan command), cancel: cancel, done: make(chan struct{}), onFailure: o.OnFailure, obs: o.Observer}
 	st := sc.Stats()
 	l.stats.Store(&st)
 	l.wg.Add(1)
@@ -169,6 +188,10 @@ type live struct {
 	s    *Stream
 	ctx  context.Context
 	stop func() bool // unregisters the cancellation
+	// submitted is when the loop took the request (with an Observer);
+	// first is set once its first token is delivered.
+	submitted time.Time
+	first     bool
 }
 
 func (l *Loop) run(ctx context.Context, sc *Scheduler, cur *attachment) (err error) {
@@ -195,6 +218,10 @@ func (l *Loop) run(ctx context.Context, sc *Scheduler, cur *attachment) (err err
 	var nextID uint64
 	for {
 		for cur != nil {
+			var start time.Time
+			if l.obs != nil {
+				start = time.Now()
+			}
 			st, ok := sc.Schedule()
 			if !ok {
 				break
@@ -207,6 +234,9 @@ func (l *Loop) run(ctx context.Context, sc *Scheduler, cur *attachment) (err err
 			}
 			if len(st.Batch.Seqs) > 0 {
 				cur.waits <- struct{}{} // never blocks: at most MaxConcurrentBatches in flight
+				if l.obs != nil {
+					l.obs.Scheduled(st, sc.InFlight(), start, time.Now())
+				}
 			}
 		}
 		st := sc.Stats()
@@ -264,6 +294,9 @@ func (l *Loop) run(ctx context.Context, sc *Scheduler, cur *attachment) (err err
 			}
 			id := nextID
 			r := &live{s: newStream(id), ctx: c.ctx}
+			if l.obs != nil {
+				r.submitted = time.Now()
+			}
 			r.stop = context.AfterFunc(c.ctx, func() {
 				select {
 				case l.cmds <- command{cancel: id}:
@@ -279,6 +312,10 @@ func (l *Loop) run(ctx context.Context, sc *Scheduler, cur *attachment) (err err
 				}
 				continue
 			}
+			var start time.Time
+			if l.obs != nil {
+				start = time.Now()
+			}
 			outs, err := sc.Complete(w.r)
 			if err != nil {
 				return err
@@ -292,11 +329,18 @@ func (l *Loop) run(ctx context.Context, sc *Scheduler, cur *attachment) (err err
 					continue
 				}
 				r.s.push(o)
+				if !r.first && l.obs != nil {
+					l.obs.FirstToken(o.ID, r.submitted, time.Now())
+				}
+				r.first = true
 				if o.Finish != "" {
 					r.stop()
 					delete(reqs, o.ID)
 					r.s.end(io.EOF)
 				}
+			}
+			if l.obs != nil {
+				l.obs.Completed(w.r.Batch, len(outs), sc.InFlight(), start, time.Now())
 			}
 		case <-ctx.Done():
 			return ErrClosed

@@ -21,6 +21,6 @@ func newRootCmd() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newStatusCmd(), newGraphsCmd(), newRebalanceCmd(), newDrainCmd(), newUndrainCmd(), newGenerateCmd(), newBenchCmd(), newModelCmd(), newTokenizeCmd(), newChatTemplateCmd(), newChatCmd())
+	root.AddCommand(newStatusCmd(), newGraphsCmd(), newRebalanceCmd(), newDrainCmd(), newUndrainCmd(), newGenerateCmd(), newBenchCmd(), newTraceCmd(), newModelCmd(), newTokenizeCmd(), newChatTemplateCmd(), newChatCmd())
 	return root
 }

@@ -97,15 +97,15 @@ func printStatus(w io.Writer, st *tandemv1.StatusResponse) error {
 	if len(st.GetStages()) > 0 {
 		fmt.Fprintln(w)
 		tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "STAGE\tNODE\tLAYERS\tBACKEND\tMEMORY\tKV TOKENS\tWEIGHTS\tKV CACHE\tGRAPHS\tGRAPH MEMORY\tCAPTURE\tNEXT\tDEVICE")
+		fmt.Fprintln(tw, "STAGE\tNODE\tLAYERS\tBACKEND\tMEMORY\tKV TOKENS\tWEIGHTS\tKV CACHE\tGRAPHS\tGRAPH MEMORY\tCAPTURE\tNEXT\tBUSY\tDEVICE")
 		for _, s := range st.GetStages() {
 			next := s.GetNextLink()
 			if next == "" {
 				next = "-"
 			}
-			fmt.Fprintf(tw, "%d\t%s\t[%d, %d)\t%s\t%s\t%d\t%s\t%s\t%d\t%s\t%v\t%s\t%s\n", s.GetIndex(), s.GetNode(), s.GetLayerLo(), s.GetLayerHi(), s.GetBackend(),
+			fmt.Fprintf(tw, "%d\t%s\t[%d, %d)\t%s\t%s\t%d\t%s\t%s\t%d\t%s\t%v\t%s\t%s\t%s\n", s.GetIndex(), s.GetNode(), s.GetLayerLo(), s.GetLayerHi(), s.GetBackend(),
 				bytesText(s.GetMemoryBytes()), s.GetKvTokens(), bytesText(s.GetWeightBytes()), bytesText(s.GetKvBytes()), s.GetGraphs(), bytesText(s.GetGraphBytes()),
-				s.GetCaptureTime().AsDuration(), next, s.GetDevice())
+				s.GetCaptureTime().AsDuration(), next, busyText(s), s.GetDevice())
 		}
 		tw.Flush()
 	}
@@ -147,6 +147,16 @@ func printScheduler(tw io.Writer, sc *tandemv1.SchedulerStats) {
 		fmt.Fprintf(tw, "recovery:\t%d requests re-prefilled on a new pipeline (%d tokens), %d failed for want of one\n",
 			sc.GetReprefilled(), sc.GetReprefilledTokens(), sc.GetFailed())
 	}
+}
+
+// busyText is a stage's busy fraction over the last second, its device's
+// in parentheses where the stage measures it.
+func busyText(s *tandemv1.Stage) string {
+	t := fmt.Sprintf("%.0f%%", 100*s.GetBusyFraction())
+	if s.GetDeviceBusy().AsDuration() > 0 {
+		t += fmt.Sprintf(" (device %.0f%%)", 100*s.GetDeviceBusyFraction())
+	}
+	return t
 }
 
 func short(id string) string {

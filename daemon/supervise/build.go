@@ -75,7 +75,11 @@ type BuilderConfig struct {
 	// pipeline, for the life of the process (each Pipeline's Steps counts
 	// its own).
 	GraphSteps *graphs.Stats
-	Log        *slog.Logger
+	// Observer returns the observer of the driver of the pipeline of
+	// epoch over nodes, in stage order (nil: none); see
+	// pipeline.DriverOptions.
+	Observer func(epoch uint64, nodes []string) pipeline.Observer
+	Log      *slog.Logger
 }
 
 // Builder builds pipelines: it has every stage node of a plan load its
@@ -339,7 +343,15 @@ func (b *build) run(ctx context.Context, members []membership.Member) (*Pipeline
 			return nil, b.fail(i, fmt.Errorf("stage %d on %s: %w", i, b.plan.Stages[i].Node, err), nil)
 		}
 	}
-	if p.drv, err = (pipeline.DriverOptions{StepTimeout: cfg.StepTimeout}).New(links); err != nil {
+	dopts := pipeline.DriverOptions{StepTimeout: cfg.StepTimeout}
+	if cfg.Observer != nil {
+		nodes := make([]string, len(p.Stages))
+		for i := range p.Stages {
+			nodes[i] = p.Stages[i].Node
+		}
+		dopts.Observer = cfg.Observer(b.epoch, nodes)
+	}
+	if p.drv, err = dopts.New(links); err != nil {
 		return nil, err
 	}
 	p.MaxInFlight = len(loads)

@@ -26,6 +26,8 @@ type Engine struct {
 	// failed is told when the pipeline the loop runs on fails; it must
 	// not block.
 	failed func(p *Pipeline, err error)
+	// observer sees the scheduler loop's work (nil: nothing does).
+	observer sched.Observer
 
 	// ops serializes what moves the loop between pipelines (switchTo,
 	// detach); it is held while the loop is called, mu never is: the
@@ -111,7 +113,7 @@ func (e *Engine) switchTo(p *Pipeline) error {
 	e.cur = p
 	e.mu.Unlock()
 	if loop == nil {
-		l, err := sched.LoopOptions{OnFailure: e.onFailure}.Start(p.Sched, p.ex)
+		l, err := sched.LoopOptions{OnFailure: e.onFailure, Observer: e.observer}.Start(p.Sched, p.ex)
 		e.mu.Lock()
 		defer e.mu.Unlock()
 		if err != nil {

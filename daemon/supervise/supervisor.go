@@ -12,6 +12,7 @@ import (
 	"github.com/tandem-llm/tandem/daemon/apierr"
 	"github.com/tandem-llm/tandem/daemon/membership"
 	"github.com/tandem-llm/tandem/daemon/placement"
+	"github.com/tandem-llm/tandem/daemon/steptrace"
 	"github.com/tandem-llm/tandem/pipeline"
 	"github.com/tandem-llm/tandem/sched"
 )
@@ -93,6 +94,7 @@ type Totals struct {
 type Supervisor struct {
 	cfg     Config
 	log     *slog.Logger
+	trace   *steptrace.Recorder
 	core    *Core
 	builder *Builder
 	engine  *Engine
@@ -130,18 +132,27 @@ func New(cfg Config, memb Membership) *Supervisor {
 	if cfg.Builder.Counters == nil {
 		cfg.Builder.Counters = &sched.Counters{}
 	}
+	trace := steptrace.New()
+	if cfg.Builder.Observer == nil {
+		cfg.Builder.Observer = trace.Pipeline
+	}
 	s := &Supervisor{
-		cfg: cfg, log: cfg.Log, core: NewCore(cfg.Core), builder: NewBuilder(cfg.Builder), memb: memb,
+		cfg: cfg, log: cfg.Log, trace: trace, core: NewCore(cfg.Core), builder: NewBuilder(cfg.Builder), memb: memb,
 		events: make(chan Event, 16), stopped: make(chan struct{}),
 		builds: map[uint64]context.CancelFunc{}, pipes: map[uint64]*Pipeline{}, waiters: map[uint64][]chan error{},
 	}
 	s.engine = newEngine(s.pipelineFailed)
+	s.engine.observer = trace
 	s.snap.Status = s.core.Status()
 	return s
 }
 
 // Engine is the leader's request engine.
 func (s *Supervisor) Engine() *Engine { return s.engine }
+
+// Trace is the leader's step recorder: traces of its steps, and its
+// stages' busy time.
+func (s *Supervisor) Trace() *steptrace.Recorder { return s.trace }
 
 // Snapshot is the state after the loop's last step.
 func (s *Supervisor) Snapshot() Snapshot {

@@ -1211,9 +1211,16 @@ type Stage struct {
 	NextLink string `protobuf:"bytes,14,opt,name=next_link,json=nextLink,proto3" json:"next_link,omitempty"`
 	// The stage kept its weights from the pipeline before it (its layers
 	// did not change), so nothing was reloaded.
-	Reused        bool `protobuf:"varint,15,opt,name=reused,proto3" json:"reused,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Reused bool `protobuf:"varint,15,opt,name=reused,proto3" json:"reused,omitempty"`
+	// The stage's busy time since the pipeline was built, from its own
+	// timing: its forward passes, and their device time (0 where the stage
+	// measures none); and the fractions of the last second it was busy.
+	Busy               *durationpb.Duration `protobuf:"bytes,16,opt,name=busy,proto3" json:"busy,omitempty"`
+	DeviceBusy         *durationpb.Duration `protobuf:"bytes,17,opt,name=device_busy,json=deviceBusy,proto3" json:"device_busy,omitempty"`
+	BusyFraction       float64              `protobuf:"fixed64,18,opt,name=busy_fraction,json=busyFraction,proto3" json:"busy_fraction,omitempty"`
+	DeviceBusyFraction float64              `protobuf:"fixed64,19,opt,name=device_busy_fraction,json=deviceBusyFraction,proto3" json:"device_busy_fraction,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *Stage) Reset() {
@@ -1349,6 +1356,34 @@ func (x *Stage) GetReused() bool {
 		return x.Reused
 	}
 	return false
+}
+
+func (x *Stage) GetBusy() *durationpb.Duration {
+	if x != nil {
+		return x.Busy
+	}
+	return nil
+}
+
+func (x *Stage) GetDeviceBusy() *durationpb.Duration {
+	if x != nil {
+		return x.DeviceBusy
+	}
+	return nil
+}
+
+func (x *Stage) GetBusyFraction() float64 {
+	if x != nil {
+		return x.BusyFraction
+	}
+	return 0
+}
+
+func (x *Stage) GetDeviceBusyFraction() float64 {
+	if x != nil {
+		return x.DeviceBusyFraction
+	}
+	return 0
 }
 
 type GraphsRequest struct {
@@ -1536,6 +1571,109 @@ func (x *GraphStepCount) GetCount() uint64 {
 	return 0
 }
 
+type TraceRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The number of steps to record, from the next one submitted (1 to
+	// 100000).
+	Steps uint32 `protobuf:"varint,1,opt,name=steps,proto3" json:"steps,omitempty"`
+	// How long to wait for them (0: 30 s); the steps complete by then are
+	// returned.
+	Timeout       *durationpb.Duration `protobuf:"bytes,2,opt,name=timeout,proto3" json:"timeout,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TraceRequest) Reset() {
+	*x = TraceRequest{}
+	mi := &file_tandem_v1_admin_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TraceRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TraceRequest) ProtoMessage() {}
+
+func (x *TraceRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_tandem_v1_admin_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TraceRequest.ProtoReflect.Descriptor instead.
+func (*TraceRequest) Descriptor() ([]byte, []int) {
+	return file_tandem_v1_admin_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *TraceRequest) GetSteps() uint32 {
+	if x != nil {
+		return x.Steps
+	}
+	return 0
+}
+
+func (x *TraceRequest) GetTimeout() *durationpb.Duration {
+	if x != nil {
+		return x.Timeout
+	}
+	return nil
+}
+
+type TraceResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The trace as Chrome trace-event JSON; its "otherData" sums it up: the
+	// steps, each stage's busy fraction and where the rest of its time
+	// went, the requests' time to first token.
+	TraceJson     []byte `protobuf:"bytes,1,opt,name=trace_json,json=traceJson,proto3" json:"trace_json,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TraceResponse) Reset() {
+	*x = TraceResponse{}
+	mi := &file_tandem_v1_admin_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TraceResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TraceResponse) ProtoMessage() {}
+
+func (x *TraceResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_tandem_v1_admin_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TraceResponse.ProtoReflect.Descriptor instead.
+func (*TraceResponse) Descriptor() ([]byte, []int) {
+	return file_tandem_v1_admin_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *TraceResponse) GetTraceJson() []byte {
+	if x != nil {
+		return x.TraceJson
+	}
+	return nil
+}
+
 var File_tandem_v1_admin_proto protoreflect.FileDescriptor
 
 const file_tandem_v1_admin_proto_rawDesc = "" +
@@ -1643,7 +1781,7 @@ const file_tandem_v1_admin_proto_rawDesc = "" +
 	"\aversion\x18\t \x01(\tR\aversion\x12\x19\n" +
 	"\bmodel_id\x18\n" +
 	" \x01(\tR\amodelId\x12'\n" +
-	"\x0fleader_eligible\x18\v \x01(\bR\x0eleaderEligible\"\xc3\x03\n" +
+	"\x0fleader_eligible\x18\v \x01(\bR\x0eleaderEligible\"\x85\x05\n" +
 	"\x05Stage\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\rR\x05index\x12\x12\n" +
 	"\x04node\x18\x02 \x01(\tR\x04node\x12\x19\n" +
@@ -1661,7 +1799,12 @@ const file_tandem_v1_admin_proto_rawDesc = "" +
 	"\x06graphs\x18\f \x01(\rR\x06graphs\x12<\n" +
 	"\fcapture_time\x18\r \x01(\v2\x19.google.protobuf.DurationR\vcaptureTime\x12\x1b\n" +
 	"\tnext_link\x18\x0e \x01(\tR\bnextLink\x12\x16\n" +
-	"\x06reused\x18\x0f \x01(\bR\x06reused\"\x0f\n" +
+	"\x06reused\x18\x0f \x01(\bR\x06reused\x12-\n" +
+	"\x04busy\x18\x10 \x01(\v2\x19.google.protobuf.DurationR\x04busy\x12:\n" +
+	"\vdevice_busy\x18\x11 \x01(\v2\x19.google.protobuf.DurationR\n" +
+	"deviceBusy\x12#\n" +
+	"\rbusy_fraction\x18\x12 \x01(\x01R\fbusyFraction\x120\n" +
+	"\x14device_busy_fraction\x18\x13 \x01(\x01R\x12deviceBusyFraction\"\x0f\n" +
 	"\rGraphsRequest\"\xc3\x01\n" +
 	"\x0eGraphsResponse\x12\x12\n" +
 	"\x04mode\x18\x01 \x01(\tR\x04mode\x12'\n" +
@@ -1675,19 +1818,26 @@ const file_tandem_v1_admin_proto_rawDesc = "" +
 	"\bunpadded\x18\x01 \x01(\rR\bunpadded\x12\x16\n" +
 	"\x06padded\x18\x02 \x01(\rR\x06padded\x12\x12\n" +
 	"\x04mode\x18\x03 \x01(\tR\x04mode\x12\x14\n" +
-	"\x05count\x18\x04 \x01(\x04R\x05count*\x8b\x01\n" +
+	"\x05count\x18\x04 \x01(\x04R\x05count\"Y\n" +
+	"\fTraceRequest\x12\x14\n" +
+	"\x05steps\x18\x01 \x01(\rR\x05steps\x123\n" +
+	"\atimeout\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\atimeout\".\n" +
+	"\rTraceResponse\x12\x1d\n" +
+	"\n" +
+	"trace_json\x18\x01 \x01(\fR\ttraceJson*\x8b\x01\n" +
 	"\vMemberState\x12\x1c\n" +
 	"\x18MEMBER_STATE_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12MEMBER_STATE_ALIVE\x10\x01\x12\x18\n" +
 	"\x14MEMBER_STATE_SUSPECT\x10\x02\x12\x15\n" +
 	"\x11MEMBER_STATE_DEAD\x10\x03\x12\x15\n" +
-	"\x11MEMBER_STATE_LEFT\x10\x042\xc2\x02\n" +
+	"\x11MEMBER_STATE_LEFT\x10\x042\xfe\x02\n" +
 	"\x05Admin\x12=\n" +
 	"\x06Status\x12\x18.tandem.v1.StatusRequest\x1a\x19.tandem.v1.StatusResponse\x12=\n" +
 	"\x06Graphs\x12\x18.tandem.v1.GraphsRequest\x1a\x19.tandem.v1.GraphsResponse\x129\n" +
 	"\x05Drain\x12\x17.tandem.v1.DrainRequest\x1a\x17.tandem.v1.MoveResponse\x12=\n" +
 	"\aUndrain\x12\x19.tandem.v1.UndrainRequest\x1a\x17.tandem.v1.MoveResponse\x12A\n" +
-	"\tRebalance\x12\x1b.tandem.v1.RebalanceRequest\x1a\x17.tandem.v1.MoveResponseB7Z5github.com/tandem-llm/tandem/proto/tandem/v1;tandemv1b\x06proto3"
+	"\tRebalance\x12\x1b.tandem.v1.RebalanceRequest\x1a\x17.tandem.v1.MoveResponse\x12:\n" +
+	"\x05Trace\x12\x17.tandem.v1.TraceRequest\x1a\x18.tandem.v1.TraceResponseB7Z5github.com/tandem-llm/tandem/proto/tandem/v1;tandemv1b\x06proto3"
 
 var (
 	file_tandem_v1_admin_proto_rawDescOnce sync.Once
@@ -1702,7 +1852,7 @@ func file_tandem_v1_admin_proto_rawDescGZIP() []byte {
 }
 
 var file_tandem_v1_admin_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_tandem_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
+var file_tandem_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
 var file_tandem_v1_admin_proto_goTypes = []any{
 	(MemberState)(0),              // 0: tandem.v1.MemberState
 	(*DrainRequest)(nil),          // 1: tandem.v1.DrainRequest
@@ -1720,40 +1870,47 @@ var file_tandem_v1_admin_proto_goTypes = []any{
 	(*GraphsRequest)(nil),         // 13: tandem.v1.GraphsRequest
 	(*GraphsResponse)(nil),        // 14: tandem.v1.GraphsResponse
 	(*GraphStepCount)(nil),        // 15: tandem.v1.GraphStepCount
-	(*durationpb.Duration)(nil),   // 16: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 17: google.protobuf.Timestamp
+	(*TraceRequest)(nil),          // 16: tandem.v1.TraceRequest
+	(*TraceResponse)(nil),         // 17: tandem.v1.TraceResponse
+	(*durationpb.Duration)(nil),   // 18: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 19: google.protobuf.Timestamp
 }
 var file_tandem_v1_admin_proto_depIdxs = []int32{
 	4,  // 0: tandem.v1.RebalanceRequest.plan:type_name -> tandem.v1.LayerRange
 	6,  // 1: tandem.v1.MoveResponse.before:type_name -> tandem.v1.PlannedStage
 	6,  // 2: tandem.v1.MoveResponse.after:type_name -> tandem.v1.PlannedStage
-	16, // 3: tandem.v1.MoveResponse.move_time:type_name -> google.protobuf.Duration
+	18, // 3: tandem.v1.MoveResponse.move_time:type_name -> google.protobuf.Duration
 	11, // 4: tandem.v1.StatusResponse.members:type_name -> tandem.v1.Member
 	12, // 5: tandem.v1.StatusResponse.stages:type_name -> tandem.v1.Stage
 	10, // 6: tandem.v1.StatusResponse.scheduler:type_name -> tandem.v1.SchedulerStats
 	9,  // 7: tandem.v1.StatusResponse.last_change:type_name -> tandem.v1.PipelineChange
-	17, // 8: tandem.v1.PipelineChange.start:type_name -> google.protobuf.Timestamp
-	16, // 9: tandem.v1.PipelineChange.took:type_name -> google.protobuf.Duration
-	16, // 10: tandem.v1.SchedulerStats.last_step_time:type_name -> google.protobuf.Duration
-	16, // 11: tandem.v1.SchedulerStats.mean_step_time:type_name -> google.protobuf.Duration
+	19, // 8: tandem.v1.PipelineChange.start:type_name -> google.protobuf.Timestamp
+	18, // 9: tandem.v1.PipelineChange.took:type_name -> google.protobuf.Duration
+	18, // 10: tandem.v1.SchedulerStats.last_step_time:type_name -> google.protobuf.Duration
+	18, // 11: tandem.v1.SchedulerStats.mean_step_time:type_name -> google.protobuf.Duration
 	0,  // 12: tandem.v1.Member.state:type_name -> tandem.v1.MemberState
-	16, // 13: tandem.v1.Stage.capture_time:type_name -> google.protobuf.Duration
-	15, // 14: tandem.v1.GraphsResponse.steps:type_name -> tandem.v1.GraphStepCount
-	7,  // 15: tandem.v1.Admin.Status:input_type -> tandem.v1.StatusRequest
-	13, // 16: tandem.v1.Admin.Graphs:input_type -> tandem.v1.GraphsRequest
-	1,  // 17: tandem.v1.Admin.Drain:input_type -> tandem.v1.DrainRequest
-	2,  // 18: tandem.v1.Admin.Undrain:input_type -> tandem.v1.UndrainRequest
-	3,  // 19: tandem.v1.Admin.Rebalance:input_type -> tandem.v1.RebalanceRequest
-	8,  // 20: tandem.v1.Admin.Status:output_type -> tandem.v1.StatusResponse
-	14, // 21: tandem.v1.Admin.Graphs:output_type -> tandem.v1.GraphsResponse
-	5,  // 22: tandem.v1.Admin.Drain:output_type -> tandem.v1.MoveResponse
-	5,  // 23: tandem.v1.Admin.Undrain:output_type -> tandem.v1.MoveResponse
-	5,  // 24: tandem.v1.Admin.Rebalance:output_type -> tandem.v1.MoveResponse
-	20, // [20:25] is the sub-list for method output_type
-	15, // [15:20] is the sub-list for method input_type
-	15, // [15:15] is the sub-list for extension type_name
-	15, // [15:15] is the sub-list for extension extendee
-	0,  // [0:15] is the sub-list for field type_name
+	18, // 13: tandem.v1.Stage.capture_time:type_name -> google.protobuf.Duration
+	18, // 14: tandem.v1.Stage.busy:type_name -> google.protobuf.Duration
+	18, // 15: tandem.v1.Stage.device_busy:type_name -> google.protobuf.Duration
+	15, // 16: tandem.v1.GraphsResponse.steps:type_name -> tandem.v1.GraphStepCount
+	18, // 17: tandem.v1.TraceRequest.timeout:type_name -> google.protobuf.Duration
+	7,  // 18: tandem.v1.Admin.Status:input_type -> tandem.v1.StatusRequest
+	13, // 19: tandem.v1.Admin.Graphs:input_type -> tandem.v1.GraphsRequest
+	1,  // 20: tandem.v1.Admin.Drain:input_type -> tandem.v1.DrainRequest
+	2,  // 21: tandem.v1.Admin.Undrain:input_type -> tandem.v1.UndrainRequest
+	3,  // 22: tandem.v1.Admin.Rebalance:input_type -> tandem.v1.RebalanceRequest
+	16, // 23: tandem.v1.Admin.Trace:input_type -> tandem.v1.TraceRequest
+	8,  // 24: tandem.v1.Admin.Status:output_type -> tandem.v1.StatusResponse
+	14, // 25: tandem.v1.Admin.Graphs:output_type -> tandem.v1.GraphsResponse
+	5,  // 26: tandem.v1.Admin.Drain:output_type -> tandem.v1.MoveResponse
+	5,  // 27: tandem.v1.Admin.Undrain:output_type -> tandem.v1.MoveResponse
+	5,  // 28: tandem.v1.Admin.Rebalance:output_type -> tandem.v1.MoveResponse
+	17, // 29: tandem.v1.Admin.Trace:output_type -> tandem.v1.TraceResponse
+	24, // [24:30] is the sub-list for method output_type
+	18, // [18:24] is the sub-list for method input_type
+	18, // [18:18] is the sub-list for extension type_name
+	18, // [18:18] is the sub-list for extension extendee
+	0,  // [0:18] is the sub-list for field type_name
 }
 
 func init() { file_tandem_v1_admin_proto_init() }
@@ -1767,7 +1924,7 @@ func file_tandem_v1_admin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_tandem_v1_admin_proto_rawDesc), len(file_tandem_v1_admin_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   15,
+			NumMessages:   17,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -24,6 +24,7 @@ const (
 	Admin_Drain_FullMethodName     = "/tandem.v1.Admin/Drain"
 	Admin_Undrain_FullMethodName   = "/tandem.v1.Admin/Undrain"
 	Admin_Rebalance_FullMethodName = "/tandem.v1.Admin/Rebalance"
+	Admin_Trace_FullMethodName     = "/tandem.v1.Admin/Trace"
 )
 
 // AdminClient is the client API for Admin service.
@@ -62,6 +63,11 @@ type AdminClient interface {
 	// pipeline to it under load, as Drain does. With dry_run it only says
 	// what it would do. It returns once the move is done or failed.
 	Rebalance(ctx context.Context, in *RebalanceRequest, opts ...grpc.CallOption) (*MoveResponse, error)
+	// Trace records the leader's next steps, every stage timing its part of
+	// each, and returns them as a Chrome trace (Trace Event Format JSON: open
+	// it in Perfetto or chrome://tracing). FAILED_PRECONDITION on a node
+	// without a pipeline, or while another trace is being recorded.
+	Trace(ctx context.Context, in *TraceRequest, opts ...grpc.CallOption) (*TraceResponse, error)
 }
 
 type adminClient struct {
@@ -122,6 +128,16 @@ func (c *adminClient) Rebalance(ctx context.Context, in *RebalanceRequest, opts 
 	return out, nil
 }
 
+func (c *adminClient) Trace(ctx context.Context, in *TraceRequest, opts ...grpc.CallOption) (*TraceResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(TraceResponse)
+	err := c.cc.Invoke(ctx, Admin_Trace_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AdminServer is the server API for Admin service.
 // All implementations must embed UnimplementedAdminServer
 // for forward compatibility.
@@ -158,6 +174,11 @@ type AdminServer interface {
 	// pipeline to it under load, as Drain does. With dry_run it only says
 	// what it would do. It returns once the move is done or failed.
 	Rebalance(context.Context, *RebalanceRequest) (*MoveResponse, error)
+	// Trace records the leader's next steps, every stage timing its part of
+	// each, and returns them as a Chrome trace (Trace Event Format JSON: open
+	// it in Perfetto or chrome://tracing). FAILED_PRECONDITION on a node
+	// without a pipeline, or while another trace is being recorded.
+	Trace(context.Context, *TraceRequest) (*TraceResponse, error)
 	mustEmbedUnimplementedAdminServer()
 }
 
@@ -182,6 +203,9 @@ func (UnimplementedAdminServer) Undrain(context.Context, *UndrainRequest) (*Move
 }
 func (UnimplementedAdminServer) Rebalance(context.Context, *RebalanceRequest) (*MoveResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Rebalance not implemented")
+}
+func (UnimplementedAdminServer) Trace(context.Context, *TraceRequest) (*TraceResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Trace not implemented")
 }
 func (UnimplementedAdminServer) mustEmbedUnimplementedAdminServer() {}
 func (UnimplementedAdminServer) testEmbeddedByValue()               {}
@@ -294,6 +318,24 @@ func _Admin_Rebalance_Handler(srv interface{}, ctx context.Context, dec func(int
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Admin_Trace_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(TraceRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).Trace(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_Trace_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).Trace(ctx, req.(*TraceRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Admin_ServiceDesc is the grpc.ServiceDesc for Admin service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -320,6 +362,10 @@ var Admin_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Rebalance",
 			Handler:    _Admin_Rebalance_Handler,
+		},
+		{
+			MethodName: "Trace",
+			Handler:    _Admin_Trace_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
