@@ -58,6 +58,11 @@ type Config struct {
 	// package doc). Without it the steps in flight hold disjoint
 	// sequences.
 	OnDeviceHandoff bool
+	// HandoffSlots is the number of hand-off slots the first stage holds
+	// (0: MaxNumSeqs): with OnDeviceHandoff at most that many requests run
+	// at once, each holding one. With p groups taking turns (p+1 steps in
+	// flight), p·MaxNumSeqs slots let every step carry MaxNumSeqs.
+	HandoffSlots int
 	// Counters, when set, also count what Stats counts for the life of
 	// the process: the caller passes the same Counters to every scheduler
 	// it starts, so its metrics stay monotonic across pipelines.
@@ -138,6 +143,9 @@ func (c Config) withDefaults() (Config, error) {
 	if c.Counters == nil {
 		c.Counters = &Counters{} // this scheduler's alone
 	}
+	if c.HandoffSlots == 0 {
+		c.HandoffSlots = c.MaxNumSeqs
+	}
 	switch {
 	case c.MaxNumBatchedTokens <= 0:
 		return c, fmt.Errorf("max num batched tokens %d is not positive", c.MaxNumBatchedTokens)
@@ -153,6 +161,8 @@ func (c Config) withDefaults() (Config, error) {
 		return c, fmt.Errorf("max concurrent batches %d is negative", c.MaxConcurrentBatches)
 	case c.MaxModelLen < 0:
 		return c, fmt.Errorf("max model len %d is negative", c.MaxModelLen)
+	case c.HandoffSlots < 0:
+		return c, fmt.Errorf("hand-off slots %d is negative", c.HandoffSlots)
 	}
 	return c, c.CheckAdmission()
 }

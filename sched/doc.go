@@ -60,11 +60,15 @@
 // turns: a request's next step goes that many steps after its last, so it
 // waits on the first stage for its token while the other groups' steps
 // run, not behind its own previous step, and the step in flight beyond p
-// hides the round trip of results through the leader. At most MaxNumSeqs
-// requests run with hand-off, one per slot.
+// hides the round trip of results through the leader. At most
+// HandoffSlots requests run with hand-off, one per slot: with p·MaxNumSeqs
+// slots, each of p groups fills its steps. The groups, like the disjoint
+// steps, are sized by the requests that will run, never by those waiting
+// beyond MaxNumSeqs·p (or the slots): counted, they would put every
+// running request into one group and leave the other steps empty.
 //
 // The hand-off (see stage.HandoffReceiver and pipeline.Worker): each
-// running request holds a slot (stage.Seq.Slot) in [0, MaxNumSeqs) from
+// running request holds a slot (stage.Seq.Slot) in [0, HandoffSlots) from
 // admission until it finishes, is cancelled or is preempted (a resumed
 // request takes a slot anew and prefills again, so no placeholder refers
 // to a token from before). Every step that samples sets Batch.Handoff: its

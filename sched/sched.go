@@ -130,10 +130,10 @@ func (sc *Scheduler) emptyCache() {
 	}
 	sc.slots = nil
 	if sc.cfg.OnDeviceHandoff {
-		// At most MaxNumSeqs requests run with hand-off.
-		sc.slots = make([]int, sc.cfg.MaxNumSeqs)
+		// At most HandoffSlots requests run with hand-off.
+		sc.slots = make([]int, sc.cfg.HandoffSlots)
 		for i := range sc.slots {
-			sc.slots[i] = sc.cfg.MaxNumSeqs - 1 - i
+			sc.slots[i] = sc.cfg.HandoffSlots - 1 - i
 		}
 	}
 }
@@ -215,20 +215,29 @@ func (sc *Scheduler) Schedule() (*pipeline.Step, bool) {
 		return nil, false
 	}
 	p := plan{id: sc.lastBatch + 1, budget: sc.cfg.MaxNumBatchedTokens, seqCap: sc.cfg.MaxNumSeqs, window: 1}
+	// The requests that may run at once, and of them those that will: the
+	// steps in flight are shared among them, never among requests that
+	// wait for room (all in one step, they would leave the others empty).
 	maxRunning := sc.cfg.MaxNumSeqs
-	// The requests that will run: the running ones, and the waiting ones
-	// unless admission holds the first back.
+	switch mcb := sc.cfg.MaxConcurrentBatches; {
+	case sc.cfg.OnDeviceHandoff:
+		maxRunning = sc.cfg.HandoffSlots
+	case mcb > 1:
+		maxRunning *= mcb
+	}
+	// The waiting requests will run unless admission holds the first
+	// back.
 	active := len(sc.running)
 	if len(sc.waiting) > 0 {
 		if h := sc.waiting[0]; h.inflight == 0 && sc.admissible(h, min(len(h.tokens)-h.computed, sc.cfg.MaxNumBatchedTokens)) {
 			active += len(sc.waiting)
 		}
 	}
+	active = min(active, max(maxRunning, len(sc.running)))
 	switch mcb := sc.cfg.MaxConcurrentBatches; {
 	case !sc.cfg.OnDeviceHandoff && mcb > 1:
 		// Disjoint steps in flight: spread the requests evenly over them,
 		// and admit as many as they can carry together.
-		maxRunning *= mcb
 		p.seqCap = min(p.seqCap, (active+mcb-1)/mcb)
 	case sc.cfg.OnDeviceHandoff && mcb > 2 && active > 1:
 		// With hand-off, one step more than the stages is in flight: spread

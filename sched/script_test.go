@@ -21,7 +21,7 @@ var update = flag.Bool("update", false, "rewrite the expected output of testdata
 // core. A script is a list of commands, one a line; the lines indented by
 // two spaces after a command are what it must print. # starts a comment.
 //
-//	config tokens=N seqs=N block=N blocks=N batches=N maxlen=N handoff=0|1
+//	config tokens=N seqs=N block=N blocks=N batches=N maxlen=N handoff=0|1 slots=N
 //	       reserve=N waiting=N preemptions=N
 //	add ID prompt=N max=N [stop=T,T] [check=repeat] [seed=N]
 //	    (the prompt is ID·100, ID·100+1, ...)
@@ -111,7 +111,7 @@ func runScript(t *testing.T, script string) string {
 			return sched.Config{
 				MaxNumBatchedTokens: num("tokens"), MaxNumSeqs: num("seqs"), BlockSize: num("block"),
 				NumBlocks: num("blocks"), MaxConcurrentBatches: num("batches"), MaxModelLen: num("maxlen"),
-				OnDeviceHandoff: args["handoff"] == "1", GrowthReserve: num("reserve"), MaxNumWaiting: num("waiting"),
+				OnDeviceHandoff: args["handoff"] == "1", GrowthReserve: num("reserve"), MaxNumWaiting: num("waiting"), HandoffSlots: num("slots"),
 				MaxPreemptions: num("preemptions"),
 			}
 		}

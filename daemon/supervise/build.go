@@ -240,6 +240,15 @@ func (b *build) run(ctx context.Context, members []membership.Member) (*Pipeline
 			b.release(context.WithoutCancel(ctx))
 		}
 	}()
+	// A stage's max seqs bounds both a step's sequences and the first
+	// stage's hand-off slots, one per running request: with hand-off over
+	// p stages, p groups of up to MaxSeqs requests take turns, so the
+	// stages hold p·MaxSeqs (the scheduler still puts at most MaxSeqs in a
+	// step).
+	loadSeqs := cfg.MaxSeqs
+	if cfg.Handoff && len(b.nodes) > 1 {
+		loadSeqs *= len(b.nodes)
+	}
 	loads := make([]*tandemv1.LoadResponse, len(b.nodes))
 	err := forEach(len(b.nodes), func(i int) error {
 		s := b.plan.Stages[i]
@@ -247,7 +256,7 @@ func (b *build) run(ctx context.Context, members []membership.Member) (*Pipeline
 		resp, err := b.nodes[i].Load(ctx, &tandemv1.LoadRequest{
 			Epoch: b.epoch, Leader: cfg.Leader, ModelId: cfg.ModelID, Index: uint32(i),
 			LayerLo: uint32(s.Lo), LayerHi: uint32(s.Hi),
-			MaxBatchTokens: uint32(cfg.MaxBatchTokens), MaxSeqs: uint32(cfg.MaxSeqs), BlockSize: uint32(cfg.BlockSize),
+			MaxBatchTokens: uint32(cfg.MaxBatchTokens), MaxSeqs: uint32(loadSeqs), BlockSize: uint32(cfg.BlockSize),
 			Handoff: cfg.Handoff, Alongside: b.alongside,
 		}, grpc.Trailer(&trailer))
 		if err != nil {
@@ -371,6 +380,9 @@ func (b *build) run(ctx context.Context, members []membership.Member) (*Pipeline
 		MaxNumWaiting:        cfg.Admission.MaxNumWaiting,
 		GrowthReserve:        cfg.Admission.GrowthReserve,
 		MaxPreemptions:       cfg.Admission.MaxPreemptions,
+	}
+	if p.Handoff {
+		p.Sched.HandoffSlots = loadSeqs
 	}
 	p.ex = &stepExecutor{Driver: p.drv, epoch: b.epoch, dispatch: p.Graphs.Dispatch, stats: p.Steps, total: cfg.GraphSteps}
 	wired = true
