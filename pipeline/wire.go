@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"slices"
+	"time"
 
 	"google.golang.org/protobuf/proto"
 
@@ -175,6 +176,7 @@ func stepMsg(s *Step) *controlpb.Step {
 		Epoch:        s.Epoch,
 		Free:         s.Free,
 		AwaitHandoff: int64(s.AwaitHandoff),
+		Report:       s.Report,
 		Batch: &controlpb.Batch{
 			Id:      b.ID,
 			Handoff: b.Handoff,
@@ -211,6 +213,7 @@ func decodeStep(b []byte) (*Step, error) {
 		Epoch:        m.GetEpoch(),
 		Free:         m.GetFree(),
 		AwaitHandoff: int(m.GetAwaitHandoff()),
+		Report:       m.GetReport(),
 		Batch: stage.Batch{
 			ID:      mb.GetId(),
 			Handoff: mb.GetHandoff(),
@@ -235,6 +238,13 @@ func decodeStep(b []byte) (*Step, error) {
 // resultMsg encodes a Result.
 func resultMsg(r *Result) *controlpb.Result {
 	m := &controlpb.Result{Batch: r.Batch, Stage: int64(r.Stage), Err: r.Err}
+	if t := r.Timing; t != nil {
+		m.Timing = &controlpb.StageTiming{
+			Waited: int64(t.Waited), Got: int64(t.Got), HandoffStart: int64(t.HandoffStart), HandoffEnd: int64(t.HandoffEnd),
+			RecvStart: int64(t.RecvStart), RecvEnd: int64(t.RecvEnd), ForwardStart: int64(t.ForwardStart), ForwardEnd: int64(t.ForwardEnd),
+			SendStart: int64(t.SendStart), SendEnd: int64(t.SendEnd), Device: int64(t.Device), Busy: int64(t.Busy), DeviceBusy: int64(t.DeviceBusy),
+		}
+	}
 	if len(r.Sampled) > 0 {
 		m.Sampled = make([]*controlpb.Sampled, len(r.Sampled))
 	}
@@ -265,6 +275,16 @@ func decodeResult(b []byte) (*Result, error) {
 		return nil, fmt.Errorf("decode: stage index %d", m.GetStage())
 	}
 	r := &Result{Batch: m.GetBatch(), Stage: int(m.GetStage()), Err: m.GetErr()}
+	if t := m.GetTiming(); t != nil {
+		r.Timing = &StageTiming{
+			Waited: time.Duration(t.GetWaited()), Got: time.Duration(t.GetGot()),
+			HandoffStart: time.Duration(t.GetHandoffStart()), HandoffEnd: time.Duration(t.GetHandoffEnd()),
+			RecvStart: time.Duration(t.GetRecvStart()), RecvEnd: time.Duration(t.GetRecvEnd()),
+			ForwardStart: time.Duration(t.GetForwardStart()), ForwardEnd: time.Duration(t.GetForwardEnd()),
+			SendStart: time.Duration(t.GetSendStart()), SendEnd: time.Duration(t.GetSendEnd()),
+			Device: time.Duration(t.GetDevice()), Busy: time.Duration(t.GetBusy()), DeviceBusy: time.Duration(t.GetDeviceBusy()),
+		}
+	}
 	if n := len(m.GetSampled()); n > 0 {
 		r.Sampled = make([]stage.Sampled, n)
 	}

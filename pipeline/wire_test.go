@@ -24,7 +24,7 @@ import (
 )
 
 func testStep() *Step {
-	return &Step{Epoch: 9, Free: []uint64{4, 5}, AwaitHandoff: 3, Batch: stage.Batch{
+	return &Step{Epoch: 9, Free: []uint64{4, 5}, AwaitHandoff: 3, Report: true, Batch: stage.Batch{
 		ID: 77, Handoff: true,
 		Graph: graphs.Step{Mode: graphs.Full, Desc: graphs.BatchDescriptor{NumTokens: 8, NumReqs: 8, UniformDecode: true, QueryLen: 1}},
 		Seqs: []stage.Seq{
@@ -39,7 +39,9 @@ func testResult() *Result {
 	return &Result{Batch: 77, Stage: 2, Err: "", Sampled: []stage.Sampled{
 		{Seq: 1, Token: 42, Logprob: -0.25, Top: []stage.TokenLogprob{{Token: 42, Logprob: -0.25}, {Token: 7, Logprob: -2}}},
 		{Seq: 2, Err: "cpu stage [2,4): sequence 2: non-finite logits"},
-	}, Logits: []stage.SeqLogits{{Seq: 2, Rows: [][]float32{{1, float32(math.Inf(-1)), 3}}}}}
+	}, Logits: []stage.SeqLogits{{Seq: 2, Rows: [][]float32{{1, float32(math.Inf(-1)), 3}}}},
+		Timing: &StageTiming{Waited: 1, Got: 2, HandoffStart: 3, HandoffEnd: 4, RecvStart: 5, RecvEnd: 6, ForwardStart: 7, ForwardEnd: 8,
+			SendStart: 9, SendEnd: 10, Device: 11, Busy: 12, DeviceBusy: 13}}
 }
 
 // TestWireRoundTrip: a Step and a Result come back from their encoding

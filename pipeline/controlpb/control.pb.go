@@ -282,11 +282,13 @@ func (x *Accept) GetRefused() string {
 
 // Step is one pipeline step (leader → stage): pipeline.Step.
 type Step struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Epoch         uint64                 `protobuf:"varint,1,opt,name=epoch,proto3" json:"epoch,omitempty"`
-	Batch         *Batch                 `protobuf:"bytes,2,opt,name=batch,proto3" json:"batch,omitempty"`
-	Free          []uint64               `protobuf:"varint,3,rep,packed,name=free,proto3" json:"free,omitempty"`
-	AwaitHandoff  int64                  `protobuf:"varint,4,opt,name=await_handoff,json=awaitHandoff,proto3" json:"await_handoff,omitempty"`
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	Epoch        uint64                 `protobuf:"varint,1,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Batch        *Batch                 `protobuf:"bytes,2,opt,name=batch,proto3" json:"batch,omitempty"`
+	Free         []uint64               `protobuf:"varint,3,rep,packed,name=free,proto3" json:"free,omitempty"`
+	AwaitHandoff int64                  `protobuf:"varint,4,opt,name=await_handoff,json=awaitHandoff,proto3" json:"await_handoff,omitempty"`
+	// report asks every stage for its timing of the step.
+	Report        bool `protobuf:"varint,5,opt,name=report,proto3" json:"report,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -347,6 +349,13 @@ func (x *Step) GetAwaitHandoff() int64 {
 		return x.AwaitHandoff
 	}
 	return 0
+}
+
+func (x *Step) GetReport() bool {
+	if x != nil {
+		return x.Report
+	}
+	return false
 }
 
 // Batch is stage.Batch.
@@ -684,12 +693,14 @@ func (x *Sampling) GetLogprobs() int64 {
 // Result is what a stage reports for a step (stage → leader):
 // pipeline.Result.
 type Result struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Batch         uint64                 `protobuf:"varint,1,opt,name=batch,proto3" json:"batch,omitempty"`
-	Stage         int64                  `protobuf:"varint,2,opt,name=stage,proto3" json:"stage,omitempty"`
-	Sampled       []*Sampled             `protobuf:"bytes,3,rep,name=sampled,proto3" json:"sampled,omitempty"`
-	Logits        []*SeqLogits           `protobuf:"bytes,4,rep,name=logits,proto3" json:"logits,omitempty"`
-	Err           string                 `protobuf:"bytes,5,opt,name=err,proto3" json:"err,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Batch   uint64                 `protobuf:"varint,1,opt,name=batch,proto3" json:"batch,omitempty"`
+	Stage   int64                  `protobuf:"varint,2,opt,name=stage,proto3" json:"stage,omitempty"`
+	Sampled []*Sampled             `protobuf:"bytes,3,rep,name=sampled,proto3" json:"sampled,omitempty"`
+	Logits  []*SeqLogits           `protobuf:"bytes,4,rep,name=logits,proto3" json:"logits,omitempty"`
+	Err     string                 `protobuf:"bytes,5,opt,name=err,proto3" json:"err,omitempty"`
+	// The stage's timing of the step, when the step asked for it.
+	Timing        *StageTiming `protobuf:"bytes,6,opt,name=timing,proto3" json:"timing,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -759,6 +770,155 @@ func (x *Result) GetErr() string {
 	return ""
 }
 
+func (x *Result) GetTiming() *StageTiming {
+	if x != nil {
+		return x.Timing
+	}
+	return nil
+}
+
+// StageTiming is pipeline.StageTiming: nanoseconds on the stage's own
+// clock.
+type StageTiming struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Waited        int64                  `protobuf:"varint,1,opt,name=waited,proto3" json:"waited,omitempty"`
+	Got           int64                  `protobuf:"varint,2,opt,name=got,proto3" json:"got,omitempty"`
+	HandoffStart  int64                  `protobuf:"varint,3,opt,name=handoff_start,json=handoffStart,proto3" json:"handoff_start,omitempty"`
+	HandoffEnd    int64                  `protobuf:"varint,4,opt,name=handoff_end,json=handoffEnd,proto3" json:"handoff_end,omitempty"`
+	RecvStart     int64                  `protobuf:"varint,5,opt,name=recv_start,json=recvStart,proto3" json:"recv_start,omitempty"`
+	RecvEnd       int64                  `protobuf:"varint,6,opt,name=recv_end,json=recvEnd,proto3" json:"recv_end,omitempty"`
+	ForwardStart  int64                  `protobuf:"varint,7,opt,name=forward_start,json=forwardStart,proto3" json:"forward_start,omitempty"`
+	ForwardEnd    int64                  `protobuf:"varint,8,opt,name=forward_end,json=forwardEnd,proto3" json:"forward_end,omitempty"`
+	SendStart     int64                  `protobuf:"varint,9,opt,name=send_start,json=sendStart,proto3" json:"send_start,omitempty"`
+	SendEnd       int64                  `protobuf:"varint,10,opt,name=send_end,json=sendEnd,proto3" json:"send_end,omitempty"`
+	Device        int64                  `protobuf:"varint,11,opt,name=device,proto3" json:"device,omitempty"`
+	Busy          int64                  `protobuf:"varint,12,opt,name=busy,proto3" json:"busy,omitempty"`
+	DeviceBusy    int64                  `protobuf:"varint,13,opt,name=device_busy,json=deviceBusy,proto3" json:"device_busy,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StageTiming) Reset() {
+	*x = StageTiming{}
+	mi := &file_tandem_control_v1_control_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StageTiming) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StageTiming) ProtoMessage() {}
+
+func (x *StageTiming) ProtoReflect() protoreflect.Message {
+	mi := &file_tandem_control_v1_control_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StageTiming.ProtoReflect.Descriptor instead.
+func (*StageTiming) Descriptor() ([]byte, []int) {
+	return file_tandem_control_v1_control_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *StageTiming) GetWaited() int64 {
+	if x != nil {
+		return x.Waited
+	}
+	return 0
+}
+
+func (x *StageTiming) GetGot() int64 {
+	if x != nil {
+		return x.Got
+	}
+	return 0
+}
+
+func (x *StageTiming) GetHandoffStart() int64 {
+	if x != nil {
+		return x.HandoffStart
+	}
+	return 0
+}
+
+func (x *StageTiming) GetHandoffEnd() int64 {
+	if x != nil {
+		return x.HandoffEnd
+	}
+	return 0
+}
+
+func (x *StageTiming) GetRecvStart() int64 {
+	if x != nil {
+		return x.RecvStart
+	}
+	return 0
+}
+
+func (x *StageTiming) GetRecvEnd() int64 {
+	if x != nil {
+		return x.RecvEnd
+	}
+	return 0
+}
+
+func (x *StageTiming) GetForwardStart() int64 {
+	if x != nil {
+		return x.ForwardStart
+	}
+	return 0
+}
+
+func (x *StageTiming) GetForwardEnd() int64 {
+	if x != nil {
+		return x.ForwardEnd
+	}
+	return 0
+}
+
+func (x *StageTiming) GetSendStart() int64 {
+	if x != nil {
+		return x.SendStart
+	}
+	return 0
+}
+
+func (x *StageTiming) GetSendEnd() int64 {
+	if x != nil {
+		return x.SendEnd
+	}
+	return 0
+}
+
+func (x *StageTiming) GetDevice() int64 {
+	if x != nil {
+		return x.Device
+	}
+	return 0
+}
+
+func (x *StageTiming) GetBusy() int64 {
+	if x != nil {
+		return x.Busy
+	}
+	return 0
+}
+
+func (x *StageTiming) GetDeviceBusy() int64 {
+	if x != nil {
+		return x.DeviceBusy
+	}
+	return 0
+}
+
 // Sampled is stage.Sampled.
 type Sampled struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -773,7 +933,7 @@ type Sampled struct {
 
 func (x *Sampled) Reset() {
 	*x = Sampled{}
-	mi := &file_tandem_control_v1_control_proto_msgTypes[10]
+	mi := &file_tandem_control_v1_control_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -785,7 +945,7 @@ func (x *Sampled) String() string {
 func (*Sampled) ProtoMessage() {}
 
 func (x *Sampled) ProtoReflect() protoreflect.Message {
-	mi := &file_tandem_control_v1_control_proto_msgTypes[10]
+	mi := &file_tandem_control_v1_control_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -798,7 +958,7 @@ func (x *Sampled) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Sampled.ProtoReflect.Descriptor instead.
 func (*Sampled) Descriptor() ([]byte, []int) {
-	return file_tandem_control_v1_control_proto_rawDescGZIP(), []int{10}
+	return file_tandem_control_v1_control_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Sampled) GetSeq() uint64 {
@@ -847,7 +1007,7 @@ type TokenLogprob struct {
 
 func (x *TokenLogprob) Reset() {
 	*x = TokenLogprob{}
-	mi := &file_tandem_control_v1_control_proto_msgTypes[11]
+	mi := &file_tandem_control_v1_control_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -859,7 +1019,7 @@ func (x *TokenLogprob) String() string {
 func (*TokenLogprob) ProtoMessage() {}
 
 func (x *TokenLogprob) ProtoReflect() protoreflect.Message {
-	mi := &file_tandem_control_v1_control_proto_msgTypes[11]
+	mi := &file_tandem_control_v1_control_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -872,7 +1032,7 @@ func (x *TokenLogprob) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokenLogprob.ProtoReflect.Descriptor instead.
 func (*TokenLogprob) Descriptor() ([]byte, []int) {
-	return file_tandem_control_v1_control_proto_rawDescGZIP(), []int{11}
+	return file_tandem_control_v1_control_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *TokenLogprob) GetToken() int32 {
@@ -900,7 +1060,7 @@ type SeqLogits struct {
 
 func (x *SeqLogits) Reset() {
 	*x = SeqLogits{}
-	mi := &file_tandem_control_v1_control_proto_msgTypes[12]
+	mi := &file_tandem_control_v1_control_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -912,7 +1072,7 @@ func (x *SeqLogits) String() string {
 func (*SeqLogits) ProtoMessage() {}
 
 func (x *SeqLogits) ProtoReflect() protoreflect.Message {
-	mi := &file_tandem_control_v1_control_proto_msgTypes[12]
+	mi := &file_tandem_control_v1_control_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -925,7 +1085,7 @@ func (x *SeqLogits) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SeqLogits.ProtoReflect.Descriptor instead.
 func (*SeqLogits) Descriptor() ([]byte, []int) {
-	return file_tandem_control_v1_control_proto_rawDescGZIP(), []int{12}
+	return file_tandem_control_v1_control_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *SeqLogits) GetSeq() uint64 {
@@ -951,7 +1111,7 @@ type LogitsRow struct {
 
 func (x *LogitsRow) Reset() {
 	*x = LogitsRow{}
-	mi := &file_tandem_control_v1_control_proto_msgTypes[13]
+	mi := &file_tandem_control_v1_control_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -963,7 +1123,7 @@ func (x *LogitsRow) String() string {
 func (*LogitsRow) ProtoMessage() {}
 
 func (x *LogitsRow) ProtoReflect() protoreflect.Message {
-	mi := &file_tandem_control_v1_control_proto_msgTypes[13]
+	mi := &file_tandem_control_v1_control_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -976,7 +1136,7 @@ func (x *LogitsRow) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogitsRow.ProtoReflect.Descriptor instead.
 func (*LogitsRow) Descriptor() ([]byte, []int) {
-	return file_tandem_control_v1_control_proto_rawDescGZIP(), []int{13}
+	return file_tandem_control_v1_control_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *LogitsRow) GetValues() []float32 {
@@ -1005,12 +1165,13 @@ const file_tandem_control_v1_control_proto_rawDesc = "" +
 	"\x05proof\x18\x01 \x01(\fR\x05proof\x12\x18\n" +
 	"\arefused\x18\x02 \x01(\tR\arefused\"\"\n" +
 	"\x06Accept\x12\x18\n" +
-	"\arefused\x18\x01 \x01(\tR\arefused\"\x85\x01\n" +
+	"\arefused\x18\x01 \x01(\tR\arefused\"\x9d\x01\n" +
 	"\x04Step\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12.\n" +
 	"\x05batch\x18\x02 \x01(\v2\x18.tandem.control.v1.BatchR\x05batch\x12\x12\n" +
 	"\x04free\x18\x03 \x03(\x04R\x04free\x12#\n" +
-	"\rawait_handoff\x18\x04 \x01(\x03R\fawaitHandoff\"\x91\x01\n" +
+	"\rawait_handoff\x18\x04 \x01(\x03R\fawaitHandoff\x12\x16\n" +
+	"\x06report\x18\x05 \x01(\bR\x06report\"\x91\x01\n" +
 	"\x05Batch\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12*\n" +
 	"\x04seqs\x18\x02 \x03(\v2\x16.tandem.control.v1.SeqR\x04seqs\x122\n" +
@@ -1038,13 +1199,34 @@ const file_tandem_control_v1_control_proto_rawDesc = "" +
 	"\x05top_k\x18\x02 \x01(\x03R\x04topK\x12\x13\n" +
 	"\x05top_p\x18\x03 \x01(\x02R\x04topP\x12\x12\n" +
 	"\x04seed\x18\x04 \x01(\x04R\x04seed\x12\x1a\n" +
-	"\blogprobs\x18\x05 \x01(\x03R\blogprobs\"\xb2\x01\n" +
+	"\blogprobs\x18\x05 \x01(\x03R\blogprobs\"\xea\x01\n" +
 	"\x06Result\x12\x14\n" +
 	"\x05batch\x18\x01 \x01(\x04R\x05batch\x12\x14\n" +
 	"\x05stage\x18\x02 \x01(\x03R\x05stage\x124\n" +
 	"\asampled\x18\x03 \x03(\v2\x1a.tandem.control.v1.SampledR\asampled\x124\n" +
 	"\x06logits\x18\x04 \x03(\v2\x1c.tandem.control.v1.SeqLogitsR\x06logits\x12\x10\n" +
-	"\x03err\x18\x05 \x01(\tR\x03err\"\x90\x01\n" +
+	"\x03err\x18\x05 \x01(\tR\x03err\x126\n" +
+	"\x06timing\x18\x06 \x01(\v2\x1e.tandem.control.v1.StageTimingR\x06timing\"\x84\x03\n" +
+	"\vStageTiming\x12\x16\n" +
+	"\x06waited\x18\x01 \x01(\x03R\x06waited\x12\x10\n" +
+	"\x03got\x18\x02 \x01(\x03R\x03got\x12#\n" +
+	"\rhandoff_start\x18\x03 \x01(\x03R\fhandoffStart\x12\x1f\n" +
+	"\vhandoff_end\x18\x04 \x01(\x03R\n" +
+	"handoffEnd\x12\x1d\n" +
+	"\n" +
+	"recv_start\x18\x05 \x01(\x03R\trecvStart\x12\x19\n" +
+	"\brecv_end\x18\x06 \x01(\x03R\arecvEnd\x12#\n" +
+	"\rforward_start\x18\a \x01(\x03R\fforwardStart\x12\x1f\n" +
+	"\vforward_end\x18\b \x01(\x03R\n" +
+	"forwardEnd\x12\x1d\n" +
+	"\n" +
+	"send_start\x18\t \x01(\x03R\tsendStart\x12\x19\n" +
+	"\bsend_end\x18\n" +
+	" \x01(\x03R\asendEnd\x12\x16\n" +
+	"\x06device\x18\v \x01(\x03R\x06device\x12\x12\n" +
+	"\x04busy\x18\f \x01(\x03R\x04busy\x12\x1f\n" +
+	"\vdevice_busy\x18\r \x01(\x03R\n" +
+	"deviceBusy\"\x90\x01\n" +
 	"\aSampled\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12\x14\n" +
 	"\x05token\x18\x02 \x01(\x05R\x05token\x12\x18\n" +
@@ -1072,7 +1254,7 @@ func file_tandem_control_v1_control_proto_rawDescGZIP() []byte {
 	return file_tandem_control_v1_control_proto_rawDescData
 }
 
-var file_tandem_control_v1_control_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
+var file_tandem_control_v1_control_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
 var file_tandem_control_v1_control_proto_goTypes = []any{
 	(*Hello)(nil),        // 0: tandem.control.v1.Hello
 	(*Challenge)(nil),    // 1: tandem.control.v1.Challenge
@@ -1084,25 +1266,27 @@ var file_tandem_control_v1_control_proto_goTypes = []any{
 	(*Seq)(nil),          // 7: tandem.control.v1.Seq
 	(*Sampling)(nil),     // 8: tandem.control.v1.Sampling
 	(*Result)(nil),       // 9: tandem.control.v1.Result
-	(*Sampled)(nil),      // 10: tandem.control.v1.Sampled
-	(*TokenLogprob)(nil), // 11: tandem.control.v1.TokenLogprob
-	(*SeqLogits)(nil),    // 12: tandem.control.v1.SeqLogits
-	(*LogitsRow)(nil),    // 13: tandem.control.v1.LogitsRow
+	(*StageTiming)(nil),  // 10: tandem.control.v1.StageTiming
+	(*Sampled)(nil),      // 11: tandem.control.v1.Sampled
+	(*TokenLogprob)(nil), // 12: tandem.control.v1.TokenLogprob
+	(*SeqLogits)(nil),    // 13: tandem.control.v1.SeqLogits
+	(*LogitsRow)(nil),    // 14: tandem.control.v1.LogitsRow
 }
 var file_tandem_control_v1_control_proto_depIdxs = []int32{
 	5,  // 0: tandem.control.v1.Step.batch:type_name -> tandem.control.v1.Batch
 	7,  // 1: tandem.control.v1.Batch.seqs:type_name -> tandem.control.v1.Seq
 	6,  // 2: tandem.control.v1.Batch.graph:type_name -> tandem.control.v1.GraphStep
 	8,  // 3: tandem.control.v1.Seq.sampling:type_name -> tandem.control.v1.Sampling
-	10, // 4: tandem.control.v1.Result.sampled:type_name -> tandem.control.v1.Sampled
-	12, // 5: tandem.control.v1.Result.logits:type_name -> tandem.control.v1.SeqLogits
-	11, // 6: tandem.control.v1.Sampled.top:type_name -> tandem.control.v1.TokenLogprob
-	13, // 7: tandem.control.v1.SeqLogits.rows:type_name -> tandem.control.v1.LogitsRow
-	8,  // [8:8] is the sub-list for method output_type
-	8,  // [8:8] is the sub-list for method input_type
-	8,  // [8:8] is the sub-list for extension type_name
-	8,  // [8:8] is the sub-list for extension extendee
-	0,  // [0:8] is the sub-list for field type_name
+	11, // 4: tandem.control.v1.Result.sampled:type_name -> tandem.control.v1.Sampled
+	13, // 5: tandem.control.v1.Result.logits:type_name -> tandem.control.v1.SeqLogits
+	10, // 6: tandem.control.v1.Result.timing:type_name -> tandem.control.v1.StageTiming
+	12, // 7: tandem.control.v1.Sampled.top:type_name -> tandem.control.v1.TokenLogprob
+	14, // 8: tandem.control.v1.SeqLogits.rows:type_name -> tandem.control.v1.LogitsRow
+	9,  // [9:9] is the sub-list for method output_type
+	9,  // [9:9] is the sub-list for method input_type
+	9,  // [9:9] is the sub-list for extension type_name
+	9,  // [9:9] is the sub-list for extension extendee
+	0,  // [0:9] is the sub-list for field type_name
 }
 
 func init() { file_tandem_control_v1_control_proto_init() }
@@ -1116,7 +1300,7 @@ func file_tandem_control_v1_control_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_tandem_control_v1_control_proto_rawDesc), len(file_tandem_control_v1_control_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   14,
+			NumMessages:   15,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
