@@ -45,6 +45,20 @@ type benchResult struct {
 	// and WallS; Failures groups their errors, most frequent first.
 	Failed   int            `json:"failed"`
 	Failures []benchFailure `json:"failures,omitempty"`
+	// Stages is how busy each stage of the leader's pipeline was over the
+	// run, from the stages' own timing (empty when the leader's status
+	// cannot be read: no admin token, or another pipeline at the end).
+	Stages []benchStage `json:"stages,omitempty"`
+}
+
+// benchStage is a stage's busy fraction over a bench run: its forward
+// passes' time, and their device time (0 where not measured), over the
+// wall time.
+type benchStage struct {
+	Stage      int     `json:"stage"`
+	Node       string  `json:"node"`
+	Busy       float64 `json:"busy"`
+	DeviceBusy float64 `json:"device_busy"`
 }
 
 // benchFailure is one error and how many requests failed with it.
@@ -90,7 +104,12 @@ their errors listed, and the command then exits with an error.`,
 				return err
 			}
 			defer done()
+			admin := tandemv1.NewAdminClient(conn)
+			before, _ := admin.Status(ctx, &tandemv1.StatusRequest{})
 			res := runBench(ctx, tandemv1.NewInferenceClient(conn), o)
+			if after, err := admin.Status(ctx, &tandemv1.StatusRequest{}); err == nil && before != nil {
+				res.Stages = stagesBusy(before, after, res.WallS)
+			}
 			if err := printBench(cmd.OutOrStdout(), res, o.asJSON); err != nil {
 				return err
 			}
@@ -139,7 +158,31 @@ func printBench(out io.Writer, res benchResult, asJSON bool) error {
 	fmt.Fprintf(out, "throughput:        %.1f tokens/s\n", res.TokensPerS)
 	fmt.Fprintf(out, "time to 1st token: p50 %.2f ms, p99 %.2f ms\n", res.TTFTP50Ms, res.TTFTP99Ms)
 	_, err := fmt.Fprintf(out, "inter-token:       p50 %.2f ms, p99 %.2f ms\n", res.ITLP50Ms, res.ITLP99Ms)
+	for _, st := range res.Stages {
+		dev := ""
+		if st.DeviceBusy > 0 {
+			dev = fmt.Sprintf(", device %.1f%%", 100*st.DeviceBusy)
+		}
+		_, err = fmt.Fprintf(out, "stage %d busy:      %.1f%%%s (%s)\n", st.Stage, 100*st.Busy, dev, st.Node)
+	}
 	return err
+}
+
+// stagesBusy is each stage's busy fraction over wall seconds, from the
+// busy times two status reports of the same pipeline give (nil for
+// another pipeline).
+func stagesBusy(before, after *tandemv1.StatusResponse, wall float64) []benchStage {
+	b, a := before.GetStages(), after.GetStages()
+	if before.GetEpoch() != after.GetEpoch() || len(b) != len(a) || wall <= 0 {
+		return nil
+	}
+	var out []benchStage
+	for i := range a {
+		busy := a[i].GetBusy().AsDuration() - b[i].GetBusy().AsDuration()
+		dev := a[i].GetDeviceBusy().AsDuration() - b[i].GetDeviceBusy().AsDuration()
+		out = append(out, benchStage{Stage: i, Node: a[i].GetNode(), Busy: busy.Seconds() / wall, DeviceBusy: dev.Seconds() / wall})
+	}
+	return out
 }
 
 // runBench sends o.requests requests, o.concurrency at a time, and sums up

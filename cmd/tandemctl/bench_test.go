@@ -43,11 +43,15 @@ func TestBench(t *testing.T) {
 	if got := r.TokensPerS * r.WallS; got < 63.9 || got > 64.1 {
 		t.Errorf("tokens/s × wall = %.2f, want 64", got)
 	}
+	// The one stage's busy fraction over the run, from its own timing.
+	if len(r.Stages) != 1 || r.Stages[0].Node != "solo" || r.Stages[0].Busy <= 0 || r.Stages[0].Busy > 1.05 || r.Stages[0].DeviceBusy != 0 {
+		t.Errorf("bench --json stages %+v: want the CPU stage on solo, busy in (0, 1], no device time", r.Stages)
+	}
 	out, err = run(t, "", args...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, w := range []string{"requests:          8 (4 at a time, 12 prompt tokens each)", "generated tokens:  64", "tokens/s", "time to 1st token: p50"} {
+	for _, w := range []string{"requests:          8 (4 at a time, 12 prompt tokens each)", "generated tokens:  64", "tokens/s", "time to 1st token: p50", "stage 0 busy:"} {
 		if !strings.Contains(out, w) {
 			t.Errorf("bench table lacks %q:\n%s", w, out)
 		}
