@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # tandem's GPU cluster check: tandemd daemons serving a model over two GPUs,
 # NCCL between them, CUDA graphs dispatched by the leader, on-device
-# hand-off of sampled tokens.
+# hand-off of sampled tokens, against the same model on one GPU.
 #
 #   bash scripts/gpu-cluster-check.sh         here (with Go): builds tandemd
 #                                             and tandemctl into .carry/cluster/
@@ -24,24 +24,30 @@
 #                                             here, on the CPU with a tiny model:
 #                                             checks the script itself
 #
-# The device part (1) makes a random-init Llama-3.2-1B-shaped checkpoint with
-# transformers (bf16, init std 0.02, as scripts/hf_ref.py builds it) and gives
-# it a tokenizer of its vocabulary (tandemctl model init); (2) starts a leader
-# (no stage) and two `tandemd serve --backend cuda` stage daemons, one per GPU
-# (CUDA_VISIBLE_DEVICES=0 and 1), which the leader wires with NCCL; (3) runs a
-# few greedy prompts one at a time through `tandemctl generate --json` and
-# saves `tandemctl status` and `tandemctl graphs`; (4) measures tokens/s and
-# latencies of N concurrent requests with `tandemctl bench`; (5) restarts the
-# cluster with --handoff=false (p steps in flight instead of p+1) and
-# measures the same; (6) starts a leader and
-# one stage daemon on GPU 0 and runs the same prompts: the tokens must match
-# the two-GPU cluster's and the log-probabilities agree within bf16
-# tolerance. Logs, outputs and summary.json go to $OUT; the summary is
-# printed last.
+# The device part, for each model shape of SHAPES (llama1b: Llama-3.2-1B;
+# llama8b: the width of Llama-3.1-8B with L8B of its 32 layers, to keep
+# the checkpoint's making and loading short), (1) makes a random-init
+# checkpoint with transformers (bf16, init std 0.02) and gives it a
+# tokenizer of its vocabulary (tandemctl model init); then runs three
+# clusters, each a leader (no stage) and `tandemd serve --backend cuda`
+# stage daemons, one per GPU (CUDA_VISIBLE_DEVICES=i), all defaults
+# otherwise (max 64 sequences and 512 tokens a step): (2) two GPUs, NCCL
+# between them, hand-off on (3 steps in flight, two groups of up to 64
+# requests taking turns); (3) two GPUs, hand-off off (2 steps in flight);
+# (4) one GPU (hand-off on, 2 steps in flight). On each: a few greedy
+# prompts one at a time through `tandemctl generate --json` (the two-GPU
+# tokens must equal the one-GPU tokens); `tandemctl bench` of N concurrent
+# requests for N in CONCURRENT (a 64-token prompt, THROUGHPUT_TOKENS greedy
+# tokens each; tokens/s, latencies, and each stage's busy fraction from
+# its own timing); and a `tandemctl trace` of TRACE_STEPS steps while
+# TRACE_CONCURRENT requests run (where each stage's time goes, the Chrome
+# trace kept). A shape is skipped when less than its estimate is left of
+# DEADLINE seconds. Logs, traces, outputs and summary.json go to $OUT; a
+# table is printed last.
 #
 # With the device tool (nvidia-h200-x2): run `bash scripts/gpu-cluster-check.sh`
 # here, then on the device with carry [".carry"]:
-# `bash scripts/gpu-cluster-check.sh device`.
+# `bash scripts/gpu-cluster-check.sh device` (BIN=DIR: the binaries are there).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -60,13 +66,20 @@ MODE=${2:-pair}
 OUT=${OUT:-/tmp/tandem-cluster-check}
 WORK=${WORK:-/tmp/tandem-cluster}
 BIN=${BIN:-$PWD/.carry/cluster}
-CONCURRENT=${CONCURRENT:-8 32 64}
+SHAPES=${SHAPES:-llama1b llama8b}
+L8B=${L8B:-8}
+CONCURRENT=${CONCURRENT:-8 64 128}
 THROUGHPUT_TOKENS=${THROUGHPUT_TOKENS:-256}
+TRACE_STEPS=${TRACE_STEPS:-300}
+TRACE_CONCURRENT=${TRACE_CONCURRENT:-128}
+DEADLINE=${DEADLINE:-100000}
 mkdir -p "$OUT" "$WORK/logs" "$WORK/runs"
 LOG=$OUT/cluster.log
 : >"$LOG"
+: >"$WORK/runs/throughput.jsonl"
+: >"$WORK/runs/traces.jsonl"
 status=0
-step() { echo "== $(date -u +%T) $*" | tee -a "$LOG"; }
+step() { echo "== $(date -u +%T) (${SECONDS}s) $*" | tee -a "$LOG"; }
 ctl() { "$BIN/tandemctl" --addr "$LEADER" "$@"; }
 
 step "environment"
@@ -95,30 +108,47 @@ if [ "$MODE" = failover ]; then
 	exit "$status"
 fi
 
-step "(1) checkpoint"
-MODEL=$WORK/model
-if [ "$BACKEND" = cuda ] && [ "$MODE" != mixed ]; then
-	python3 - "$MODEL" <<'EOF' 2>&1 | tee -a "$LOG"
+# checkpoint SHAPE DIR: a random-init checkpoint of the shape (on the CPU
+# backend: a tiny one) with a tokenizer of its vocabulary; sets VOCAB.
+checkpoint() {
+	local shape=$1 dir=$2
+	if [ "$BACKEND" != cuda ]; then
+		local hidden=256
+		[ "$shape" = llama8b ] && hidden=384
+		"$BIN/tandemctl" model init --out "$dir" --layers 4 --hidden $hidden --heads 4 --kv-heads 2 --intermediate 512 >>"$LOG"
+		VOCAB=512
+		return
+	fi
+	python3 - "$shape" "$dir" "$L8B" <<'EOF' 2>&1 | tee -a "$LOG"
 import sys, time
 sys.path.insert(0, "scripts")
-import hf_ref
+import hf_ref, torch
+shape, out, l8b = sys.argv[1], sys.argv[2], int(sys.argv[3])
+hf_ref.SHAPES["llama8b"] = dict(
+    arch="llama", hidden_size=4096, num_hidden_layers=l8b, num_attention_heads=32,
+    num_key_value_heads=8, head_dim=128, intermediate_size=14336, vocab_size=128256,
+    max_position_embeddings=131072, rope_theta=500000.0, rope=hf_ref.LLAMA3_ROPE,
+    tie_word_embeddings=False, rms_norm_eps=1e-5, bos_token_id=128000,
+    eos_token_id=128001)
 t = time.time()
-model, _ = hf_ref.build("llama1b", 0.02, 1234)
-model.save_pretrained(sys.argv[1])
-print("llama1b random init (std 0.02) saved in bf16 in %.1f s" % (time.time() - t))
+model, _ = hf_ref.build(shape, 0.02, 1234)
+model.save_pretrained(out)
+n = sum(p.numel() for p in model.parameters())
+print("%s (%d layers, %.2fB parameters) random init (std 0.02) saved in bf16 in %.1f s" % (shape, model.config.num_hidden_layers, n / 1e9, time.time() - t))
 EOF
-	"$BIN/tandemctl" model init --out "$WORK/tok" --vocab 128256 --layers 1 --hidden 64 --heads 2 --kv-heads 1 --intermediate 64 >>"$LOG"
-	cp "$WORK/tok/tokenizer.json" "$MODEL/"
+	[ "${PIPESTATUS[0]}" = 0 ] || return 1
+	if [ ! -f "$WORK/tok/tokenizer.json" ]; then
+		"$BIN/tandemctl" model init --out "$WORK/tok" --vocab 128256 --layers 1 --hidden 64 --heads 2 --kv-heads 1 --intermediate 64 >>"$LOG"
+	fi
+	cp "$WORK/tok/tokenizer.json" "$dir/"
 	VOCAB=128256
-else
-	"$BIN/tandemctl" model init --out "$MODEL" --layers 4 --hidden 256 --heads 4 --kv-heads 2 --intermediate 512 | tee -a "$LOG"
-	VOCAB=512
-fi
+}
 
 # Prompts: random token ids, fixed seeds, of several lengths.
 prompt_ids() { python3 -c "import random,sys; r=random.Random($1); print(','.join(str(r.randrange($VOCAB)) for _ in range($2)))"; }
 
 PIDS=()
+TAG=none
 # start_cluster TAG "NAME:BACKEND ..." [leader flags...]: a leader without
 # a stage, and a stage daemon of each NAME and BACKEND (the k-th cuda one
 # on GPU k; the layers go to the stages in name order); waits until the
@@ -156,7 +186,7 @@ start_cluster() {
 			ctl status 2>&1 | tee -a "$LOG"
 			return 1
 		fi
-		sleep 0.5
+		sleep 0.25
 	done
 	echo "cluster $tag: serving $((SECONDS - start)) s after start" | tee -a "$LOG"
 }
@@ -172,7 +202,7 @@ stop_cluster() {
 	PIDS=()
 	for f in "$WORK/logs/$1"-*.log; do
 		echo "### $(basename "$f")"
-		tail -n 80 "$f"
+		tail -n 60 "$f"
 	done >>"$OUT/daemons.log"
 }
 trap 'stop_cluster "$TAG"' EXIT
@@ -190,7 +220,8 @@ prompts() {
 
 # throughput TAG: for each N in CONCURRENT, `tandemctl bench` (one process,
 # one connection) of N concurrent requests of a 64-token prompt and
-# THROUGHPUT_TOKENS tokens each.
+# THROUGHPUT_TOKENS tokens each; then a trace of TRACE_STEPS steps taken
+# while TRACE_CONCURRENT requests run.
 throughput() {
 	local tag=$1 n
 	for n in $CONCURRENT; do
@@ -201,15 +232,71 @@ import json, sys
 b = json.load(open(sys.argv[1]))
 print(json.dumps({"cluster": sys.argv[2], "concurrent": b["concurrency"], "tokens": b["generated_tokens"], "wall_s": round(b["wall_s"], 3),
                   "tokens_per_s": round(b["tokens_per_s"], 1), "ttft_p50_ms": round(b["ttft_p50_ms"], 2), "ttft_p99_ms": round(b["ttft_p99_ms"], 2),
-                  "itl_p50_ms": round(b["itl_p50_ms"], 2), "itl_p99_ms": round(b["itl_p99_ms"], 2)}))
+                  "itl_p50_ms": round(b["itl_p50_ms"], 2), "itl_p99_ms": round(b["itl_p99_ms"], 2),
+                  "busy": [round(s["busy"], 3) for s in b.get("stages", [])], "device_busy": [round(s["device_busy"], 3) for s in b.get("stages", [])]}))
 EOF
 	done
+	# The trace: a longer run in the background, the steps recorded once
+	# its prompts are in.
+	ctl bench --timeout 300s --concurrency "$TRACE_CONCURRENT" --requests $((3 * TRACE_CONCURRENT)) --prompt-tokens 64 \
+		--max-tokens "$THROUGHPUT_TOKENS" --vocab "$VOCAB" --seed 2000 --json >"$WORK/runs/$tag-traced.json" &
+	local bench=$!
+	sleep 0.5
+	ctl trace --steps "$TRACE_STEPS" --wait 20s --out "$WORK/runs/$tag-trace.json" | tee "$WORK/runs/$tag-trace.txt" >>"$LOG" || status=1
+	wait $bench || status=1
+	python3 - "$WORK/runs/$tag-trace.json" "$tag" <<'EOF' >>"$WORK/runs/traces.jsonl"
+import json, sys
+t = json.load(open(sys.argv[1]))["otherData"]
+t["cluster"] = sys.argv[2]
+print(json.dumps(t))
+EOF
 	ctl status --json >"$WORK/runs/$tag.status.json"
 }
 
+# shape_run SHAPE: the checkpoint and the three clusters of one shape.
+shape_run() {
+	local shape=$1
+	step "($shape 1) checkpoint"
+	MODEL=$WORK/$shape
+	checkpoint "$shape" "$MODEL" || return 1
+	step "($shape 2) two GPUs, NCCL, hand-off on"
+	if start_cluster "$shape-two" "gpu0:cuda gpu1:cuda"; then
+		prompts "$shape-two" || status=1
+		{ echo "# $shape: tandemctl status (two GPUs, hand-off on)"; ctl status; echo; echo "# tandemctl graphs"; ctl graphs; } >>"$OUT/status-graphs.txt" 2>&1
+		throughput "$shape-two-handoff" || status=1
+		{ echo; echo "# $shape: tandemctl graphs after the throughput runs"; ctl graphs; echo; ctl status; } >>"$OUT/status-graphs.txt" 2>&1
+	else
+		status=1
+	fi
+	stop_cluster "$shape-two"
+
+	step "($shape 3) two GPUs, NCCL, hand-off off"
+	if start_cluster "$shape-two-nohandoff" "gpu0:cuda gpu1:cuda" --handoff=false; then
+		prompts "$shape-two-nohandoff" || status=1
+		throughput "$shape-two-nohandoff" || status=1
+		{ echo; echo "# $shape: tandemctl status (two GPUs, hand-off off)"; ctl status; } >>"$OUT/status-graphs.txt" 2>&1
+	else
+		status=1
+	fi
+	stop_cluster "$shape-two-nohandoff"
+
+	step "($shape 4) one GPU"
+	if start_cluster "$shape-one" "gpu0:cuda"; then
+		prompts "$shape-one" || status=1
+		throughput "$shape-one-handoff" || status=1
+	else
+		status=1
+	fi
+	stop_cluster "$shape-one"
+}
+
 : >"$OUT/daemons.log"
+: >"$OUT/status-graphs.txt"
 if [ "$MODE" = mixed ]; then
 	step "(M) CPU and CUDA stages mixed, TCP between them"
+	MODEL=$WORK/model
+	"$BIN/tandemctl" model init --out "$MODEL" --layers 4 --hidden 256 --heads 4 --kv-heads 2 --intermediate 512 | tee -a "$LOG"
+	VOCAB=512
 	for c in "cpu-cpu:a0:cpu a1:cpu" "cpu-cuda:b0:cpu b1:cuda" "cuda-cpu:c0:cuda c1:cpu"; do
 		tag=${c%%:*}
 		if start_cluster "$tag" "${c#*:}"; then
@@ -220,42 +307,30 @@ if [ "$MODE" = mixed ]; then
 		fi
 		stop_cluster "$tag"
 	done
-elif start_cluster two "gpu0:cuda gpu1:cuda"; then
-	step "(2, 3, 4) two GPUs, NCCL, hand-off on"
-	prompts two || status=1
-	{ echo "# tandemctl status (two GPUs, hand-off on)"; ctl status; echo; echo "# tandemctl graphs"; ctl graphs; } >"$OUT/status-graphs.txt" 2>&1
-	throughput two-handoff || status=1
-	{ echo; echo "# tandemctl graphs after the throughput runs"; ctl graphs; echo; ctl status; } >>"$OUT/status-graphs.txt" 2>&1
-	stop_cluster two
-
-	step "(5) two GPUs, NCCL, hand-off off"
-	if start_cluster two-nohandoff "gpu0:cuda gpu1:cuda" --handoff=false; then
-		throughput two-nohandoff || status=1
-		{ echo; echo "# tandemctl status (two GPUs, hand-off off)"; ctl status; } >>"$OUT/status-graphs.txt" 2>&1
-	else
-		status=1
-	fi
-	stop_cluster two-nohandoff
-
-	step "(6) one GPU"
-	if start_cluster one "gpu0:cuda"; then
-		prompts one || status=1
-		throughput one-handoff || status=1
-	else
-		status=1
-	fi
-	stop_cluster one
 else
-	status=1
-	stop_cluster two
+	for shape in $SHAPES; do
+		# What a shape takes here, seconds: its checkpoint and three
+		# clusters (two-GPU runs measured at 50-70 s for llama1b).
+		need=70
+		[ "$shape" = llama8b ] && need=$((60 + 8 * L8B))
+		if ((SECONDS + need > DEADLINE)); then
+			step "$shape skipped: ${SECONDS}s gone, it needs about ${need}s of the ${DEADLINE}s"
+			echo "{\"shape\": \"$shape\", \"skipped\": true}" >>"$WORK/runs/skipped.jsonl"
+			continue
+		fi
+		shape_run "$shape" || status=1
+	done
 fi
 
 step "summary"
-python3 - "$WORK/runs" "$OUT/summary.json" "$status" "$MODE" <<'EOF' 2>&1 | tee -a "$LOG"
+python3 - "$WORK/runs" "$OUT/summary.json" "$status" "$MODE" "$SHAPES" <<'EOF' 2>&1 | tee -a "$LOG"
 import json, os, sys
-runs, out, status, mode = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+runs, out, status, mode, shapes = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5].split()
 def load(tag):
     p = os.path.join(runs, tag + ".prompts")
+    return [json.loads(l) for l in open(p)] if os.path.exists(p) else []
+def lines(name):
+    p = os.path.join(runs, name)
     return [json.loads(l) for l in open(p)] if os.path.exists(p) else []
 def compare(got, want, exact):
     """Per prompt: whether the tokens match, where they first differ, and
@@ -276,30 +351,52 @@ def compare(got, want, exact):
     return rows, ok
 summary = {"status": status, "mode": mode}
 ok = True
+tp, traces = lines("throughput.jsonl"), lines("traces.jsonl")
+summary["throughput"], summary["traces"], summary["skipped"] = tp, traces, lines("skipped.jsonl")
 if mode == "mixed":
     # bf16 (CUDA) against float32 (CPU): tokens may part at near-ties.
     for tag in ("cpu-cuda", "cuda-cpu"):
         summary[tag + "_vs_cpu-cpu"], k = compare(load(tag), load("cpu-cpu"), False)
         ok = ok and k
 else:
-    summary["prompts"], ok = compare(load("two"), load("one"), True)
-    summary["two_gpu_matches_one_gpu"] = ok
-tp = os.path.join(runs, "throughput.jsonl")
-summary["throughput"] = [json.loads(l) for l in open(tp)] if os.path.exists(tp) else []
-for tag in ("two-handoff", "two-nohandoff", "one-handoff"):
-    p = os.path.join(runs, tag + ".status.json")
-    if os.path.exists(p):
-        st = json.load(open(p))
+    for shape in shapes:
+        if not load(shape + "-one"):
+            continue
+        for two in ("two", "two-nohandoff"):
+            rows, k = compare(load(shape + "-" + two), load(shape + "-one"), True)
+            summary[shape + "-" + two + "_vs_one"] = rows
+            summary[shape + "-" + two + "_same_tokens"] = k
+            print("%s, %s: %s" % (shape, two, "the same tokens as one GPU (4 prompts)" if k else "DIFFERS from one GPU: %s" % rows))
+            ok = ok and k
+for f in os.listdir(runs):
+    if f.endswith(".status.json"):
+        st = json.load(open(os.path.join(runs, f)))
+        tag = f[:-len(".status.json")]
         summary[tag] = {k: st.get(k) for k in ("graphMode", "handoff", "maxInFlight", "scheduler")}
-        summary[tag]["stages"] = [{k: s.get(k) for k in ("node", "layerLo", "layerHi", "backend", "device", "kvTokens", "weightBytes", "kvBytes", "graphBytes", "graphs", "captureTime", "nextLink")} for s in st.get("stages", [])]
+        summary[tag]["stages"] = [{k: s.get(k) for k in ("node", "layerLo", "layerHi", "backend", "device", "kvTokens", "weightBytes", "kvBytes", "graphBytes", "graphs", "captureTime", "nextLink", "busy", "deviceBusy")} for s in st.get("stages", [])]
 json.dump(summary, open(out, "w"), indent=1)
-print(json.dumps(summary, indent=1))
+
+# The table: tokens/s against one GPU, latencies, busy fractions.
+print()
+print("%-8s %-18s %5s %10s %7s %9s %9s %s" % ("shape", "cluster", "conc", "tokens/s", "x1 GPU", "TTFT p50", "ITL p50", "busy (device) per stage"))
+for r in tp:
+    shape, cl = r["cluster"].split("-", 1)
+    one = next((o for o in tp if o["cluster"] == shape + "-one-handoff" and o["concurrent"] == r["concurrent"]), None)
+    ratio = r["tokens_per_s"] / one["tokens_per_s"] if one else float("nan")
+    busy = " ".join("%.0f%% (%.0f%%)" % (100 * b, 100 * d) for b, d in zip(r.get("busy", []), r.get("device_busy", [])))
+    print("%-8s %-18s %5d %10.0f %7.2f %7.2fms %7.2fms %s" % (shape, cl, r["concurrent"], r["tokens_per_s"], ratio, r["ttft_p50_ms"], r["itl_p50_ms"], busy))
+print()
+print("traces (%s): where each stage's time went while the pipeline was full" % ", ".join("%d steps" % t["steps"] for t in traces[:1]))
+print("%-28s %5s %8s %9s %6s %7s %6s %8s %6s %6s %6s %9s %9s" % ("cluster", "stage", "step ms", "in flight", "busy", "device", "wait", "hand-off", "recv", "send", "other", "fwd ms", "device ms"))
+for t in traces:
+    for s in t.get("stages", []):
+        print("%-28s %5d %8.2f %9.2f %5.1f%% %6.1f%% %5.1f%% %7.1f%% %5.1f%% %5.1f%% %5.1f%% %9.3f %9.3f" % (
+            t["cluster"], s["index"], t["step_ms"], t["mean_in_flight"], 100 * s["busy"], 100 * s["device_busy"], 100 * s["wait_step"],
+            100 * s["handoff"], 100 * s["recv"], 100 * s["send"], 100 * s["other"], s["forward_ms"], s["device_ms"]))
 if not ok:
     sys.exit(1)
 EOF
 [ "${PIPESTATUS[0]}" = 0 ] || status=1
-for tag in two one cpu-cuda cuda-cpu cpu-cpu; do
-	[ -f "$WORK/runs/$tag.prompts" ] && cp "$WORK/runs/$tag.prompts" "$OUT/$tag-prompts.jsonl"
-done
+tar -C "$WORK/runs" -czf "$OUT/runs.tar.gz" . 2>/dev/null
 echo "exit status $status" | tee -a "$LOG"
 exit $status
