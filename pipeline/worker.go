@@ -86,9 +86,15 @@ func (w *Worker) Serve(ctx context.Context) error {
 		return fmt.Errorf("stage %d (layers %d-%d): a hand-off link in, but the stage (%T) cannot take hand-offs", w.Index, info.Lo, info.Hi, w.Stage)
 	}
 	w.clk = clock{start: time.Now()}
+	next, stop := w.prefetch(ctx)
+	defer stop()
 	for {
 		w.t = StageTiming{Waited: w.clk.now()}
-		st, err := w.Ctl.Next(ctx)
+		n, ok := <-next
+		st, err := n.st, n.err
+		if !ok {
+			err = context.Cause(ctx)
+		}
 		w.t.Got = w.clk.now()
 		if errors.Is(err, io.EOF) {
 			return nil
@@ -122,6 +128,40 @@ func (w *Worker) Serve(ctx context.Context) error {
 			}
 		}
 	}
+}
+
+// nextStep is a step read from the control link, or why none was.
+type nextStep struct {
+	st  *Step
+	err error
+}
+
+// prefetch reads the leader's steps on a goroutine of its own, one ahead
+// of the worker, so that reading and decoding the next step overlaps the
+// current one's forward pass instead of following it. The channel carries
+// the link's end (io.EOF) or error last, and is closed when the goroutine
+// ends (also when ctx ends first); stop ends the goroutine and waits for
+// it.
+func (w *Worker) prefetch(ctx context.Context) (<-chan nextStep, func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	next := make(chan nextStep, 1)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		defer close(next)
+		for {
+			st, err := w.Ctl.Next(ctx)
+			select {
+			case next <- nextStep{st, err}:
+			case <-ctx.Done():
+				return
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	return next, func() { cancel(); <-done }
 }
 
 func (w *Worker) step(ctx context.Context, info stage.Info, st *Step) (*Result, error) {
