@@ -558,12 +558,12 @@ type pipeModel struct {
 }
 
 // h200Llama1B is a pipeModel of the Llama-3.2-1B shape on H200s as
-// stage/cuda measures a decode step once its kernels read the weights
-// near the memory bandwidth (about 1ms for the whole model, 5µs more a
-// token), with 100µs of host work a step on each stage and a control
-// round trip of 200µs between processes of one machine.
+// stage/cuda measured a whole-model decode step after issue 15 (1.089 ms
+// at batch 1, 1.771 ms at batch 32: 1.07 ms and 22 µs a token), with 100 µs
+// of host work a step on each stage and a control round trip of 200 µs
+// between processes of one machine.
 func h200Llama1B(stages int) pipeModel {
-	return pipeModel{stages: stages, fixed: time.Millisecond, perToken: 5 * time.Microsecond, host: 100 * time.Microsecond,
+	return pipeModel{stages: stages, fixed: 1070 * time.Microsecond, perToken: 22 * time.Microsecond, host: 100 * time.Microsecond,
 		rtt: 200 * time.Microsecond, handoffLat: 30 * time.Microsecond}
 }
 
