@@ -54,7 +54,10 @@
 // its sampled tokens straight to the first over a ring link (NCCL between
 // CUDA stages, else TCP; none for a single stage) and the scheduler keeps
 // one more step in flight than there are stages, feeding decodes whose
-// input the first stage fills on its own.
+// input the first stage fills on its own. Admin.Trace records the leader's
+// next steps as a Chrome trace, every stage timing its own part
+// (package daemon/steptrace; tandemctl trace), and Admin.Status gives each
+// stage's busy time from the same timings.
 //
 // Package daemon wires these: configuration, lifecycle, the gRPC server,
 // membership, health, metrics and systemd.
@@ -164,7 +167,9 @@
 // tandem_kv_blocks_used and _total, tandem_steps_total,
 // tandem_step_seconds, the CUDA-graph dispatch counts
 // tandem_graph_steps_total{mode, padded_tokens, unpadded_tokens} and each
-// stage's graph memory tandem_graph_memory_bytes{stage, node}; the
+// stage's graph memory tandem_graph_memory_bytes{stage, node} and busy
+// time tandem_stage_busy_seconds_total{stage, node, of} (the current
+// pipeline's stages: it starts again with each pipeline); the
 // counters, tandem_steps_total, tandem_discarded_tokens_total,
 // tandem_requests_failed_total, tandem_requests_refused_total (queue full),
 // tandem_pipeline_changes_total{kind: recovery, move, rebalance},

@@ -1,7 +1,8 @@
 // Command tandemctl is tandem's operator and user tool: it shows a
 // cluster's status and CUDA-graph dispatch, moves its pipeline live
 // (rebalance, drain, undrain), completes prompts through the
-// leader's gRPC API, measures its throughput and latency, writes
+// leader's gRPC API, measures its throughput and latency, records the
+// leader's steps as a Chrome trace, writes
 // random-init checkpoints and checks prompts against a tokenizer. The
 // leader's address comes from --addr or $TANDEM_ADDR, the admin token from
 // --token or $TANDEM_TOKEN.
