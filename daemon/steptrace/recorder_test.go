@@ -165,3 +165,21 @@ func TestBusyRecent(t *testing.T) {
 		t.Errorf("after a restart: last %v, %d samples; want 1ms and 1", b.last.busy, b.n)
 	}
 }
+
+// TestRecordNothing: a recording during which no step completes ends with
+// ctx and an error saying so, and the recorder records again afterwards.
+func TestRecordNothing(t *testing.T) {
+	rec := New()
+	rec.Pipeline(1, []string{"a"})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	if _, err := rec.Record(ctx, 3); err == nil || !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("a recording with no step: %v, want the deadline", err)
+	}
+	if rec.on.Load() || rec.rec != nil {
+		t.Error("the recording is still on after Record returned")
+	}
+	if _, err := rec.Record(context.Background(), 0); err == nil {
+		t.Error("a recording of 0 steps: no error")
+	}
+}
