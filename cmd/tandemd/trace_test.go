@@ -148,8 +148,10 @@ func checkTrace(t *testing.T, tr *traceJSON, steps int, nodes []string) {
 		switch {
 		case e.Ph == "M" && e.Name == "process_name":
 			names[e.Pid], _ = e.Args["name"].(string)
-		case e.Ph == "X" && e.Pid >= 10:
+		case e.Ph == "X" && e.Pid >= 10 && e.Tid == 1: // a stage's worker
 			tracks[e.Pid] = append(tracks[e.Pid], span{e.Name, e.Ts, e.Ts + e.Dur, batchOf(e.Args)})
+		case e.Ph == "X" && e.Pid >= 10:
+			t.Errorf("span %q on thread %d of stage %d: CPU stages measure no device time", e.Name, e.Tid, e.Pid-10)
 		case e.Cat == "step" && e.Ph == "b":
 			stepStart[batchOf(e.Args)] = e.Ts
 		case e.Cat == "step" && e.Ph == "e":

@@ -6,7 +6,9 @@
 // itself timed them (pipeline.StageTiming): waiting for the leader's
 // step, awaiting hand-offs, receiving activations, the forward pass (its
 // device time in its arguments) and sending on, so the pipeline's bubbles
-// are the stages' waits; and the leader's track: the scheduler planning
+// are the stages' waits, and where the stage measures its device time a
+// second track with the device's work (placed at the end of the forward
+// pass that waited for it); and the leader's track: the scheduler planning
 // and submitting each step and taking its result, each step's life from
 // submission to result (async slices), the steps in flight (a counter),
 // and each request's time to first token. The summary (the trace's

@@ -112,6 +112,7 @@ const (
 	stagePid  = 10 // + stage index
 	schedTid  = 1
 	workerTid = 1
+	deviceTid = 2 // a stage's device work, where the stage measures it
 )
 
 // trace builds the recording's trace; the Recorder's mutex is held.
@@ -226,6 +227,12 @@ func (rec *recording) trace() *Trace {
 				args["device_us"] = us(t.Device)
 			}
 			phase("forward", "compute", t.ForwardStart, t.ForwardEnd, args)
+			if t.Device > 0 && t.Device <= t.ForwardEnd-t.ForwardStart {
+				// The device's work, placed at the end of the forward pass
+				// that waited for it (the host plans and launches first).
+				spans = append(spans, span{"device", "device", pid, deviceTid, pl(t.ForwardEnd - t.Device), pl(t.ForwardEnd),
+					map[string]any{"batch": s.batch, "device_us": us(t.Device)}})
+			}
 			phase("send", "send", t.SendStart, t.SendEnd, map[string]any{"batch": s.batch})
 		}
 		if ss.Steps > 0 {
@@ -246,7 +253,7 @@ func (rec *recording) trace() *Trace {
 		Event{Name: "process_sort_index", Ph: "M", Pid: leaderPid, Args: map[string]any{"sort_index": 0}})
 	for i, n := range rec.nodes {
 		evs = append(evs, meta("process_name", stagePid+i, 0, fmt.Sprintf("stage %d (%s)", i, n)),
-			meta("thread_name", stagePid+i, workerTid, "worker"),
+			meta("thread_name", stagePid+i, workerTid, "worker"), meta("thread_name", stagePid+i, deviceTid, "device"),
 			Event{Name: "process_sort_index", Ph: "M", Pid: stagePid + i, Args: map[string]any{"sort_index": 1 + i}})
 	}
 	ts := func(d time.Duration) float64 { return us(d - origin) }
