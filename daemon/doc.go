@@ -167,10 +167,10 @@
 // tandem_kv_blocks_used and _total, tandem_steps_total,
 // tandem_step_seconds, the CUDA-graph dispatch counts
 // tandem_graph_steps_total{mode, padded_tokens, unpadded_tokens} and each
-// stage's graph memory tandem_graph_memory_bytes{stage, node} and busy
-// time tandem_stage_busy_seconds_total{stage, node, of} (the current
-// pipeline's stages: it starts again with each pipeline); the
-// counters, tandem_steps_total, tandem_discarded_tokens_total,
+// stage's graph memory tandem_graph_memory_bytes{stage, node}; the
+// counters, each node's busy time as a stage
+// tandem_stage_busy_seconds_total{node, of: forward, device},
+// tandem_steps_total, tandem_discarded_tokens_total,
 // tandem_requests_failed_total, tandem_requests_refused_total (queue full),
 // tandem_pipeline_changes_total{kind: recovery, move, rebalance},
 // tandem_reprefilled_requests_total, tandem_reprefilled_tokens_total

@@ -69,8 +69,8 @@ var (
 	descReprefilledTokens = prometheus.NewDesc("tandem_reprefilled_tokens_total",
 		"KV positions re-prefilled requests computed again on a new pipeline, since this node started.", nil, nil)
 	descStageBusy = prometheus.NewDesc("tandem_stage_busy_seconds_total",
-		"Each stage's busy time since its pipeline was built, from its own timing: its forward passes (of=\"forward\") and their device time (of=\"device\", 0 where not measured); its rate is the stage's busy fraction (leader only).",
-		[]string{"stage", "node", "of"}, nil)
+		"Each node's busy time as a stage of the pipelines this node led, since it started, from the stages' own timing: their forward passes (of=\"forward\") and their device time (of=\"device\", 0 where not measured); its rate is the node's busy fraction (leader only).",
+		[]string{"node", "of"}, nil)
 )
 
 // metricsCollector is a prometheus.Collector reading the daemon's live
@@ -127,6 +127,10 @@ func (c metricsCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(descChanges, tot.Rebalances, "rebalance")
 	counter(descReprefilled, d.counters.Reprefilled())
 	counter(descReprefilledTokens, d.counters.ReprefilledTokens())
+	for _, b := range d.sup.Trace().NodeBusy() {
+		ch <- prometheus.MustNewConstMetric(descStageBusy, prometheus.CounterValue, b.Busy.Seconds(), b.Node, "forward")
+		ch <- prometheus.MustNewConstMetric(descStageBusy, prometheus.CounterValue, b.DeviceBusy.Seconds(), b.Node, "device")
+	}
 	if !snap.Leading {
 		return
 	}
@@ -143,12 +147,6 @@ func (c metricsCollector) Collect(ch chan<- prometheus.Metric) {
 	for i := range p.Stages {
 		s := stageStatus(i, &p.Stages[i])
 		gauge(descGraphMem, float64(s.GetGraphBytes()), strconv.Itoa(i), s.GetNode())
-	}
-	if epoch, busy := d.sup.Trace().Busy(time.Now()); epoch == p.Epoch {
-		for _, b := range busy {
-			ch <- prometheus.MustNewConstMetric(descStageBusy, prometheus.CounterValue, b.Busy.Seconds(), strconv.Itoa(b.Stage), b.Node, "forward")
-			ch <- prometheus.MustNewConstMetric(descStageBusy, prometheus.CounterValue, b.DeviceBusy.Seconds(), strconv.Itoa(b.Stage), b.Node, "device")
-		}
 	}
 }
 

@@ -1,6 +1,8 @@
 package steptrace
 
 import (
+	"maps"
+	"slices"
 	"time"
 
 	"github.com/tandem-llm/tandem/pipeline"
@@ -36,6 +38,52 @@ func (r *Recorder) Busy(now time.Time) (uint64, []StageBusy) {
 		out[i].Recent, out[i].RecentDevice = b.recent(now)
 	}
 	return r.epoch, out
+}
+
+// NodeBusy is a node's busy time as a stage, over every pipeline this
+// recorder followed.
+type NodeBusy struct {
+	Node             string
+	Busy, DeviceBusy time.Duration
+}
+
+// NodeBusy returns, for every node that ran a stage of a pipeline the
+// recorder followed, in name order, the forward and device time of its
+// stages over all those pipelines: unlike StageBusy's, these never go
+// down for the life of the recorder.
+func (r *Recorder) NodeBusy() []NodeBusy {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	sum := maps.Clone(r.ended)
+	if sum == nil {
+		sum = map[string]busySample{}
+	}
+	for i, b := range r.busy {
+		s := sum[r.nodes[i]]
+		s.busy += b.last.busy
+		s.device += b.last.device
+		sum[r.nodes[i]] = s
+	}
+	out := make([]NodeBusy, 0, len(sum))
+	for _, n := range slices.Sorted(maps.Keys(sum)) {
+		out = append(out, NodeBusy{Node: n, Busy: sum[n].busy, DeviceBusy: sum[n].device})
+	}
+	return out
+}
+
+// end adds a stage's last busy times on node to the node's ended sums;
+// r.mu is held.
+func (r *Recorder) end(node string, last busySample) {
+	if last.busy == 0 && last.device == 0 {
+		return
+	}
+	if r.ended == nil {
+		r.ended = map[string]busySample{}
+	}
+	s := r.ended[node]
+	s.busy += last.busy
+	s.device += last.device
+	r.ended[node] = s
 }
 
 // busyState follows one stage's busy times: its last report, and a ring

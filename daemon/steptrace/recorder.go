@@ -43,6 +43,10 @@ type Recorder struct {
 	epoch uint64
 	nodes []string
 	busy  []*busyState
+	// ended sums, per node, the busy times of its stages in earlier
+	// pipelines and of workers that started again, so that NodeBusy
+	// only grows for the life of the process.
+	ended map[string]busySample
 }
 
 // New returns a recorder with nothing recorded.
@@ -55,6 +59,9 @@ func (r *Recorder) Pipeline(epoch uint64, nodes []string) pipeline.Observer {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if epoch >= r.epoch {
+		for i, b := range r.busy {
+			r.end(r.nodes[i], b.last)
+		}
 		r.epoch, r.nodes = epoch, append([]string(nil), nodes...)
 		r.busy = make([]*busyState, len(nodes))
 		for i := range r.busy {
@@ -91,6 +98,9 @@ func (o *pipelineObserver) Reported(stage int, batch uint64, t *pipeline.StageTi
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if o.epoch == r.epoch && stage < len(r.busy) {
+		if b := r.busy[stage]; t.Busy < b.last.busy {
+			r.end(r.nodes[stage], b.last) // a new worker: its counts start again
+		}
 		r.busy[stage].add(t, at)
 	}
 	if rec := r.rec; rec != nil && rec.epoch == o.epoch {

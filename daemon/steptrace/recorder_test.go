@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"path/filepath"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -181,5 +182,31 @@ func TestRecordNothing(t *testing.T) {
 	}
 	if _, err := rec.Record(context.Background(), 0); err == nil {
 		t.Error("a recording of 0 steps: no error")
+	}
+}
+
+// TestNodeBusyOutlivesPipelines checks that a node's busy time only grows
+// across pipelines and across a worker that starts its counts again,
+// against the sum of what its stages reported.
+func TestNodeBusyOutlivesPipelines(t *testing.T) {
+	rec := New()
+	at := time.Now()
+	report := func(o pipeline.Observer, stage int, busy, device time.Duration) {
+		o.Reported(stage, 0, &pipeline.StageTiming{Busy: busy, DeviceBusy: device}, at)
+	}
+	p1 := rec.Pipeline(1, []string{"a", "b"})
+	report(p1, 0, 5*time.Millisecond, time.Millisecond)
+	report(p1, 1, 7*time.Millisecond, 0)
+	p2 := rec.Pipeline(2, []string{"b"}) // b now holds every layer
+	report(p2, 0, 2*time.Millisecond, 0)
+	report(p1, 1, 100*time.Millisecond, 0) // the old pipeline's late report counts nowhere
+	report(p2, 0, 3*time.Millisecond, 0)
+	report(p2, 0, time.Millisecond, 0) // b's worker started again
+	want := []NodeBusy{
+		{Node: "a", Busy: 5 * time.Millisecond, DeviceBusy: time.Millisecond},
+		{Node: "b", Busy: 11 * time.Millisecond}, // 7 in epoch 1, 3 before the restart, 1 after
+	}
+	if got := rec.NodeBusy(); !slices.Equal(got, want) {
+		t.Errorf("NodeBusy = %+v, want %+v", got, want)
 	}
 }
