@@ -124,87 +124,59 @@ func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	ctx := r.Context()
-	run, err := s.start(ctx, p)
-	if err != nil {
-		writeError(w, err)
-		return
-	}
-	defer run.close()
-	id, created := "chatcmpl-"+newID(), s.now().Unix()
-	if !p.stream {
-		var text string
-		var lps *chatLogprobs
-		if p.logprobs {
-			lps = &chatLogprobs{Content: []tokenLogprob{}}
-		}
-		for {
-			ev, err := run.next(ctx)
-			if err != nil {
-				s.logFailure(r, err)
-				writeError(w, err)
-				return
-			}
-			text += ev.text
-			if lps != nil {
-				lps.Content = append(lps.Content, chatLogprob(m, ev))
-			}
-			if ev.finish != "" {
-				writeJSON(w, http.StatusOK, chatCompletion{
-					ID: id, Object: "chat.completion", Created: created, Model: m.ID,
-					Choices: []chatChoice{{Message: chatMessage{Role: "assistant", Content: text}, Logprobs: lps, FinishReason: ev.finish}},
-					Usage:   newUsage(len(prompt), run.tokens),
-				})
-				return
-			}
+	s.respond(w, r, p, &chatOutput{id: "chatcmpl-" + newID(), created: s.now().Unix(), m: m, p: p})
+}
+
+// chatOutput shapes the answer of a chat completion.
+type chatOutput struct {
+	id      string
+	created int64
+	m       *Model
+	p       *params
+}
+
+func (o *chatOutput) whole(text string, toks []event, finish string, u *usage) any {
+	var lps *chatLogprobs
+	if o.p.logprobs {
+		lps = &chatLogprobs{Content: []tokenLogprob{}}
+		for _, ev := range toks {
+			lps.Content = append(lps.Content, chatLogprob(o.m, ev))
 		}
 	}
-	sse := newSSE(w)
-	chunk := func(d chunkDelta, lps *chatLogprobs, finish *string) chatChunk {
-		c := chatChunk{ID: id, Object: "chat.completion.chunk", Created: created, Model: m.ID,
-			Choices: []chunkChoice{{Delta: d, Logprobs: lps, FinishReason: finish}}}
-		if p.includeUsage {
-			c.Usage = nullJSON
-		}
-		return c
+	return chatCompletion{
+		ID: o.id, Object: "chat.completion", Created: o.created, Model: o.m.ID,
+		Choices: []chatChoice{{Message: chatMessage{Role: "assistant", Content: text}, Logprobs: lps, FinishReason: finish}},
+		Usage:   u,
 	}
-	if sse.send(chunk(chunkDelta{Role: "assistant", Content: strPtr("")}, nil, nil)) != nil {
-		return // the client went away: the deferred close cancels the generation
+}
+
+// chunk is a streamed chunk of the one choice.
+func (o *chatOutput) chunk(d chunkDelta, lps *chatLogprobs, finish *string) chatChunk {
+	c := chatChunk{ID: o.id, Object: "chat.completion.chunk", Created: o.created, Model: o.m.ID,
+		Choices: []chunkChoice{{Delta: d, Logprobs: lps, FinishReason: finish}}}
+	if o.p.includeUsage {
+		c.Usage = nullJSON
 	}
-	for {
-		ev, err := run.next(ctx)
-		if err != nil {
-			if ctx.Err() == nil {
-				s.logFailure(r, err)
-				_ = sse.send(toAPIError(err).body())
-				_ = sse.done()
-			}
-			return
-		}
-		if ev.text != "" || p.logprobs {
-			var lps *chatLogprobs
-			if p.logprobs {
-				lps = &chatLogprobs{Content: []tokenLogprob{chatLogprob(m, ev)}}
-			}
-			if sse.send(chunk(chunkDelta{Content: strPtr(ev.text)}, lps, nil)) != nil {
-				return
-			}
-		}
-		if ev.finish != "" {
-			if sse.send(chunk(chunkDelta{}, nil, strPtr(ev.finish))) != nil {
-				return
-			}
-			if p.includeUsage {
-				u := chatChunk{ID: id, Object: "chat.completion.chunk", Created: created, Model: m.ID,
-					Choices: []chunkChoice{}, Usage: mustJSON(newUsage(len(prompt), run.tokens))}
-				if sse.send(u) != nil {
-					return
-				}
-			}
-			_ = sse.done()
-			return
-		}
+	return c
+}
+
+func (o *chatOutput) head() any {
+	return o.chunk(chunkDelta{Role: "assistant", Content: strPtr("")}, nil, nil)
+}
+
+func (o *chatOutput) token(ev event) any {
+	var lps *chatLogprobs
+	if o.p.logprobs {
+		lps = &chatLogprobs{Content: []tokenLogprob{chatLogprob(o.m, ev)}}
 	}
+	return o.chunk(chunkDelta{Content: strPtr(ev.text)}, lps, nil)
+}
+
+func (o *chatOutput) end(finish string) any { return o.chunk(chunkDelta{}, nil, strPtr(finish)) }
+
+func (o *chatOutput) usage(u *usage) any {
+	return chatChunk{ID: o.id, Object: "chat.completion.chunk", Created: o.created, Model: o.m.ID,
+		Choices: []chunkChoice{}, Usage: mustJSON(u)}
 }
 
 // chatLogprob is a token's entry in a chat completion's logprobs.

@@ -101,99 +101,72 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	ctx := r.Context()
-	run, err := s.start(ctx, p)
-	if err != nil {
-		writeError(w, err)
-		return
-	}
-	defer run.close()
-	id, created := "cmpl-"+newID(), s.now().Unix()
-	var lps *completionLogprobs
-	offset := 0 // characters of the tokens' text so far, for text_offset
-	addLogprob := func(l *completionLogprobs, ev event) {
-		tok := tokenString(m, ev.token.Token)
+	s.respond(w, r, p, &completionOutput{id: "cmpl-" + newID(), created: s.now().Unix(), m: m, p: p})
+}
+
+// completionOutput shapes the answer of a text completion.
+type completionOutput struct {
+	id      string
+	created int64
+	m       *Model
+	p       *params
+	offset  int // characters of the tokens' text so far, for text_offset
+}
+
+// logprobs are the log-probabilities of toks, the tokens that follow
+// those already shown.
+func (o *completionOutput) logprobs(toks []event) *completionLogprobs {
+	l := &completionLogprobs{Tokens: []string{}, TokenLogprobs: []float32{}, TopLogprobs: []map[string]float32{}, TextOffset: []int{}}
+	for _, ev := range toks {
+		tok := tokenString(o.m, ev.token.Token)
 		l.Tokens = append(l.Tokens, tok)
 		l.TokenLogprobs = append(l.TokenLogprobs, finiteLogprob(ev.token.Logprob))
 		top := map[string]float32{}
 		for _, t := range ev.token.Top {
-			top[tokenString(m, t.Token)] = finiteLogprob(t.Logprob)
+			top[tokenString(o.m, t.Token)] = finiteLogprob(t.Logprob)
 		}
 		l.TopLogprobs = append(l.TopLogprobs, top)
-		l.TextOffset = append(l.TextOffset, offset)
-		offset += utf8.RuneCountInString(tok)
+		l.TextOffset = append(l.TextOffset, o.offset)
+		o.offset += utf8.RuneCountInString(tok)
 	}
-	newLogprobs := func() *completionLogprobs {
-		return &completionLogprobs{Tokens: []string{}, TokenLogprobs: []float32{}, TopLogprobs: []map[string]float32{}, TextOffset: []int{}}
+	return l
+}
+
+func (o *completionOutput) whole(text string, toks []event, finish string, u *usage) any {
+	var lps *completionLogprobs
+	if o.p.logprobs {
+		lps = o.logprobs(toks)
 	}
-	if !p.stream {
-		if p.logprobs {
-			lps = newLogprobs()
-		}
-		var text string
-		for {
-			ev, err := run.next(ctx)
-			if err != nil {
-				s.logFailure(r, err)
-				writeError(w, err)
-				return
-			}
-			text += ev.text
-			if lps != nil {
-				addLogprob(lps, ev)
-			}
-			if ev.finish != "" {
-				writeJSON(w, http.StatusOK, completion{
-					ID: id, Object: "text_completion", Created: created, Model: m.ID,
-					Choices: []completionChoice{{Text: text, Logprobs: lps, FinishReason: strPtr(ev.finish)}},
-					Usage:   mustJSON(newUsage(len(prompt), run.tokens)),
-				})
-				return
-			}
-		}
+	return completion{
+		ID: o.id, Object: "text_completion", Created: o.created, Model: o.m.ID,
+		Choices: []completionChoice{{Text: text, Logprobs: lps, FinishReason: strPtr(finish)}},
+		Usage:   mustJSON(u),
 	}
-	sse := newSSE(w)
-	chunk := func(text string, l *completionLogprobs, finish *string) completion {
-		c := completion{ID: id, Object: "text_completion", Created: created, Model: m.ID,
-			Choices: []completionChoice{{Text: text, Logprobs: l, FinishReason: finish}}}
-		if p.includeUsage {
-			c.Usage = nullJSON
-		}
-		return c
+}
+
+// chunk is a streamed chunk of the one choice.
+func (o *completionOutput) chunk(text string, l *completionLogprobs, finish *string) completion {
+	c := completion{ID: o.id, Object: "text_completion", Created: o.created, Model: o.m.ID,
+		Choices: []completionChoice{{Text: text, Logprobs: l, FinishReason: finish}}}
+	if o.p.includeUsage {
+		c.Usage = nullJSON
 	}
-	for {
-		ev, err := run.next(ctx)
-		if err != nil {
-			if ctx.Err() == nil {
-				s.logFailure(r, err)
-				_ = sse.send(toAPIError(err).body())
-				_ = sse.done()
-			}
-			return
-		}
-		if ev.text != "" || p.logprobs {
-			var l *completionLogprobs
-			if p.logprobs {
-				l = newLogprobs()
-				addLogprob(l, ev)
-			}
-			if sse.send(chunk(ev.text, l, nil)) != nil {
-				return
-			}
-		}
-		if ev.finish != "" {
-			if sse.send(chunk("", nil, strPtr(ev.finish))) != nil {
-				return
-			}
-			if p.includeUsage {
-				u := completion{ID: id, Object: "text_completion", Created: created, Model: m.ID,
-					Choices: []completionChoice{}, Usage: mustJSON(newUsage(len(prompt), run.tokens))}
-				if sse.send(u) != nil {
-					return
-				}
-			}
-			_ = sse.done()
-			return
-		}
+	return c
+}
+
+func (o *completionOutput) head() any { return nil }
+
+func (o *completionOutput) token(ev event) any {
+	var l *completionLogprobs
+	if o.p.logprobs {
+		l = o.logprobs([]event{ev})
 	}
+	return o.chunk(ev.text, l, nil)
+}
+
+func (o *completionOutput) end(finish string) any { return o.chunk("", nil, strPtr(finish)) }
+
+func (o *completionOutput) usage(u *usage) any {
+	return completion{ID: o.id, Object: "text_completion", Created: o.created, Model: o.m.ID,
+		Choices: []completionChoice{}, Usage: mustJSON(u)}
 }
