@@ -238,15 +238,7 @@ func TestChaosStageKilled(t *testing.T) {
 	if got := stageNodes(healthy); !slices.Equal(got, []string{"stage-1", "stage-2", "stage-3"}) {
 		t.Fatalf("stages %v, want the three stage daemons", got)
 	}
-	// A request first, so the goroutines counted are those of a leader
-	// that has served.
-	if _, err := generate(ctx, c.Conn, &tandemv1.GenerateRequest{PromptTokenIds: []int32{1, 2}, MaxTokens: 4}); err != nil {
-		t.Fatal(err)
-	}
-	before, err := goroutines(ctx, metrics)
-	if err != nil {
-		t.Fatal(err)
-	}
+	before := servedGoroutines(t, ctx, c, metrics)
 
 	ss := startStreams(ctx, c.Conn, reqs)
 	ss.midway(t, ctx, 20)
@@ -283,15 +275,7 @@ func TestChaosStageKilled(t *testing.T) {
 		t.Errorf("after the rejoin: %d tokens (%v), want request 1's %d", len(got.ids), err, len(want[1]))
 	}
 	// Nothing leaks: no request or KV block held, the goroutines back.
-	var after int
-	awaitStatus(t, ctx, admin, "nothing held and the goroutines back", func(st *tandemv1.StatusResponse) bool {
-		sc := st.GetScheduler()
-		if after, err = goroutines(ctx, metrics); err != nil {
-			t.Fatal(err)
-		}
-		return sc.GetRunning()+sc.GetWaiting()+sc.GetInFlight() == 0 && sc.GetKvBlocksUsed() == 0 && after <= before+3 && sc.GetFinished() == n+2
-	})
-	t.Logf("nothing held after the chaos: no request, no KV block; the leader's goroutines %d (%d before)", after, before)
+	checkNothingHeld(t, ctx, admin, metrics, before, n+2)
 	if strings.Contains(logs.String(), "panic") {
 		t.Error("a daemon panicked")
 	}
@@ -364,13 +348,7 @@ func TestChaosStageStopped(t *testing.T) {
 		leaderExtra: []string{"--metrics", metrics}})
 	admin := tandemv1.NewAdminClient(c.Conn)
 	healthy := awaitStatus(t, ctx, admin, "serving", func(st *tandemv1.StatusResponse) bool { return st.GetServing() })
-	if _, err := generate(ctx, c.Conn, &tandemv1.GenerateRequest{PromptTokenIds: []int32{1, 2}, MaxTokens: 4}); err != nil {
-		t.Fatal(err)
-	}
-	before, err := goroutines(ctx, metrics)
-	if err != nil {
-		t.Fatal(err)
-	}
+	before := servedGoroutines(t, ctx, c, metrics)
 	ss := startStreams(ctx, c.Conn, reqs)
 	ss.midway(t, ctx, 20)
 	victim := c.Stages[1]

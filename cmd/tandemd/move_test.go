@@ -137,13 +137,7 @@ func TestChaosDrainUndrainRebalance(t *testing.T) {
 	c, logs := startClusterSpec(t, ctx, clusterSpec{model: dir, stages: 3, leaderExtra: []string{"--metrics", metrics}})
 	admin := tandemv1.NewAdminClient(c.Conn)
 	healthy := awaitStatus(t, ctx, admin, "serving", func(st *tandemv1.StatusResponse) bool { return st.GetServing() && len(st.GetStages()) == 3 })
-	if _, err := generate(ctx, c.Conn, &tandemv1.GenerateRequest{PromptTokenIds: []int32{1, 2}, MaxTokens: 4}); err != nil {
-		t.Fatal(err)
-	}
-	before, err := goroutines(ctx, metrics)
-	if err != nil {
-		t.Fatal(err)
-	}
+	before := servedGoroutines(t, ctx, c, metrics)
 
 	// (b) Drain the middle stage node under load.
 	r := moveUnderLoad(t, ctx, c, reqs, want, "drain stage-2", func() (*tandemv1.MoveResponse, error) {
@@ -276,6 +270,21 @@ func awaitLog(t *testing.T, ctx context.Context, logs *logBuffer, what string, c
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// servedGoroutines has the leader serve a request, so that the goroutines
+// counted are those of a leader that has served, and returns its
+// goroutines (go_goroutines of its /metrics at metrics).
+func servedGoroutines(t *testing.T, ctx context.Context, c *localCluster, metrics string) int {
+	t.Helper()
+	if _, err := generate(ctx, c.Conn, &tandemv1.GenerateRequest{PromptTokenIds: []int32{1, 2}, MaxTokens: 4}); err != nil {
+		t.Fatal(err)
+	}
+	n, err := goroutines(ctx, metrics)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
 }
 
 // checkNothingHeld waits until the leader holds no request, step or KV
