@@ -1,21 +1,17 @@
 package sched_test
 
 import (
-	"flag"
 	"fmt"
-	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/tandem-llm/tandem/internal/golden"
 	"github.com/tandem-llm/tandem/pipeline"
 	"github.com/tandem-llm/tandem/sched"
 	"github.com/tandem-llm/tandem/stage"
 )
-
-var update = flag.Bool("update", false, "rewrite the expected output of testdata scripts")
 
 // TestScripts runs the golden scripts in testdata against the scheduler
 // core. A script is a list of commands, one a line; the lines indented by
@@ -42,32 +38,7 @@ var update = flag.Bool("update", false, "rewrite the expected output of testdata
 //
 // go test -run TestScripts -update rewrites the expected lines.
 func TestScripts(t *testing.T) {
-	files, err := filepath.Glob(filepath.Join("testdata", "*.txt"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(files) == 0 {
-		t.Fatal("no scripts in testdata")
-	}
-	for _, f := range files {
-		t.Run(filepath.Base(f), func(t *testing.T) {
-			data, err := os.ReadFile(f)
-			if err != nil {
-				t.Fatal(err)
-			}
-			got := runScript(t, string(data))
-			if got == string(data) {
-				return
-			}
-			if *update {
-				if err := os.WriteFile(f, []byte(got), 0o644); err != nil {
-					t.Fatal(err)
-				}
-				return
-			}
-			t.Errorf("output differs (go test -run TestScripts -update rewrites it):\n%s", diffLines(string(data), got))
-		})
-	}
+	golden.Run(t, runScript)
 }
 
 // runScript runs the commands of a script and returns it with each
@@ -269,23 +240,4 @@ func tokenList(ts []int32) string {
 		i = j
 	}
 	return "[" + strings.Join(parts, " ") + "]"
-}
-
-// diffLines shows the lines of got that differ from want.
-func diffLines(want, got string) string {
-	w, g := strings.Split(want, "\n"), strings.Split(got, "\n")
-	var b strings.Builder
-	for i := range max(len(w), len(g)) {
-		var wl, gl string
-		if i < len(w) {
-			wl = w[i]
-		}
-		if i < len(g) {
-			gl = g[i]
-		}
-		if wl != gl {
-			fmt.Fprintf(&b, "line %d:\n  want %q\n  got  %q\n", i+1, wl, gl)
-		}
-	}
-	return b.String()
 }

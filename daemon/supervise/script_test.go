@@ -3,12 +3,9 @@ package supervise
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
-	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -26,12 +23,11 @@ import (
 	"github.com/tandem-llm/tandem/daemon/nodewire"
 	"github.com/tandem-llm/tandem/daemon/placement"
 	"github.com/tandem-llm/tandem/graphs"
+	"github.com/tandem-llm/tandem/internal/golden"
 	"github.com/tandem-llm/tandem/model"
 	"github.com/tandem-llm/tandem/pipeline"
 	tandemv1 "github.com/tandem-llm/tandem/proto/tandem/v1"
 )
-
-var update = flag.Bool("update", false, "rewrite the expected output of testdata scripts")
 
 const gib = 1 << 30
 
@@ -72,32 +68,7 @@ func scriptPlace(nodes []placement.Node, ranges []placement.Range) (placement.Pl
 //
 // go test -run TestScripts -update rewrites the expected lines.
 func TestScripts(t *testing.T) {
-	files, err := filepath.Glob(filepath.Join("testdata", "*.txt"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(files) == 0 {
-		t.Fatal("no scripts in testdata")
-	}
-	for _, f := range files {
-		t.Run(filepath.Base(f), func(t *testing.T) {
-			data, err := os.ReadFile(f)
-			if err != nil {
-				t.Fatal(err)
-			}
-			got := runScript(t, string(data))
-			if got == string(data) {
-				return
-			}
-			if *update {
-				if err := os.WriteFile(f, []byte(got), 0o644); err != nil {
-					t.Fatal(err)
-				}
-				return
-			}
-			t.Errorf("output differs (go test -run TestScripts -update rewrites it):\n%s", diffLines(string(data), got))
-		})
-	}
+	golden.Run(t, runScript)
 }
 
 // script is the state of a running script.
@@ -491,23 +462,4 @@ func (l *fakeLink) Err() error                                 { return nil }
 func (l *fakeLink) Close() error {
 	l.once.Do(func() { close(l.results) })
 	return nil
-}
-
-// diffLines shows the lines of got that differ from want.
-func diffLines(want, got string) string {
-	w, g := strings.Split(want, "\n"), strings.Split(got, "\n")
-	var b strings.Builder
-	for i := range max(len(w), len(g)) {
-		var wl, gl string
-		if i < len(w) {
-			wl = w[i]
-		}
-		if i < len(g) {
-			gl = g[i]
-		}
-		if wl != gl {
-			fmt.Fprintf(&b, "line %d:\n  want %q\n  got  %q\n", i+1, wl, gl)
-		}
-	}
-	return b.String()
 }
