@@ -1,6 +1,6 @@
 // Package progress shows a person how long operations advance (loading a
-// stage's weights, compiling kernels, capturing CUDA graphs, and later
-// moving a stage): on a terminal, a bar per operation with its amount and
+// stage's weights, compiling kernels, capturing CUDA graphs, moving a
+// stage): on a terminal, a bar per operation with its amount and
 // rate (github.com/vbauerster/mpb/v8); otherwise, structured log lines
 // when an operation starts, every few seconds while it runs, and when it
 // ends or fails.

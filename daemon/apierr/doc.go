@@ -5,8 +5,8 @@
 //
 // Code that refuses something builds its error with the constructor of
 // its kind (Invalidf, Exhaustedf, Unavailablef, Preconditionf,
-// Unauthenticatedf, Overloadedf); wrapping keeps the kind. GRPC turns any error into
-// the gRPC status a client gets.
+// Unauthenticatedf, Overloadedf, Forbiddenf, Internalf); wrapping keeps
+// the kind. GRPC turns any error into the gRPC status a client gets.
 //
 // # Usage
 //
