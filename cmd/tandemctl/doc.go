@@ -1,11 +1,12 @@
 // Command tandemctl is tandem's operator and user tool: it shows a
 // cluster's status and CUDA-graph dispatch, moves its pipeline live
-// (rebalance, drain, undrain), completes prompts through the
-// leader's gRPC API, measures its throughput and latency, records the
-// leader's steps as a Chrome trace, writes
-// random-init checkpoints and checks prompts against a tokenizer. The
-// leader's address comes from --addr or $TANDEM_ADDR, the admin token from
-// --token or $TANDEM_TOKEN.
+// (rebalance, drain, undrain), completes prompts through the leader's gRPC
+// API, chats with the served model through the OpenAI HTTP API (chat),
+// measures its throughput and latency, records the leader's steps as a
+// Chrome trace, writes random-init checkpoints, renders conversations with
+// a chat template and checks prompts against a tokenizer. The leader's
+// address comes from --addr or $TANDEM_ADDR, the admin token from --token
+// or $TANDEM_TOKEN (chat takes the API's --url instead).
 //
 // # Concurrency
 //
