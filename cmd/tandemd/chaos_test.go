@@ -184,6 +184,21 @@ func (ss *streams) check(t *testing.T, want [][]int32) (survived int, pause time
 	return survived, pause
 }
 
+// restart starts a daemon that exited again, with the same flags (its
+// ports, chosen by the system, differ), in place of the old one.
+func (c *localCluster) restart(ctx context.Context, p *daemonProc) (*daemonProc, error) {
+	n, err := startDaemon(ctx, c.spec, p.Name, p.args)
+	if err != nil {
+		return nil, err
+	}
+	for i, s := range c.Stages {
+		if s == p {
+			c.Stages[i] = n
+		}
+	}
+	return n, nil
+}
+
 // stageNodes are the nodes of the leader's pipeline, in order.
 func stageNodes(st *tandemv1.StatusResponse) []string {
 	var out []string

@@ -223,21 +223,6 @@ func (p *daemonProc) kill() {
 	p.wait()
 }
 
-// restart starts a daemon that exited again, with the same flags (its
-// ports, chosen by the system, differ), in place of the old one.
-func (c *localCluster) restart(ctx context.Context, p *daemonProc) (*daemonProc, error) {
-	n, err := startDaemon(ctx, c.spec, p.Name, p.args)
-	if err != nil {
-		return nil, err
-	}
-	for i, s := range c.Stages {
-		if s == p {
-			c.Stages[i] = n
-		}
-	}
-	return n, nil
-}
-
 // Close stops every daemon with SIGTERM (each drains and exits 0), the
 // stage daemons first (the leader sees them leave, drains its pipeline and
 // lets them go), then the leader; it returns what went wrong. Later calls
