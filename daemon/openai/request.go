@@ -89,9 +89,12 @@ func (c *commonRequest) resolve(m *Model, topLogprobs int) (*params, error) {
 		}
 		p.includeUsage = c.StreamOptions.IncludeUsage
 	}
-	for name, v := range map[string]*float64{"presence_penalty": c.PresencePenalty, "frequency_penalty": c.FrequencyPenalty} {
-		if v != nil && *v != 0 {
-			return nil, badRequest(name, "%s is not supported (only 0)", name)
+	for _, f := range []struct {
+		name string
+		v    *float64
+	}{{"presence_penalty", c.PresencePenalty}, {"frequency_penalty", c.FrequencyPenalty}} {
+		if f.v != nil && *f.v != 0 {
+			return nil, badRequest(f.name, "%s is not supported (only 0)", f.name)
 		}
 	}
 	if len(c.LogitBias) > 0 {
