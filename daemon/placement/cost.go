@@ -22,6 +22,11 @@ type Cost struct {
 	// WorkspaceBytes is what every stage needs besides weights and KV
 	// (activations, logits, library workspaces); see Workspace.
 	WorkspaceBytes uint64
+	// MaxKVTokens is the most KV cache, in tokens, a pipeline can use
+	// (UsableKVTokens; 0: no bound). Balance counts a capacity only up to
+	// it when it chooses the nodes that take part: a node is not left out
+	// for lowering a capacity that exceeds what the scheduler can fill.
+	MaxKVTokens int
 }
 
 // CostOf derives the cost of the model cfg describes, weights and KV cache
@@ -47,6 +52,14 @@ func CostOf(cfg *model.Config, dtypeBytes int) Cost {
 		Tied:            cfg.TieEmbedding,
 		KVBytesPerToken: 2 * kv * d,
 	}
+}
+
+// UsableKVTokens is the most KV cache, in tokens, a pipeline can use:
+// every sequence of a full batch of maxSeqs at the model's context length,
+// in whole blocks of blockSize positions. A stage allocates no more
+// (package stagehost).
+func UsableKVTokens(cfg *model.Config, maxSeqs, blockSize int) int {
+	return maxSeqs * (cfg.MaxPositions + blockSize - 1) / blockSize * blockSize
 }
 
 // Workspace estimates a stage's working memory for batches of up to

@@ -6,10 +6,15 @@
 // the final norm and LM head, and every stage a workspace; what remains of
 // a node's memory holds the KV cache of its layers. The pipeline's KV
 // capacity is the minimum over its stages, so Balance maximises that
-// minimum (a binary search on the capacity, each step an O(nodes) check),
-// not the evenness of layer counts: a node with more memory gets more
-// layers, and the first and last stages fewer. Explicit validates an
-// operator's plan instead.
+// minimum (a binary search on the capacity, each step an O(nodes²) check
+// over the choices of first and last stage), not the evenness of layer
+// counts: a node with more memory gets more layers, and the first and
+// last stages fewer. Stages follow the nodes' names. Balance also chooses
+// which nodes take part: one that cannot hold a layer where it would
+// stand, or would hold so little KV cache with one that it lowers the
+// pipeline's capacity, is left out, and the plan says which and why
+// (Plan.LeftOut), as it does for the nodes an explicit plan does not
+// name. Explicit validates an operator's plan instead.
 //
 // # Usage
 //
@@ -20,6 +25,7 @@
 //		{Name: "gpu1", UsableBytes: 70 << 30, Backend: "cuda"},
 //	}, cost)
 //	for _, s := range plan.Stages { ... s.Node, s.Lo, s.Hi, s.KVTokens ... }
+//	for _, l := range plan.LeftOut { ... l.Node, l.Why ... }
 //
 // # Concurrency
 //

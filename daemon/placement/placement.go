@@ -7,7 +7,6 @@ import (
 	"math"
 	"math/bits"
 	"slices"
-	"strings"
 )
 
 // Node is a daemon that can run a stage.
@@ -46,21 +45,44 @@ type Plan struct {
 	Stages []Stage
 	// KVTokens is the pipeline's KV capacity: the minimum over its stages.
 	KVTokens int
+	// LeftOut are the nodes placement was given that hold no stage, in
+	// name order, each with why.
+	LeftOut []LeftOut
 }
 
-// Balance assigns contiguous layer ranges to nodes, ordered by name, so
-// that the pipeline's KV capacity (the minimum over stages of the tokens
-// each stage's free memory holds) is as large as possible. Among the plans
-// that reach it, it takes one where the most loaded stage has the fewest
-// layers (compute balance), and puts the leftover layers on the stages
-// with the most room.
+// LeftOut is a node a plan does not use, and why.
+type LeftOut struct {
+	Node string
+	// Why follows the node's name, as in String: "(middle stage) cannot
+	// hold one layer: ...", "would lower the KV capacity: ...", "is not
+	// needed: ...", "is not in the explicit plan".
+	Why string
+}
+
+func (l LeftOut) String() string { return l.Node + " " + l.Why }
+
+// Balance chooses which nodes take part in the pipeline and assigns them
+// contiguous layer ranges, in name order, so that the pipeline's KV
+// capacity (the minimum over stages of the tokens each stage's free memory
+// holds) is as large as possible. Among the plans that reach it, it takes
+// one where the most loaded stage has the fewest layers (compute balance),
+// and puts the leftover layers on the stages with the most room.
 //
-// Every node gets at least one layer. With more nodes than layers, the
-// plan uses the Layers nodes with the most usable memory (ties broken by
-// name), still in name order.
+// A node takes part when it holds at least one layer without lowering the
+// capacity: a node too small to hold one layer in the position it would
+// take (the first stage also holds the embedding, the last the LM head) is
+// left out, and so is one whose KV cache for a single layer would be the
+// pipeline's smallest, for the capacity is the minimum over the stages: a
+// small node would cap every request's KV cache at its own. Capacity
+// beyond Cost.MaxKVTokens, which the scheduler cannot fill, counts for
+// nothing in this choice. Among the choices that reach the capacity it
+// takes the most nodes (at most one per layer), then the nodes with the
+// most memory, then the earliest names. Plan.LeftOut says which nodes were
+// left out and why; an operator who wants a node used anyway gives an
+// explicit plan (Explicit).
 //
-// When the model does not fit with at least one token of KV cache, the
-// error names the nodes short of memory and by how much.
+// When no choice of nodes holds the model with at least one token of KV
+// cache, the error names the nodes short of memory and by how much.
 func Balance(nodes []Node, c Cost) (Plan, error) {
 	if err := c.validate(); err != nil {
 		return Plan{}, fmt.Errorf("balance: %w", err)
@@ -69,35 +91,59 @@ func Balance(nodes []Node, c Cost) (Plan, error) {
 		return Plan{}, fmt.Errorf("balance: %w", err)
 	}
 	ns := slices.Clone(nodes)
-	if len(ns) > c.Layers {
-		slices.SortFunc(ns, func(a, b Node) int {
-			return cmp.Or(cmp.Compare(b.UsableBytes, a.UsableBytes), cmp.Compare(a.Name, b.Name))
-		})
-		ns = ns[:c.Layers]
-	}
 	slices.SortFunc(ns, func(a, b Node) int { return cmp.Compare(a.Name, b.Name) })
 
-	caps := make([]int, len(ns))
-	if !c.feasible(ns, 1, caps) {
-		return Plan{}, fmt.Errorf("balance %d layers over %d nodes: %w", c.Layers, len(ns), c.shortfall(ns, caps))
+	if !c.roles(ns, 1).fits(c.Layers) {
+		return Plan{}, fmt.Errorf("balance %d layers over %d nodes: %w", c.Layers, len(ns), c.shortfall(ns))
 	}
-	// Binary search the largest feasible capacity: lo is feasible, hi is
-	// not (no node holds even one layer with hi tokens of KV).
-	var most uint64
-	for _, n := range ns {
-		most = max(most, n.UsableBytes)
+	// Binary search the largest capacity some choice of nodes reaches,
+	// up to MaxKVTokens: lo is reached, hi is not (no node holds even one
+	// layer with hi tokens of KV) or is past the bound.
+	lo, hi := uint64(1), mostUsable(ns)/c.KVBytesPerToken+1
+	if c.MaxKVTokens > 0 {
+		hi = min(hi, uint64(c.MaxKVTokens)+1)
 	}
-	lo, hi := uint64(1), most/c.KVBytesPerToken+1
 	for hi-lo > 1 {
 		mid := lo + (hi-lo)/2
-		if c.feasible(ns, mid, caps) {
+		if c.roles(ns, mid).fits(c.Layers) {
 			lo = mid
 		} else {
 			hi = mid
 		}
 	}
-	c.feasible(ns, lo, caps)
-	return c.plan(ns, spread(caps, c.Layers))
+	r := c.roles(ns, lo)
+	line := c.choose(ns, r)
+	chosen := make([]Node, len(line))
+	for i, j := range line {
+		chosen[i] = ns[j]
+	}
+	// The chosen nodes' own best capacity, past MaxKVTokens too: the
+	// layers go where the memory is.
+	caps := make([]int, len(chosen))
+	hi = mostUsable(chosen)/c.KVBytesPerToken + 1
+	for hi-lo > 1 {
+		mid := lo + (hi-lo)/2
+		if c.feasible(chosen, mid, caps) {
+			lo = mid
+		} else {
+			hi = mid
+		}
+	}
+	c.feasible(chosen, lo, caps)
+	p, err := c.plan(chosen, spread(caps, c.Layers))
+	if err != nil {
+		return Plan{}, err
+	}
+	p.LeftOut = c.leftOut(ns, line, r, p.KVTokens)
+	return p, nil
+}
+
+func mostUsable(ns []Node) uint64 {
+	var most uint64
+	for _, n := range ns {
+		most = max(most, n.UsableBytes)
+	}
+	return most
 }
 
 // spread picks layer counts n[i] in [1, caps[i]] summing to layers (the
@@ -191,6 +237,12 @@ func Explicit(nodes []Node, ranges []Range, c Cost) (Plan, error) {
 	if err != nil {
 		return Plan{}, fmt.Errorf("explicit plan: %w", err)
 	}
+	for _, n := range nodes {
+		if !used[n.Name] {
+			p.LeftOut = append(p.LeftOut, LeftOut{Node: n.Name, Why: "is not in the explicit plan"})
+		}
+	}
+	slices.SortFunc(p.LeftOut, func(a, b LeftOut) int { return cmp.Compare(a.Node, b.Node) })
 	return p, nil
 }
 
@@ -268,45 +320,6 @@ func (c Cost) feasible(ns []Node, tokens uint64, caps []int) bool {
 	return ok && sum >= c.Layers
 }
 
-// shortfall explains why nodes cannot hold the model with one token of KV
-// cache; caps holds feasible's counts for one token.
-func (c Cost) shortfall(ns []Node, caps []int) error {
-	per := add(c.LayerBytes, c.KVBytesPerToken)
-	var short []string
-	for i, n := range ns {
-		if caps[i] >= 1 {
-			continue
-		}
-		first, last := i == 0, i == len(ns)-1
-		need := add(c.fixed(first, last), per)
-		short = append(short, fmt.Sprintf("node %q%s has %d bytes usable, one layer needs %d: short by %d",
-			n.Name, role(first, last), n.UsableBytes, need, need-n.UsableBytes))
-	}
-	if len(short) > 0 {
-		return errors.New(strings.Join(short, "; "))
-	}
-	held, parts := 0, make([]string, len(ns))
-	for i, n := range ns {
-		held += caps[i]
-		parts[i] = fmt.Sprintf("%s %d", n.Name, caps[i])
-	}
-	missing := c.Layers - held
-	return fmt.Errorf("the nodes hold at most %d of %d layers (%s): short by %d bytes for %d more layers",
-		held, c.Layers, strings.Join(parts, ", "), mul(uint64(missing), per), missing)
-}
-
-func role(first, last bool) string {
-	switch {
-	case first && last:
-		return " (only stage: embedding and head)"
-	case first:
-		return " (first stage: embedding)"
-	case last:
-		return " (last stage: head)"
-	}
-	return ""
-}
-
 // plan builds the plan giving counts[i] layers to ns[i], in order, and
 // checks each stage fits with at least one token of KV cache.
 func (c Cost) plan(ns []Node, counts []int) (Plan, error) {
@@ -317,7 +330,7 @@ func (c Cost) plan(ns []Node, counts []int) (Plan, error) {
 		weights, kvTokens := c.stage(n.UsableBytes, lo, hi)
 		if kvTokens < 1 {
 			need := add(weights, mul(uint64(counts[i]), c.KVBytesPerToken))
-			return Plan{}, fmt.Errorf("node %q%s with layers [%d, %d) has %d bytes usable, needs %d: short by %d",
+			return Plan{}, fmt.Errorf("node %q %s with layers [%d, %d) has %d bytes usable, needs %d: short by %d",
 				n.Name, role(i == 0, i == len(ns)-1), lo, hi, n.UsableBytes, need, need-n.UsableBytes)
 		}
 		p.Stages[i] = Stage{Node: n.Name, Backend: n.Backend, Lo: lo, Hi: hi, WeightBytes: weights, KVTokens: kvTokens}
