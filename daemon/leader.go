@@ -48,7 +48,9 @@ func (d *Daemon) newSupervisor() *supervise.Supervisor {
 
 // place places the model over nodes: after ranges, or balanced over their
 // memory, costed for the CUDA backend when every node runs it, else
-// (conservatively) for the CPU backend.
+// (conservatively) for the CPU backend; KV capacity beyond what a full
+// batch at the model's context uses counts for nothing in choosing the
+// nodes.
 func (d *Daemon) place(nodes []placement.Node, ranges []placement.Range) (placement.Plan, error) {
 	backend := BackendCUDA
 	for _, n := range nodes {
@@ -57,6 +59,7 @@ func (d *Daemon) place(nodes []placement.Node, ranges []placement.Range) (placem
 		}
 	}
 	cost := backendCost(d.ckpt.Config(), backend, d.cfg.Stage.MaxBatchTokens, d.cfg.Stage.MaxSeqs)
+	cost.MaxKVTokens = placement.UsableKVTokens(d.ckpt.Config(), d.cfg.Stage.MaxSeqs, d.cfg.Stage.BlockSize)
 	if len(ranges) == 0 {
 		return placement.Balance(nodes, cost)
 	}

@@ -59,7 +59,7 @@ func CostOf(cfg *model.Config, dtypeBytes int) Cost {
 // in whole blocks of blockSize positions. A stage allocates no more
 // (package stagehost).
 func UsableKVTokens(cfg *model.Config, maxSeqs, blockSize int) int {
-	return maxSeqs * (cfg.MaxPositions + blockSize - 1) / blockSize * blockSize
+	return maxSeqs * ((cfg.MaxPositions + blockSize - 1) / blockSize) * blockSize
 }
 
 // Workspace estimates a stage's working memory for batches of up to

@@ -58,6 +58,20 @@ func TestWorkspace(t *testing.T) {
 	}
 }
 
+// TestUsableKVTokens: every sequence of a full batch at the context
+// length, each in whole blocks.
+func TestUsableKVTokens(t *testing.T) {
+	for _, tt := range []struct{ ctx, seqs, block, want int }{
+		{4096, 8, 16, 8 * 4096},
+		{17, 3, 16, 3 * 32},
+		{2, 16, 16, 16 * 16},
+	} {
+		if got := UsableKVTokens(&model.Config{MaxPositions: tt.ctx}, tt.seqs, tt.block); got != tt.want {
+			t.Errorf("context %d, %d sequences, blocks of %d: %d tokens, want %d", tt.ctx, tt.seqs, tt.block, got, tt.want)
+		}
+	}
+}
+
 // simple is a cost with round numbers: 1 GiB layers, 1 MiB of KV per
 // token per layer.
 func simple(layers int, embed, head uint64) Cost {

@@ -172,7 +172,7 @@ func (s *Slot) load(ctx context.Context, in *tandemv1.LoadRequest) (*tandemv1.Lo
 	// The memory's worth of blocks, but no more than every sequence of a
 	// full batch at the model's context length needs.
 	estimate := kv / sp.blockSize
-	sp.blocks = sp.maxSeqs * ((cfg.MaxPositions + sp.blockSize - 1) / sp.blockSize)
+	sp.blocks = placement.UsableKVTokens(cfg, sp.maxSeqs, sp.blockSize) / sp.blockSize
 	if min(estimate, sp.blocks) < 1 {
 		return nil, apierr.Preconditionf("node %s: layers [%d, %d) leave room for %d tokens of KV cache, less than a block of %d", s.cfg.Name, sp.lo, sp.hi, kv, sp.blockSize)
 	}

@@ -119,6 +119,7 @@ type Core struct {
 	pinned   bool            // the serving placement was asked for explicitly: auto-rebalance leaves it until the membership changes
 	asked    bool            // an operator undrained a node in this step: auto-rebalance need not wait for a stable membership
 	reason   string          // why no pipeline serves
+	leftOut  string          // the nodes the last placement left out, as logged
 	last     Change
 	counts   Counts
 }
@@ -171,6 +172,12 @@ type Status struct {
 	Accepting bool
 	Reason    string // why no pipeline serves ("" while one does)
 	Drained   []string
+	// LeftOut are the live stage nodes the serving pipeline's placement
+	// (while none serves, the one being built) leaves out, and why:
+	// too small to hold a layer where they would stand, lowering the KV
+	// capacity, not named by an explicit plan. Drained and suspected nodes
+	// are not placed at all: not here.
+	LeftOut []placement.LeftOut
 	// Outage is when the serving pipeline was lost (zero: none).
 	Outage time.Time
 	Last   Change
@@ -228,6 +235,18 @@ func (c *Core) Status() Status {
 		s.Drained = append(s.Drained, n)
 	}
 	slices.Sort(s.Drained)
+	p := c.serving
+	if p == nil {
+		p = c.building
+	}
+	if p != nil {
+		live := stageCandidates(c.members, c.cfg.kin())
+		for _, l := range p.plan.LeftOut {
+			if slices.ContainsFunc(live, func(m membership.Member) bool { return m.Name == l.Node }) {
+				s.LeftOut = append(s.LeftOut, l)
+			}
+		}
+	}
 	return s
 }
 
@@ -489,6 +508,7 @@ func (c *Core) decide() {
 			c.nextTry = c.now.Add(c.cfg.BuildRetry)
 			return
 		}
+		c.noteLeftOut(plan)
 		if !c.outage.IsZero() {
 			c.startBuild(plan, "recovery", c.outageWhy)
 		} else if c.inherited != "" {
@@ -516,10 +536,17 @@ func (c *Core) decide() {
 			c.nextTry = c.now.Add(c.cfg.BuildRetry)
 			return
 		}
+		c.noteLeftOut(plan)
 		c.startBuild(plan, "move", c.replace)
 	case c.cfg.AutoRebalance && !c.pinned && (c.now.Sub(c.changed) >= c.cfg.StableFor || c.asked):
 		plan, err := c.place(cands, c.cfg.Plan, true)
-		if err != nil || samePlan(plan, c.serving.plan) {
+		if err != nil {
+			return
+		}
+		c.noteLeftOut(plan)
+		if samePlan(plan, c.serving.plan) {
+			// The nodes that joined since hold no stage either: say why.
+			c.serving.plan.LeftOut = plan.LeftOut
 			return
 		}
 		var restored []string
@@ -602,6 +629,21 @@ func (c *Core) place(cands []membership.Member, ranges []placement.Range, fallba
 		}
 	}
 	return c.cfg.Place(nodes, ranges)
+}
+
+// noteLeftOut logs the nodes a placement over the candidates leaves out,
+// and why, when they or their reasons differ from the last logged.
+func (c *Core) noteLeftOut(p placement.Plan) {
+	parts := make([]string, len(p.LeftOut))
+	for i, l := range p.LeftOut {
+		parts[i] = l.String()
+	}
+	if s := strings.Join(parts, "; "); s != c.leftOut {
+		c.leftOut = s
+		if s != "" {
+			c.info("left out of placement: %s", s)
+		}
+	}
 }
 
 // startBuild emits the build of plan at a new epoch.

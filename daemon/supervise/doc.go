@@ -15,6 +15,14 @@
 //     admitted.
 //   - The first placement waits for CoreConfig.ExpectStages stage nodes
 //     of the model (a start-up wait only).
+//   - Placement may leave stage nodes out (placement.Balance: too small
+//     to hold a layer where they would stand, or lowering the KV
+//     capacity): the pipeline is placed over the others, the nodes left
+//     out are logged when they or their reasons change, and
+//     Status.LeftOut names them with why. A placement over the
+//     candidates that keeps the serving stages (auto-rebalance's, once
+//     the membership is stable) updates the reasons for nodes that
+//     joined since.
 //   - A lost pipeline (the engine reports a failed step or broken link,
 //     blaming a stage; or the membership declares a stage node dead) is
 //     closed and rebuilt at once, at a new epoch, over the stage nodes

@@ -300,6 +300,9 @@ func (s *script) run(f []string) error {
 		if len(st.Drained) > 0 {
 			s.print("drained %v", st.Drained)
 		}
+		for _, l := range st.LeftOut {
+			s.print("left out: %s", l)
+		}
 		if l := st.Last; l.Kind != "" {
 			end := "under way"
 			switch {
