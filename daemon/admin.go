@@ -11,6 +11,7 @@ import (
 
 	"github.com/tandem-llm/tandem/daemon/apierr"
 	"github.com/tandem-llm/tandem/daemon/membership"
+	"github.com/tandem-llm/tandem/daemon/placement"
 	"github.com/tandem-llm/tandem/daemon/steptrace"
 	"github.com/tandem-llm/tandem/daemon/supervise"
 	tandemv1 "github.com/tandem-llm/tandem/proto/tandem/v1"
@@ -66,6 +67,7 @@ func (a *adminServer) Status(context.Context, *tandemv1.StatusRequest) (*tandemv
 		resp.RequestsWaiting = uint32(snap.Sched.Waiting)
 		resp.Scheduler = schedulerStats(snap.Sched)
 		resp.Drained = snap.Drained
+		resp.LeftOut = leftOutStatus(snap.LeftOut)
 		resp.LastChange = changeStatus(snap.Change)
 	}
 	resp.Recoveries = snap.Totals.Recoveries
@@ -89,6 +91,15 @@ func (a *adminServer) Status(context.Context, *tandemv1.StatusRequest) (*tandemv
 		}
 	}
 	return resp, nil
+}
+
+// leftOutStatus describes the stage nodes placement left out.
+func leftOutStatus(l []placement.LeftOut) []*tandemv1.LeftOutNode {
+	var out []*tandemv1.LeftOutNode
+	for _, n := range l {
+		out = append(out, &tandemv1.LeftOutNode{Node: n.Node, Reason: n.Why})
+	}
+	return out
 }
 
 // stageStatus describes one stage of the leader's pipeline.

@@ -62,6 +62,7 @@ func (a *adminServer) Rebalance(ctx context.Context, in *tandemv1.RebalanceReque
 		return nil, apierr.GRPC(apierr.Preconditionf("rebalance: %v", err))
 	}
 	resp.After, resp.AfterKvTokens = planMap(plan)
+	resp.LeftOut = leftOutStatus(plan.LeftOut)
 	if p := snap.Pipeline; p != nil && sameStages(p, plan) {
 		resp.Note = fmt.Sprintf("dry run: the pipeline of epoch %d already has this placement", p.Epoch)
 	}
@@ -85,6 +86,7 @@ func (a *adminServer) move(ctx context.Context, ev supervise.Event) (*tandemv1.M
 	}
 	if mv.Epoch == 0 {
 		resp.After, resp.AfterKvTokens = resp.Before, resp.BeforeKvTokens
+		resp.LeftOut = leftOutStatus(d.sup.Snapshot().LeftOut)
 		resp.Note = a.stillNote(ctx, ev)
 		return resp, nil
 	}
@@ -96,6 +98,7 @@ func (a *adminServer) move(ctx context.Context, ev supervise.Event) (*tandemv1.M
 	snap = d.sup.Snapshot()
 	resp.Moved, resp.Epoch = true, mv.Epoch
 	resp.After, resp.AfterKvTokens = pipelineMap(snap.Pipeline)
+	resp.LeftOut = leftOutStatus(snap.LeftOut)
 	if c := snap.Change; c.Epoch == mv.Epoch {
 		resp.RequestsReprefilled = uint32(c.Requests)
 	}

@@ -131,6 +131,9 @@ func printMove(w io.Writer, r *tandemv1.MoveResponse) error {
 	}
 	fmt.Fprintln(w)
 	printLayerMap(w, after, r.GetAfter(), r.GetAfterKvTokens())
+	for _, l := range r.GetLeftOut() {
+		fmt.Fprintf(w, "  left out: %s %s\n", l.GetNode(), l.GetReason())
+	}
 	fmt.Fprintln(w)
 	if r.GetMoved() {
 		fmt.Fprintf(w, "moved to epoch %d in %v; %d running requests re-prefilled on it\n", r.GetEpoch(), r.GetMoveTime().AsDuration().Round(1e6), r.GetRequestsReprefilled())

@@ -59,6 +59,13 @@ func printStatus(w io.Writer, st *tandemv1.StatusResponse) error {
 	if len(st.GetDrained()) > 0 {
 		fmt.Fprintf(tw, "drained:\t%s (out of placement; tandemctl undrain NODE puts one back)\n", strings.Join(st.GetDrained(), ", "))
 	}
+	for i, l := range st.GetLeftOut() {
+		label := ""
+		if i == 0 {
+			label = "left out:"
+		}
+		fmt.Fprintf(tw, "%s\t%s %s\n", label, l.GetNode(), l.GetReason())
+	}
 	if c := st.GetLastChange(); c != nil {
 		fmt.Fprintf(tw, "change:\t%s\n", changeText(c))
 	}
@@ -88,6 +95,9 @@ func printStatus(w io.Writer, st *tandemv1.StatusResponse) error {
 		state := strings.ToLower(strings.TrimPrefix(m.GetState().String(), "MEMBER_STATE_"))
 		if slices.Contains(st.GetDrained(), m.GetName()) {
 			state += ", drained"
+		}
+		if slices.ContainsFunc(st.GetLeftOut(), func(l *tandemv1.LeftOutNode) bool { return l.GetNode() == m.GetName() }) {
+			state += ", left out"
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", m.GetName(), state, m.GetBackend(), bytesText(m.GetMemFree()),
 			m.GetGrpcAddr(), m.GetGossipAddr(), m.GetVersion(), model, m.GetDevice())

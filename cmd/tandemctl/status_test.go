@@ -48,3 +48,35 @@ func TestPrintScheduler(t *testing.T) {
 		})
 	}
 }
+
+// TestPrintLeftOut checks the status and the move answer name the stage
+// nodes placement left out, with why, and the member table marks them.
+func TestPrintLeftOut(t *testing.T) {
+	left := []*tandemv1.LeftOutNode{
+		{Node: "tiny", Reason: "(middle stage) cannot hold one layer: has 1073741824 bytes usable, needs 1074790400: short by 1048576"},
+		{Node: "small", Reason: "would lower the KV capacity: with one layer (last stage: head) it holds 512 tokens, the pipeline 4096 without it"},
+	}
+	var b bytes.Buffer
+	st := &tandemv1.StatusResponse{Node: "l", Leader: "l", Serving: true, LeftOut: left,
+		Members: []*tandemv1.Member{{Name: "big", State: tandemv1.MemberState_MEMBER_STATE_ALIVE}, {Name: "tiny", State: tandemv1.MemberState_MEMBER_STATE_ALIVE}}}
+	if err := printStatus(&b, st); err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range []string{
+		"left out:  tiny (middle stage) cannot hold one layer: has 1073741824 bytes usable, needs 1074790400: short by 1048576\n",
+		"           small would lower the KV capacity: with one layer (last stage: head) it holds 512 tokens, the pipeline 4096 without it\n",
+		"tiny    alive, left out",
+		"big     alive  ",
+	} {
+		if !strings.Contains(b.String(), w) {
+			t.Errorf("status lacks %q:\n%s", w, b.String())
+		}
+	}
+	b.Reset()
+	if err := printMove(&b, &tandemv1.MoveResponse{After: []*tandemv1.PlannedStage{{Node: "big", LayerHi: 8, Estimate: true}}, LeftOut: left, Note: "dry run: nothing moved"}); err != nil {
+		t.Fatal(err)
+	}
+	if w := "  left out: tiny (middle stage) cannot hold one layer"; !strings.Contains(b.String(), w) {
+		t.Errorf("move answer lacks %q:\n%s", w, b.String())
+	}
+}

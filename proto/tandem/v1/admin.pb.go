@@ -302,7 +302,11 @@ type MoveResponse struct {
 	RequestsReprefilled uint32               `protobuf:"varint,8,opt,name=requests_reprefilled,json=requestsReprefilled,proto3" json:"requests_reprefilled,omitempty"`
 	// What happened, in words, when nothing moved (a dry run, the placement
 	// already in place, a node that holds no stage, a rebalance to follow).
-	Note          string `protobuf:"bytes,9,opt,name=note,proto3" json:"note,omitempty"`
+	Note string `protobuf:"bytes,9,opt,name=note,proto3" json:"note,omitempty"`
+	// The live, undrained stage nodes the placement after leaves out, and
+	// why (too small to hold a layer where it would stand, lowering the KV
+	// capacity, not named by an explicit plan).
+	LeftOut       []*LeftOutNode `protobuf:"bytes,10,rep,name=left_out,json=leftOut,proto3" json:"left_out,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -400,6 +404,69 @@ func (x *MoveResponse) GetNote() string {
 	return ""
 }
 
+func (x *MoveResponse) GetLeftOut() []*LeftOutNode {
+	if x != nil {
+		return x.LeftOut
+	}
+	return nil
+}
+
+// LeftOutNode is a live stage node that placement left out of the
+// pipeline, and why ("would lower the KV capacity: with one layer (middle
+// stage) it holds 1024 tokens, the pipeline 2867 without it"; the reason
+// follows the node's name).
+type LeftOutNode struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Node          string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	Reason        string                 `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LeftOutNode) Reset() {
+	*x = LeftOutNode{}
+	mi := &file_tandem_v1_admin_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LeftOutNode) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LeftOutNode) ProtoMessage() {}
+
+func (x *LeftOutNode) ProtoReflect() protoreflect.Message {
+	mi := &file_tandem_v1_admin_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LeftOutNode.ProtoReflect.Descriptor instead.
+func (*LeftOutNode) Descriptor() ([]byte, []int) {
+	return file_tandem_v1_admin_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *LeftOutNode) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *LeftOutNode) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
 // PlannedStage is one stage of a layer map.
 type PlannedStage struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
@@ -420,7 +487,7 @@ type PlannedStage struct {
 
 func (x *PlannedStage) Reset() {
 	*x = PlannedStage{}
-	mi := &file_tandem_v1_admin_proto_msgTypes[5]
+	mi := &file_tandem_v1_admin_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -432,7 +499,7 @@ func (x *PlannedStage) String() string {
 func (*PlannedStage) ProtoMessage() {}
 
 func (x *PlannedStage) ProtoReflect() protoreflect.Message {
-	mi := &file_tandem_v1_admin_proto_msgTypes[5]
+	mi := &file_tandem_v1_admin_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -445,7 +512,7 @@ func (x *PlannedStage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PlannedStage.ProtoReflect.Descriptor instead.
 func (*PlannedStage) Descriptor() ([]byte, []int) {
-	return file_tandem_v1_admin_proto_rawDescGZIP(), []int{5}
+	return file_tandem_v1_admin_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *PlannedStage) GetNode() string {
@@ -505,7 +572,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_tandem_v1_admin_proto_msgTypes[6]
+	mi := &file_tandem_v1_admin_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -517,7 +584,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tandem_v1_admin_proto_msgTypes[6]
+	mi := &file_tandem_v1_admin_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -530,7 +597,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_tandem_v1_admin_proto_rawDescGZIP(), []int{6}
+	return file_tandem_v1_admin_proto_rawDescGZIP(), []int{7}
 }
 
 type StatusResponse struct {
@@ -575,15 +642,18 @@ type StatusResponse struct {
 	LastChange *PipelineChange `protobuf:"bytes,19,opt,name=last_change,json=lastChange,proto3" json:"last_change,omitempty"`
 	// Changes since this process started: recoveries from a lost pipeline,
 	// and moves (rebalances and moves off a leaving or drained node).
-	Recoveries    uint64 `protobuf:"varint,20,opt,name=recoveries,proto3" json:"recoveries,omitempty"`
-	Moves         uint64 `protobuf:"varint,21,opt,name=moves,proto3" json:"moves,omitempty"`
+	Recoveries uint64 `protobuf:"varint,20,opt,name=recoveries,proto3" json:"recoveries,omitempty"`
+	Moves      uint64 `protobuf:"varint,21,opt,name=moves,proto3" json:"moves,omitempty"`
+	// Live stage nodes the pipeline's placement left out, and why (the
+	// leader only; drained nodes are in drained).
+	LeftOut       []*LeftOutNode `protobuf:"bytes,22,rep,name=left_out,json=leftOut,proto3" json:"left_out,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_tandem_v1_admin_proto_msgTypes[7]
+	mi := &file_tandem_v1_admin_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -595,7 +665,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tandem_v1_admin_proto_msgTypes[7]
+	mi := &file_tandem_v1_admin_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -608,7 +678,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_tandem_v1_admin_proto_rawDescGZIP(), []int{7}
+	return file_tandem_v1_admin_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *StatusResponse) GetNode() string {
@@ -758,6 +828,13 @@ func (x *StatusResponse) GetMoves() uint64 {
 	return 0
 }
 
+func (x *StatusResponse) GetLeftOut() []*LeftOutNode {
+	if x != nil {
+		return x.LeftOut
+	}
+	return nil
+}
+
 // PipelineChange is one change of the leader's pipeline.
 type PipelineChange struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -787,7 +864,7 @@ type PipelineChange struct {
 
 func (x *PipelineChange) Reset() {
 	*x = PipelineChange{}
-	mi := &file_tandem_v1_admin_proto_msgTypes[8]
+	mi := &file_tandem_v1_admin_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -799,7 +876,7 @@ func (x *PipelineChange) String() string {
 func (*PipelineChange) ProtoMessage() {}
 
 func (x *PipelineChange) ProtoReflect() protoreflect.Message {
-	mi := &file_tandem_v1_admin_proto_msgTypes[8]
+	mi := &file_tandem_v1_admin_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -812,7 +889,7 @@ func (x *PipelineChange) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PipelineChange.ProtoReflect.Descriptor instead.
 func (*PipelineChange) Descriptor() ([]byte, []int) {
-	return file_tandem_v1_admin_proto_rawDescGZIP(), []int{8}
+	return file_tandem_v1_admin_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *PipelineChange) GetKind() string {
@@ -919,7 +996,7 @@ type SchedulerStats struct {
 
 func (x *SchedulerStats) Reset() {
 	*x = SchedulerStats{}
-	mi := &file_tandem_v1_admin_proto_msgTypes[9]
+	mi := &file_tandem_v1_admin_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -931,7 +1008,7 @@ func (x *SchedulerStats) String() string {
 func (*SchedulerStats) ProtoMessage() {}
 
 func (x *SchedulerStats) ProtoReflect() protoreflect.Message {
-	mi := &file_tandem_v1_admin_proto_msgTypes[9]
+	mi := &file_tandem_v1_admin_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -944,7 +1021,7 @@ func (x *SchedulerStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SchedulerStats.ProtoReflect.Descriptor instead.
 func (*SchedulerStats) Descriptor() ([]byte, []int) {
-	return file_tandem_v1_admin_proto_rawDescGZIP(), []int{9}
+	return file_tandem_v1_admin_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *SchedulerStats) GetRunning() uint32 {
@@ -1079,7 +1156,7 @@ type Member struct {
 
 func (x *Member) Reset() {
 	*x = Member{}
-	mi := &file_tandem_v1_admin_proto_msgTypes[10]
+	mi := &file_tandem_v1_admin_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1091,7 +1168,7 @@ func (x *Member) String() string {
 func (*Member) ProtoMessage() {}
 
 func (x *Member) ProtoReflect() protoreflect.Message {
-	mi := &file_tandem_v1_admin_proto_msgTypes[10]
+	mi := &file_tandem_v1_admin_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1104,7 +1181,7 @@ func (x *Member) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Member.ProtoReflect.Descriptor instead.
 func (*Member) Descriptor() ([]byte, []int) {
-	return file_tandem_v1_admin_proto_rawDescGZIP(), []int{10}
+	return file_tandem_v1_admin_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Member) GetName() string {
@@ -1225,7 +1302,7 @@ type Stage struct {
 
 func (x *Stage) Reset() {
 	*x = Stage{}
-	mi := &file_tandem_v1_admin_proto_msgTypes[11]
+	mi := &file_tandem_v1_admin_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1237,7 +1314,7 @@ func (x *Stage) String() string {
 func (*Stage) ProtoMessage() {}
 
 func (x *Stage) ProtoReflect() protoreflect.Message {
-	mi := &file_tandem_v1_admin_proto_msgTypes[11]
+	mi := &file_tandem_v1_admin_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1250,7 +1327,7 @@ func (x *Stage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Stage.ProtoReflect.Descriptor instead.
 func (*Stage) Descriptor() ([]byte, []int) {
-	return file_tandem_v1_admin_proto_rawDescGZIP(), []int{11}
+	return file_tandem_v1_admin_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Stage) GetIndex() uint32 {
@@ -1394,7 +1471,7 @@ type GraphsRequest struct {
 
 func (x *GraphsRequest) Reset() {
 	*x = GraphsRequest{}
-	mi := &file_tandem_v1_admin_proto_msgTypes[12]
+	mi := &file_tandem_v1_admin_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1406,7 +1483,7 @@ func (x *GraphsRequest) String() string {
 func (*GraphsRequest) ProtoMessage() {}
 
 func (x *GraphsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tandem_v1_admin_proto_msgTypes[12]
+	mi := &file_tandem_v1_admin_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1419,7 +1496,7 @@ func (x *GraphsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GraphsRequest.ProtoReflect.Descriptor instead.
 func (*GraphsRequest) Descriptor() ([]byte, []int) {
-	return file_tandem_v1_admin_proto_rawDescGZIP(), []int{12}
+	return file_tandem_v1_admin_proto_rawDescGZIP(), []int{13}
 }
 
 type GraphsResponse struct {
@@ -1438,7 +1515,7 @@ type GraphsResponse struct {
 
 func (x *GraphsResponse) Reset() {
 	*x = GraphsResponse{}
-	mi := &file_tandem_v1_admin_proto_msgTypes[13]
+	mi := &file_tandem_v1_admin_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1450,7 +1527,7 @@ func (x *GraphsResponse) String() string {
 func (*GraphsResponse) ProtoMessage() {}
 
 func (x *GraphsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tandem_v1_admin_proto_msgTypes[13]
+	mi := &file_tandem_v1_admin_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1463,7 +1540,7 @@ func (x *GraphsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GraphsResponse.ProtoReflect.Descriptor instead.
 func (*GraphsResponse) Descriptor() ([]byte, []int) {
-	return file_tandem_v1_admin_proto_rawDescGZIP(), []int{13}
+	return file_tandem_v1_admin_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *GraphsResponse) GetMode() string {
@@ -1515,7 +1592,7 @@ type GraphStepCount struct {
 
 func (x *GraphStepCount) Reset() {
 	*x = GraphStepCount{}
-	mi := &file_tandem_v1_admin_proto_msgTypes[14]
+	mi := &file_tandem_v1_admin_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1527,7 +1604,7 @@ func (x *GraphStepCount) String() string {
 func (*GraphStepCount) ProtoMessage() {}
 
 func (x *GraphStepCount) ProtoReflect() protoreflect.Message {
-	mi := &file_tandem_v1_admin_proto_msgTypes[14]
+	mi := &file_tandem_v1_admin_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1540,7 +1617,7 @@ func (x *GraphStepCount) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GraphStepCount.ProtoReflect.Descriptor instead.
 func (*GraphStepCount) Descriptor() ([]byte, []int) {
-	return file_tandem_v1_admin_proto_rawDescGZIP(), []int{14}
+	return file_tandem_v1_admin_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *GraphStepCount) GetUnpadded() uint32 {
@@ -1585,7 +1662,7 @@ type TraceRequest struct {
 
 func (x *TraceRequest) Reset() {
 	*x = TraceRequest{}
-	mi := &file_tandem_v1_admin_proto_msgTypes[15]
+	mi := &file_tandem_v1_admin_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1597,7 +1674,7 @@ func (x *TraceRequest) String() string {
 func (*TraceRequest) ProtoMessage() {}
 
 func (x *TraceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tandem_v1_admin_proto_msgTypes[15]
+	mi := &file_tandem_v1_admin_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1610,7 +1687,7 @@ func (x *TraceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TraceRequest.ProtoReflect.Descriptor instead.
 func (*TraceRequest) Descriptor() ([]byte, []int) {
-	return file_tandem_v1_admin_proto_rawDescGZIP(), []int{15}
+	return file_tandem_v1_admin_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *TraceRequest) GetSteps() uint32 {
@@ -1639,7 +1716,7 @@ type TraceResponse struct {
 
 func (x *TraceResponse) Reset() {
 	*x = TraceResponse{}
-	mi := &file_tandem_v1_admin_proto_msgTypes[16]
+	mi := &file_tandem_v1_admin_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1651,7 +1728,7 @@ func (x *TraceResponse) String() string {
 func (*TraceResponse) ProtoMessage() {}
 
 func (x *TraceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tandem_v1_admin_proto_msgTypes[16]
+	mi := &file_tandem_v1_admin_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1664,7 +1741,7 @@ func (x *TraceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TraceResponse.ProtoReflect.Descriptor instead.
 func (*TraceResponse) Descriptor() ([]byte, []int) {
-	return file_tandem_v1_admin_proto_rawDescGZIP(), []int{16}
+	return file_tandem_v1_admin_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *TraceResponse) GetTraceJson() []byte {
@@ -1690,7 +1767,7 @@ const file_tandem_v1_admin_proto_rawDesc = "" +
 	"LayerRange\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x19\n" +
 	"\blayer_lo\x18\x02 \x01(\rR\alayerLo\x12\x19\n" +
-	"\blayer_hi\x18\x03 \x01(\rR\alayerHi\"\xeb\x02\n" +
+	"\blayer_hi\x18\x03 \x01(\rR\alayerHi\"\x9e\x03\n" +
 	"\fMoveResponse\x12/\n" +
 	"\x06before\x18\x01 \x03(\v2\x17.tandem.v1.PlannedStageR\x06before\x12-\n" +
 	"\x05after\x18\x02 \x03(\v2\x17.tandem.v1.PlannedStageR\x05after\x12(\n" +
@@ -1700,7 +1777,12 @@ const file_tandem_v1_admin_proto_rawDesc = "" +
 	"\x05epoch\x18\x06 \x01(\x04R\x05epoch\x126\n" +
 	"\tmove_time\x18\a \x01(\v2\x19.google.protobuf.DurationR\bmoveTime\x121\n" +
 	"\x14requests_reprefilled\x18\b \x01(\rR\x13requestsReprefilled\x12\x12\n" +
-	"\x04note\x18\t \x01(\tR\x04note\"\xc3\x01\n" +
+	"\x04note\x18\t \x01(\tR\x04note\x121\n" +
+	"\bleft_out\x18\n" +
+	" \x03(\v2\x16.tandem.v1.LeftOutNodeR\aleftOut\"9\n" +
+	"\vLeftOutNode\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x12\x16\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\"\xc3\x01\n" +
 	"\fPlannedStage\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x19\n" +
 	"\blayer_lo\x18\x02 \x01(\rR\alayerLo\x12\x19\n" +
@@ -1709,7 +1791,7 @@ const file_tandem_v1_admin_proto_rawDesc = "" +
 	"\tkv_tokens\x18\x05 \x01(\x04R\bkvTokens\x12\x1a\n" +
 	"\bestimate\x18\x06 \x01(\bR\bestimate\x12\x16\n" +
 	"\x06reused\x18\a \x01(\bR\x06reused\"\x0f\n" +
-	"\rStatusRequest\"\xc6\x05\n" +
+	"\rStatusRequest\"\xf9\x05\n" +
 	"\x0eStatusResponse\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x16\n" +
 	"\x06leader\x18\x02 \x01(\tR\x06leader\x12\x1f\n" +
@@ -1737,7 +1819,8 @@ const file_tandem_v1_admin_proto_rawDesc = "" +
 	"\n" +
 	"recoveries\x18\x14 \x01(\x04R\n" +
 	"recoveries\x12\x14\n" +
-	"\x05moves\x18\x15 \x01(\x04R\x05moves\"\xc6\x02\n" +
+	"\x05moves\x18\x15 \x01(\x04R\x05moves\x121\n" +
+	"\bleft_out\x18\x16 \x03(\v2\x16.tandem.v1.LeftOutNodeR\aleftOut\"\xc6\x02\n" +
 	"\x0ePipelineChange\x12\x12\n" +
 	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x10\n" +
 	"\x03why\x18\x02 \x01(\tR\x03why\x120\n" +
@@ -1852,7 +1935,7 @@ func file_tandem_v1_admin_proto_rawDescGZIP() []byte {
 }
 
 var file_tandem_v1_admin_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_tandem_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
+var file_tandem_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
 var file_tandem_v1_admin_proto_goTypes = []any{
 	(MemberState)(0),              // 0: tandem.v1.MemberState
 	(*DrainRequest)(nil),          // 1: tandem.v1.DrainRequest
@@ -1860,57 +1943,60 @@ var file_tandem_v1_admin_proto_goTypes = []any{
 	(*RebalanceRequest)(nil),      // 3: tandem.v1.RebalanceRequest
 	(*LayerRange)(nil),            // 4: tandem.v1.LayerRange
 	(*MoveResponse)(nil),          // 5: tandem.v1.MoveResponse
-	(*PlannedStage)(nil),          // 6: tandem.v1.PlannedStage
-	(*StatusRequest)(nil),         // 7: tandem.v1.StatusRequest
-	(*StatusResponse)(nil),        // 8: tandem.v1.StatusResponse
-	(*PipelineChange)(nil),        // 9: tandem.v1.PipelineChange
-	(*SchedulerStats)(nil),        // 10: tandem.v1.SchedulerStats
-	(*Member)(nil),                // 11: tandem.v1.Member
-	(*Stage)(nil),                 // 12: tandem.v1.Stage
-	(*GraphsRequest)(nil),         // 13: tandem.v1.GraphsRequest
-	(*GraphsResponse)(nil),        // 14: tandem.v1.GraphsResponse
-	(*GraphStepCount)(nil),        // 15: tandem.v1.GraphStepCount
-	(*TraceRequest)(nil),          // 16: tandem.v1.TraceRequest
-	(*TraceResponse)(nil),         // 17: tandem.v1.TraceResponse
-	(*durationpb.Duration)(nil),   // 18: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 19: google.protobuf.Timestamp
+	(*LeftOutNode)(nil),           // 6: tandem.v1.LeftOutNode
+	(*PlannedStage)(nil),          // 7: tandem.v1.PlannedStage
+	(*StatusRequest)(nil),         // 8: tandem.v1.StatusRequest
+	(*StatusResponse)(nil),        // 9: tandem.v1.StatusResponse
+	(*PipelineChange)(nil),        // 10: tandem.v1.PipelineChange
+	(*SchedulerStats)(nil),        // 11: tandem.v1.SchedulerStats
+	(*Member)(nil),                // 12: tandem.v1.Member
+	(*Stage)(nil),                 // 13: tandem.v1.Stage
+	(*GraphsRequest)(nil),         // 14: tandem.v1.GraphsRequest
+	(*GraphsResponse)(nil),        // 15: tandem.v1.GraphsResponse
+	(*GraphStepCount)(nil),        // 16: tandem.v1.GraphStepCount
+	(*TraceRequest)(nil),          // 17: tandem.v1.TraceRequest
+	(*TraceResponse)(nil),         // 18: tandem.v1.TraceResponse
+	(*durationpb.Duration)(nil),   // 19: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 20: google.protobuf.Timestamp
 }
 var file_tandem_v1_admin_proto_depIdxs = []int32{
 	4,  // 0: tandem.v1.RebalanceRequest.plan:type_name -> tandem.v1.LayerRange
-	6,  // 1: tandem.v1.MoveResponse.before:type_name -> tandem.v1.PlannedStage
-	6,  // 2: tandem.v1.MoveResponse.after:type_name -> tandem.v1.PlannedStage
-	18, // 3: tandem.v1.MoveResponse.move_time:type_name -> google.protobuf.Duration
-	11, // 4: tandem.v1.StatusResponse.members:type_name -> tandem.v1.Member
-	12, // 5: tandem.v1.StatusResponse.stages:type_name -> tandem.v1.Stage
-	10, // 6: tandem.v1.StatusResponse.scheduler:type_name -> tandem.v1.SchedulerStats
-	9,  // 7: tandem.v1.StatusResponse.last_change:type_name -> tandem.v1.PipelineChange
-	19, // 8: tandem.v1.PipelineChange.start:type_name -> google.protobuf.Timestamp
-	18, // 9: tandem.v1.PipelineChange.took:type_name -> google.protobuf.Duration
-	18, // 10: tandem.v1.SchedulerStats.last_step_time:type_name -> google.protobuf.Duration
-	18, // 11: tandem.v1.SchedulerStats.mean_step_time:type_name -> google.protobuf.Duration
-	0,  // 12: tandem.v1.Member.state:type_name -> tandem.v1.MemberState
-	18, // 13: tandem.v1.Stage.capture_time:type_name -> google.protobuf.Duration
-	18, // 14: tandem.v1.Stage.busy:type_name -> google.protobuf.Duration
-	18, // 15: tandem.v1.Stage.device_busy:type_name -> google.protobuf.Duration
-	15, // 16: tandem.v1.GraphsResponse.steps:type_name -> tandem.v1.GraphStepCount
-	18, // 17: tandem.v1.TraceRequest.timeout:type_name -> google.protobuf.Duration
-	7,  // 18: tandem.v1.Admin.Status:input_type -> tandem.v1.StatusRequest
-	13, // 19: tandem.v1.Admin.Graphs:input_type -> tandem.v1.GraphsRequest
-	1,  // 20: tandem.v1.Admin.Drain:input_type -> tandem.v1.DrainRequest
-	2,  // 21: tandem.v1.Admin.Undrain:input_type -> tandem.v1.UndrainRequest
-	3,  // 22: tandem.v1.Admin.Rebalance:input_type -> tandem.v1.RebalanceRequest
-	16, // 23: tandem.v1.Admin.Trace:input_type -> tandem.v1.TraceRequest
-	8,  // 24: tandem.v1.Admin.Status:output_type -> tandem.v1.StatusResponse
-	14, // 25: tandem.v1.Admin.Graphs:output_type -> tandem.v1.GraphsResponse
-	5,  // 26: tandem.v1.Admin.Drain:output_type -> tandem.v1.MoveResponse
-	5,  // 27: tandem.v1.Admin.Undrain:output_type -> tandem.v1.MoveResponse
-	5,  // 28: tandem.v1.Admin.Rebalance:output_type -> tandem.v1.MoveResponse
-	17, // 29: tandem.v1.Admin.Trace:output_type -> tandem.v1.TraceResponse
-	24, // [24:30] is the sub-list for method output_type
-	18, // [18:24] is the sub-list for method input_type
-	18, // [18:18] is the sub-list for extension type_name
-	18, // [18:18] is the sub-list for extension extendee
-	0,  // [0:18] is the sub-list for field type_name
+	7,  // 1: tandem.v1.MoveResponse.before:type_name -> tandem.v1.PlannedStage
+	7,  // 2: tandem.v1.MoveResponse.after:type_name -> tandem.v1.PlannedStage
+	19, // 3: tandem.v1.MoveResponse.move_time:type_name -> google.protobuf.Duration
+	6,  // 4: tandem.v1.MoveResponse.left_out:type_name -> tandem.v1.LeftOutNode
+	12, // 5: tandem.v1.StatusResponse.members:type_name -> tandem.v1.Member
+	13, // 6: tandem.v1.StatusResponse.stages:type_name -> tandem.v1.Stage
+	11, // 7: tandem.v1.StatusResponse.scheduler:type_name -> tandem.v1.SchedulerStats
+	10, // 8: tandem.v1.StatusResponse.last_change:type_name -> tandem.v1.PipelineChange
+	6,  // 9: tandem.v1.StatusResponse.left_out:type_name -> tandem.v1.LeftOutNode
+	20, // 10: tandem.v1.PipelineChange.start:type_name -> google.protobuf.Timestamp
+	19, // 11: tandem.v1.PipelineChange.took:type_name -> google.protobuf.Duration
+	19, // 12: tandem.v1.SchedulerStats.last_step_time:type_name -> google.protobuf.Duration
+	19, // 13: tandem.v1.SchedulerStats.mean_step_time:type_name -> google.protobuf.Duration
+	0,  // 14: tandem.v1.Member.state:type_name -> tandem.v1.MemberState
+	19, // 15: tandem.v1.Stage.capture_time:type_name -> google.protobuf.Duration
+	19, // 16: tandem.v1.Stage.busy:type_name -> google.protobuf.Duration
+	19, // 17: tandem.v1.Stage.device_busy:type_name -> google.protobuf.Duration
+	16, // 18: tandem.v1.GraphsResponse.steps:type_name -> tandem.v1.GraphStepCount
+	19, // 19: tandem.v1.TraceRequest.timeout:type_name -> google.protobuf.Duration
+	8,  // 20: tandem.v1.Admin.Status:input_type -> tandem.v1.StatusRequest
+	14, // 21: tandem.v1.Admin.Graphs:input_type -> tandem.v1.GraphsRequest
+	1,  // 22: tandem.v1.Admin.Drain:input_type -> tandem.v1.DrainRequest
+	2,  // 23: tandem.v1.Admin.Undrain:input_type -> tandem.v1.UndrainRequest
+	3,  // 24: tandem.v1.Admin.Rebalance:input_type -> tandem.v1.RebalanceRequest
+	17, // 25: tandem.v1.Admin.Trace:input_type -> tandem.v1.TraceRequest
+	9,  // 26: tandem.v1.Admin.Status:output_type -> tandem.v1.StatusResponse
+	15, // 27: tandem.v1.Admin.Graphs:output_type -> tandem.v1.GraphsResponse
+	5,  // 28: tandem.v1.Admin.Drain:output_type -> tandem.v1.MoveResponse
+	5,  // 29: tandem.v1.Admin.Undrain:output_type -> tandem.v1.MoveResponse
+	5,  // 30: tandem.v1.Admin.Rebalance:output_type -> tandem.v1.MoveResponse
+	18, // 31: tandem.v1.Admin.Trace:output_type -> tandem.v1.TraceResponse
+	26, // [26:32] is the sub-list for method output_type
+	20, // [20:26] is the sub-list for method input_type
+	20, // [20:20] is the sub-list for extension type_name
+	20, // [20:20] is the sub-list for extension extendee
+	0,  // [0:20] is the sub-list for field type_name
 }
 
 func init() { file_tandem_v1_admin_proto_init() }
@@ -1924,7 +2010,7 @@ func file_tandem_v1_admin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_tandem_v1_admin_proto_rawDesc), len(file_tandem_v1_admin_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   17,
+			NumMessages:   18,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
