@@ -7,7 +7,10 @@
 // (package stagehost). One member is the leader: the one named in the
 // configuration, or the leader-eligible live member with the smallest
 // name. The leader's supervisor (package supervise) places the model's
-// layers over the stage nodes (package placement), has each load its
+// layers over the stage nodes (package placement: by memory, for the
+// largest KV capacity; a node too small to hold a layer, or whose KV
+// cache would be the pipeline's smallest, is left out, and the leader's
+// log and status say which and why), has each load its
 // range (Node.Load), capture the CUDA graphs it will dispatch
 // (Node.Capture), and wire its links (Node.Connect, then Node.Join for
 // NCCL links), dials every stage's control link (package pipeline) and
@@ -146,8 +149,9 @@
 // reuses a stage whose layers and batch bounds do not change (no reload;
 // package stagehost). The requests switch at a step boundary, re-prefill
 // on the new pipeline, and the old stages are released. Status shows the
-// drained nodes and the last change (start, recovery, move or rebalance:
-// when, why, how long, the requests and tokens re-prefilled).
+// drained nodes, the stage nodes placement left out (and why) and the
+// last change (start, recovery, move or rebalance: when, why, how long,
+// the requests and tokens re-prefilled).
 //
 // When the leader dies (with no fixed cluster.leader), the leader-eligible
 // live member with the next smallest name leads once gossip declares it

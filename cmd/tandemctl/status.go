@@ -24,7 +24,9 @@ func newStatusCmd() *cobra.Command {
 		Short: "Show the cluster: members, leader, stages and requests",
 		Long: `Ask a daemon (normally the leader) for the cluster's status: the members
 and their health, the leader, the pipeline's stages and the requests
-running and waiting. Needs the admin token when the cluster has one.`,
+running and waiting, the drained nodes and the stage nodes placement left
+out (too small to hold a layer, or so small that their KV cache would cap
+the pipeline's), with why. Needs the admin token when the cluster has one.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return adminShow(cmd, &c, asJSON, "status", func(ctx context.Context, a tandemv1.AdminClient) (*tandemv1.StatusResponse, error) {
