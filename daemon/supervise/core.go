@@ -242,7 +242,7 @@ func (c *Core) Status() Status {
 	if p != nil {
 		live := stageCandidates(c.members, c.cfg.kin())
 		for _, l := range p.plan.LeftOut {
-			if slices.ContainsFunc(live, func(m membership.Member) bool { return m.Name == l.Node }) {
+			if !c.drained[l.Node] && slices.ContainsFunc(live, func(m membership.Member) bool { return m.Name == l.Node }) {
 				s.LeftOut = append(s.LeftOut, l)
 			}
 		}
@@ -581,7 +581,7 @@ func (c *Core) demote() {
 	} else if !c.outage.IsZero() && !c.failed {
 		c.emit(FailRequests{Reason: why})
 	}
-	c.outage, c.failed, c.replace, c.leaving, c.everServed, c.inherited = time.Time{}, false, "", false, false, ""
+	c.outage, c.failed, c.replace, c.leaving, c.everServed, c.inherited, c.leftOut = time.Time{}, false, "", false, false, "", ""
 	if c.leader.Name == "" {
 		c.reason = "no leader: no eligible member is alive"
 	} else {
