@@ -18,7 +18,7 @@ import (
 // stage-1 alone (stage-1b left out again, not failing the placement) and
 // every request complete with the tokens of a healthy run; restarted,
 // stage-2 must rejoin the pipeline (auto-rebalance, which stage-1b must
-// not block either).
+// not block either), and a dry-run rebalance name stage-1b left out.
 func TestTinyStageLeftOut(t *testing.T) {
 	if testing.Short() {
 		t.Skip("a multi-process run: not in -short")
@@ -76,6 +76,11 @@ func TestTinyStageLeftOut(t *testing.T) {
 	t.Logf("restarted stage-2 rejoined: %v (epoch %d), stage-1b still left out: %t", stageNodes(st), st.GetEpoch(), leftOut(st) != "")
 	if slices.Contains(stageNodes(st), "stage-1b") || leftOut(st) == "" {
 		t.Errorf("after the rejoin: stages %v, left out %v; want stage-1b left out", stageNodes(st), st.GetLeftOut())
+	}
+	// A dry-run rebalance names it too, as tandemctl rebalance prints.
+	r, err := admin.Rebalance(ctx, &tandemv1.RebalanceRequest{DryRun: true})
+	if err != nil || len(r.GetLeftOut()) != 1 || r.GetLeftOut()[0].GetNode() != "stage-1b" || !strings.Contains(r.GetLeftOut()[0].GetReason(), "cannot hold one layer") {
+		t.Errorf("dry-run rebalance: %v (%v), want stage-1b left out", r, err)
 	}
 	if got, err := generate(ctx, c.Conn, reqs[0]); err != nil || !slices.Equal(got.ids, want[0]) {
 		t.Errorf("after the rejoin: %d tokens (%v), want request 0's %d", len(got.ids), err, len(want[0]))
