@@ -24,6 +24,7 @@ import (
 	"github.com/tandem-llm/tandem/linkauth"
 	"github.com/tandem-llm/tandem/progress"
 	"github.com/tandem-llm/tandem/sched"
+	"github.com/tandem-llm/tandem/stage"
 )
 
 // Config is a daemon's configuration, read from a TOML file by LoadConfig
@@ -55,6 +56,10 @@ type Config struct {
 	// the daemon's logger (nil: lines). Not read from the file: tandemd
 	// serve sets it from --progress.
 	Progress *progress.Reporter `toml:"-"`
+	// WrapStage, when set, wraps each stage this node serves before its
+	// pipeline worker runs it: a test seam (tandemd's multi-process tests
+	// put an emulated device around CPU stages). Not read from the file.
+	WrapStage func(stage.Stage) stage.Stage `toml:"-"`
 }
 
 // ListenConfig are the addresses the daemon listens on (host:port; port 0

@@ -166,6 +166,7 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 		OnServing:  d.onStageServing,
 		Log:        d.log,
 		Progress:   d.cfg.Progress,
+		WrapStage:  d.cfg.WrapStage,
 	}
 	if *d.cfg.Stage.Enabled {
 		if d.dev, err = stagehost.OpenDevice(d.cfg.Stage.Backend, d.cfg.Stage.Device, d.log); err != nil {

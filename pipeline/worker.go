@@ -38,6 +38,13 @@ func LinkFailure(err error) bool { return err != nil && strings.Contains(err.Err
 // applies them (stage.HandoffReceiver), until it has applied
 // Step.AwaitHandoff in all. A single stage, first and last, applies its
 // own Output.Handoff after each hand-off step, with no link.
+//
+// A pipeline's only stage that is a stage.Launcher (a CUDA stage) is not
+// run one Forward at a time: the worker launches each step as soon as it
+// has read it, behind the step still running (up to stage.LaunchDepth),
+// and reports each when it is done, in order; the stage applies its own
+// hand-off rows on the device. The device then runs step after step while
+// the host reports one and the leader schedules the next.
 type Worker struct {
 	Index int // the stage's position in the pipeline
 	Stage stage.Stage
@@ -86,6 +93,9 @@ func (w *Worker) Serve(ctx context.Context) error {
 		return fmt.Errorf("stage %d (layers %d-%d): a hand-off link in, but the stage (%T) cannot take hand-offs", w.Index, info.Lo, info.Hi, w.Stage)
 	}
 	w.clk = clock{start: time.Now()}
+	if l, ok := w.Stage.(stage.Launcher); ok && info.First && info.Last {
+		return w.serveLaunched(ctx, info, l)
+	}
 	next, stop := w.prefetch(ctx)
 	defer stop()
 	for {
@@ -249,12 +259,7 @@ func (w *Worker) awaitHandoff(ctx context.Context, st *Step) error {
 // stage expects the step's message, the last sends it, and a single stage
 // applies it at once.
 func (w *Worker) handoff(ctx context.Context, info stage.Info, b *stage.Batch, out *stage.Output) error {
-	want := collective.Header{Batch: b.ID, Cols: stage.HandoffCols, DType: collective.I32}
-	for i := range b.Seqs {
-		if b.Seqs[i].Sample {
-			want.Rows++
-		}
-	}
+	want := handoffHeader(b)
 	switch {
 	case info.First && info.Last:
 		if err := checkHandoffOutput(want, out); err != nil {

@@ -18,8 +18,10 @@
 //
 // # Concurrency
 //
-// A Stage is driven by one goroutine: Forward, Free and ApplyHandoff are
-// never called concurrently. Output and the buffers it points at are valid
-// until the next Forward. Backends may use goroutines or a device inside a
-// call; they are joined (or synchronised) before it returns.
+// A Stage is driven by one goroutine: Forward, Free, ApplyHandoff, and a
+// Launcher's Launch and Finish are never called concurrently. Output and
+// the buffers it points at are valid until the next Forward (or Finish).
+// Backends may use goroutines or a device inside a call; they are joined
+// (or synchronised) before it returns, but for the work a Launcher's
+// Launch queues, which Finish waits for.
 package stage

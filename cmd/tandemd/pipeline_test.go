@@ -40,7 +40,9 @@ const asDaemonEnv = "TANDEMD_TEST_AS_DAEMON"
 
 func TestMain(m *testing.M) {
 	if os.Getenv(asDaemonEnv) == "1" {
+		report := emulateDevice()
 		main()
+		report()
 		os.Exit(0)
 	}
 	os.Exit(m.Run())

@@ -14,6 +14,7 @@ import (
 	"github.com/tandem-llm/tandem/daemon"
 	"github.com/tandem-llm/tandem/progress"
 	"github.com/tandem-llm/tandem/sched"
+	"github.com/tandem-llm/tandem/stage"
 )
 
 // serveFlags are the flags of tandemd serve; each overrides its key of the
@@ -183,10 +184,15 @@ func (o *serveFlags) resolve(fs *pflag.FlagSet) (daemon.Config, error) {
 	return cfg, nil
 }
 
+// wrapStage, when set, wraps the stages the daemon serves
+// (daemon.Config.WrapStage): nil in tandemd, set by the tests' TestMain.
+var wrapStage func(stage.Stage) stage.Stage
+
 // runServe runs the daemon until ctx is cancelled. Progress shows as the
 // mode says; while bars are drawn on stderr, log lines go above them.
 func runServe(ctx context.Context, cfg daemon.Config, mode progress.Mode, stdout io.Writer) error {
 	cfg.Progress = progress.New(progress.Config{Mode: mode, Out: os.Stderr})
+	cfg.WrapStage = wrapStage
 	if cfg.Progress.Bars() {
 		slog.SetDefault(newLogger(cfg.Progress.Writer()))
 	}

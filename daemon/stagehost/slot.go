@@ -63,6 +63,9 @@ type Config struct {
 	// Progress shows how loading a stage's weights, compiling its kernels
 	// and capturing its graphs advance (nil: structured lines to Log).
 	Progress *progress.Reporter
+	// WrapStage, when set, wraps each stage before its pipeline worker
+	// runs it (a test seam: an emulated device around a CPU stage).
+	WrapStage func(stage.Stage) stage.Stage
 }
 
 // Slot is this node's place in a pipeline: it implements the Node
@@ -684,7 +687,11 @@ func (s *Slot) work(a *assignment) error {
 	}
 	a.own(ctl)
 	a.move.Set(2, moveSteps)
-	w := &pipeline.Worker{Index: a.index, Stage: a.st, Epoch: a.epoch, Ctl: &takeover{Control: ctl, s: s, a: a},
+	st := a.st
+	if s.cfg.WrapStage != nil {
+		st = s.cfg.WrapStage(st)
+	}
+	w := &pipeline.Worker{Index: a.index, Stage: st, Epoch: a.epoch, Ctl: &takeover{Control: ctl, s: s, a: a},
 		Prev: a.prev, Next: a.next, HandoffIn: a.handoffIn, HandoffOut: a.handoffOut}
 	a.working.Store(true)
 	defer a.working.Store(false)

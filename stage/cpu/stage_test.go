@@ -23,3 +23,12 @@ func newTestStage(t *testing.T, s stagetest.Spec) stage.Stage {
 func TestConformance(t *testing.T) {
 	stagetest.Run(t, stagetest.Backend{New: newTestStage, Tol: 1e-5, SplitTol: 1e-6, Paged: true, Handoff: true})
 }
+
+// TestConformanceTimed runs the suite on CPU stages behind
+// stagetest.Timed (with no step time), the stage.Launcher the pipeline's
+// tests and the leader-path measurement use in place of a device.
+func TestConformanceTimed(t *testing.T) {
+	stagetest.Run(t, stagetest.Backend{New: func(t *testing.T, s stagetest.Spec) stage.Stage {
+		return stagetest.NewTimed(newTestStage(t, s), 0)
+	}, Tol: 1e-5, SplitTol: 1e-6, Paged: true, Handoff: true, Launcher: true})
+}

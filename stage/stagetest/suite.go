@@ -42,6 +42,10 @@ type Backend struct {
 	// a collective.Host buffer the suite made. Nil copies bytes between
 	// collective.Host buffers.
 	HandoffTransfer func(t *testing.T, out *stage.Output, first stage.Stage)
+	// Launcher says the backend's stages are stage.Launchers (with
+	// Handoff): Run then checks a whole-model stage launching each step
+	// while the one before it runs.
+	Launcher bool
 }
 
 // Spec is the stage a test asks the backend for.
@@ -75,6 +79,9 @@ func Run(t *testing.T, b Backend) {
 	}
 	if b.Handoff {
 		t.Run("handoff", func(t *testing.T) { testHandoff(t, b) })
+	}
+	if b.Launcher {
+		t.Run("launch", func(t *testing.T) { testLaunch(t, b) })
 	}
 }
 

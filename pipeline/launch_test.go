@@ -1,0 +1,147 @@
+package pipeline_test
+
+import (
+	"context"
+	"io"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/tandem-llm/tandem/pipeline"
+	"github.com/tandem-llm/tandem/sched"
+	"github.com/tandem-llm/tandem/stage"
+	"github.com/tandem-llm/tandem/stage/stagetest"
+)
+
+// TestLaunchedSingleStage drives a pipeline's only stage that is a
+// stage.Launcher (a hash stage behind stagetest.Timed, 1ms a step)
+// through sched.Loop with hand-off and two steps in flight: the worker
+// launches each step while the one before it runs, and every request's
+// tokens are those it produces alone.
+func TestLaunchedSingleStage(t *testing.T) {
+	const vocab = 50
+	timed := stagetest.NewTimed(newHashStage(true, true, vocab, 0), time.Millisecond)
+	d, err := pipeline.LocalOptions{Handoff: true}.Start(context.Background(), []stage.Stage{timed})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	l, err := sched.Start(sched.Config{MaxNumBatchedTokens: 24, MaxNumSeqs: hashMaxSeqs, BlockSize: 4, NumBlocks: 256,
+		MaxConcurrentBatches: 2, OnDeviceHandoff: true}, d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	rng := rand.New(rand.NewPCG(5, 7))
+	var wg sync.WaitGroup
+	for i := range 16 {
+		r := sched.Request{Prompt: make([]int32, 1+rng.IntN(20)), MaxTokens: 1 + rng.IntN(24), Sampling: stage.Sampling{Seed: rng.Uint64()}}
+		for j := range r.Prompt {
+			r.Prompt[j] = rng.Int32N(vocab)
+		}
+		if i%3 == 0 {
+			r.StopTokens = []int32{rng.Int32N(vocab)}
+		}
+		s, err := l.Submit(context.Background(), r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		wg.Go(func() {
+			var got []int32
+			for {
+				o, err := s.Recv(context.Background())
+				if err == io.EOF {
+					break
+				}
+				if err != nil {
+					t.Errorf("request %d: %v", i, err)
+					return
+				}
+				got = append(got, o.Token.Token)
+			}
+			if want := hashAlone(1, vocab, &r); !slices.Equal(got, want) {
+				t.Errorf("request %d: %v, want %v (alone)", i, got, want)
+			}
+		})
+	}
+	wg.Wait()
+	st := timed.Stats()
+	t.Logf("%d steps, %d launched behind another, device idle %v", st.Steps, st.Ahead, st.Idle)
+	if st.Ahead == 0 {
+		t.Error("no step was launched while another ran")
+	}
+}
+
+// TestWorkerLaunched runs a worker over a Launcher from a script of steps,
+// all there at once: it keeps two launched, frees sequences between
+// launches, launches a step asking for logits alone (the stage refuses it
+// otherwise), reports every step in order and, at the link's end, finishes
+// what it launched; a step of an older epoch is refused.
+func TestWorkerLaunched(t *testing.T) {
+	decode := func(id uint64, pos int, logits bool) *pipeline.Step {
+		return &pipeline.Step{Epoch: 3, AwaitHandoff: int(id) - 1, Batch: stage.Batch{ID: id, Handoff: true,
+			Seqs: []stage.Seq{{ID: 1, Pos: pos, Tokens: []int32{stage.Placeholder}, Sample: true, Index: int(id) - 1, Logits: logits}}}}
+	}
+	script := func() []*pipeline.Step {
+		steps := []*pipeline.Step{{Epoch: 3, Batch: stage.Batch{ID: 1, Handoff: true, Seqs: []stage.Seq{{ID: 1, Tokens: []int32{4, 5}, Sample: true}}}}}
+		for id := uint64(2); id <= 6; id++ {
+			steps = append(steps, decode(id, int(id), id == 4))
+		}
+		// Seq 1 ends; seq 2 takes its slot.
+		steps = append(steps, &pipeline.Step{Epoch: 3, Free: []uint64{1}, AwaitHandoff: 5,
+			Batch: stage.Batch{ID: 7, Handoff: true, Seqs: []stage.Seq{{ID: 2, Tokens: []int32{7}, Sample: true}}}})
+		return steps
+	}
+	t.Run("served", func(t *testing.T) {
+		timed := stagetest.NewTimed(newHashStage(true, true, 50, 0), 200*time.Microsecond)
+		ctl := &scriptedControl{steps: script()}
+		w := &pipeline.Worker{Stage: timed, Ctl: ctl, Epoch: 3}
+		if err := w.Serve(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		var batches []uint64
+		for _, r := range ctl.reports {
+			if r.Err != "" {
+				t.Fatalf("batch %d failed: %s", r.Batch, r.Err)
+			}
+			batches = append(batches, r.Batch)
+		}
+		if want := []uint64{1, 2, 3, 4, 5, 6, 7}; !slices.Equal(batches, want) {
+			t.Errorf("reports of batches %v, want %v", batches, want)
+		}
+		if st := timed.Stats(); st.Steps != 7 || st.Ahead == 0 {
+			t.Errorf("%d steps, %d launched behind another; want 7 steps and some behind another", st.Steps, st.Ahead)
+		}
+		// Seq 1's tokens follow each other through the placeholders: the
+		// hash chain of a single stage fed its own samples.
+		r := &sched.Request{Prompt: []int32{4, 5}, MaxTokens: 6}
+		var got []int32
+		for _, rep := range ctl.reports[:6] {
+			got = append(got, rep.Sampled[0].Token)
+		}
+		if want := hashAlone(1, 50, r); !slices.Equal(got, want) {
+			t.Errorf("seq 1 sampled %v, want %v", got, want)
+		}
+	})
+	t.Run("stale epoch", func(t *testing.T) {
+		steps := script()
+		steps[3].Epoch = 2
+		timed := stagetest.NewTimed(newHashStage(true, true, 50, 0), 200*time.Microsecond)
+		ctl := &scriptedControl{steps: steps}
+		w := &pipeline.Worker{Stage: timed, Ctl: ctl, Epoch: 3}
+		err := w.Serve(context.Background())
+		if err == nil || !strings.Contains(err.Error(), "epoch 2 refused") {
+			t.Fatalf("Serve: %v, want the refusal of epoch 2", err)
+		}
+		last := ctl.reports[len(ctl.reports)-1]
+		if last.Batch != 4 || last.Err == "" {
+			t.Errorf("last report %+v, want the refusal of batch 4", last)
+		}
+		if st := timed.Stats(); st.Steps != 3 {
+			t.Errorf("%d steps ran, want the 3 before the refusal", st.Steps)
+		}
+	})
+}
