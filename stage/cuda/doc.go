@@ -199,9 +199,16 @@
 //
 // A Stage is driven by one goroutine: none of its methods (ApplyHandoff
 // included) may be called concurrently with another, and an Output is
-// valid only until the next Forward. Device work runs inside Device.Do on the gpu.Device's own
-// goroutine, ordered on the stage's stream; several stages may share one
-// Device (Config.Device), each with its own stream. Capture holds the
-// device goroutine for its whole run, so no other stage's work can slip
-// into a graph being captured.
+// valid only until the next Forward or Finish. Device work runs inside
+// Device.Do on the gpu.Device's own goroutine, ordered on the stage's
+// stream; several stages may share one Device (Config.Device), each with
+// its own stream. Capture holds the device goroutine for its whole run, so
+// no other stage's work can slip into a graph being captured. Launch
+// (stage.Launcher) orders a step's work and returns: a goroutine of the
+// stage, started by the first Launch and ended by Close, waits for each
+// launched step on a thread of its own with the device's context current
+// (Device.LockThread), so that the device goroutine can launch the next
+// step meanwhile. Each of the stage.LaunchDepth steps that can be on their
+// way has its own pinned batch description and sampled-token buffers;
+// steps asking for logits run alone.
 package cuda

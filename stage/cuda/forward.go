@@ -16,68 +16,55 @@ import (
 // kernel and GEMM on the stage's stream (mode None) or replays the graphs
 // of the step's key, and waits. On the last stage it copies back the
 // sampled tokens and the requested logits. The Output and the buffers it
-// points at are valid until the next Forward.
+// points at are valid until the next Forward (or Finish). It is Launch
+// then Finish, but waits on the device goroutine and leaves a first and
+// last stage's hand-off rows to ApplyHandoff.
 func (s *Stage) Forward(ctx context.Context, b *stage.Batch) (*stage.Output, error) {
-	if s.closed {
-		return nil, fmt.Errorf("cuda stage [%d,%d): forward after close", s.lo, s.hi)
+	if s.launched > 0 {
+		return nil, fmt.Errorf("cuda stage [%d,%d): batch %d: forward while %d batches are launched", s.lo, s.hi, b.ID, s.launched)
 	}
-	if err := ctx.Err(); err != nil {
-		return nil, fmt.Errorf("cuda stage [%d,%d): batch %d: %w", s.lo, s.hi, b.ID, err)
+	f, err := s.startBatch(ctx, b, false)
+	if err != nil {
+		return nil, err
 	}
-	step := b.Graph
-	if step != (graphs.Step{}) {
-		name := fmt.Sprintf("[%d,%d) on GPU %d", s.lo, s.hi, s.dev.Ordinal())
-		if err := step.Validate(name, b.NumTokens(), len(b.Seqs), s.g.keys); err != nil {
-			return nil, fmt.Errorf("cuda stage [%d,%d): batch %d: %w", s.lo, s.hi, b.ID, err)
-		}
-	}
-	if err := s.pl.build(b, &s.p); err != nil {
-		return nil, fmt.Errorf("cuda stage [%d,%d): %w", s.lo, s.hi, err)
-	}
-	s.step, s.sh = step, shape{s.p.tokens, s.p.rows, s.p.nSampled}
-	if step.Mode != graphs.None {
-		s.sh = s.pl.keyShape(step)
-		s.pl.pad(&s.p, s.sh)
-	}
-	if err := s.dev.Do(s.run); err != nil {
-		return nil, fmt.Errorf("cuda stage [%d,%d): batch %d (%s): %w", s.lo, s.hi, b.ID, step, err)
-	}
-	if s.p.placeholders {
-		if err := s.statusError(b); err != nil {
-			return nil, fmt.Errorf("cuda stage [%d,%d): batch %d: %w", s.lo, s.hi, b.ID, err)
-		}
-	}
-	s.pl.commit(b)
-	return s.output(b), nil
+	return s.finish(f, s.dev.Do(func() error { return s.await(f) }))
 }
 
-// run orders the batch's work and waits for it. Device goroutine only.
-func (s *Stage) run() error {
+// run orders the work of flight f: the upload of its description, the
+// forward pass, the hand-off kernel when the stage applies its own rows,
+// and the copies back of the status, the sampled tokens and the logits
+// asked for, between f's events. Device goroutine only.
+func (s *Stage) run(f *flight) error {
 	lay := s.pl.lay
-	p := &s.p
+	p := &f.p
 	st := s.stream
 	if s.prof != nil {
 		if err := s.spinBeforeStep(); err != nil {
 			return err
 		}
 	}
-	if err := gpu.CopyHtoDAsync(s.b.batch, s.hostBatch[:4*p.uploadWords(lay)], st); err != nil {
+	if err := gpu.CopyHtoDAsync(s.b.batch, f.hostBatch[:4*p.uploadWords(lay)], st); err != nil {
 		return fmt.Errorf("upload batch description: %w", err)
 	}
-	if err := s.events[0].Record(st); err != nil {
+	if err := f.events[0].Record(st); err != nil {
 		return err
 	}
-	if err := s.forwardPass(s.step, s.sh); err != nil {
+	if err := s.forwardPass(f.step, f.sh); err != nil {
 		return err
 	}
-	if p.placeholders {
-		if err := gpu.CopyDtoHAsync(gpu.AsBytes(s.ho.host), s.ho.status, st); err != nil {
+	if f.own && p.nSampled > 0 {
+		if err := s.handoffKernel(p.nSampled); err != nil {
+			return err
+		}
+	}
+	if p.placeholders || f.own {
+		if err := gpu.CopyDtoHAsync(gpu.AsBytes(f.status), s.ho.status, st); err != nil {
 			return fmt.Errorf("read hand-off status: %w", err)
 		}
 	}
 	if s.last && p.nSampled > 0 {
 		n := p.nSampled * (2 + 2*MaxLogprobs)
-		if err := gpu.CopyDtoHAsync(gpu.AsBytes(s.hostSample[:n]), s.b.sampleOut, st); err != nil {
+		if err := gpu.CopyDtoHAsync(gpu.AsBytes(f.hostSample[:n]), s.b.sampleOut, st); err != nil {
 			return fmt.Errorf("copy sampled tokens: %w", err)
 		}
 	}
@@ -91,18 +78,7 @@ func (s *Stage) run() error {
 			return fmt.Errorf("copy logits: %w", err)
 		}
 	}
-	if err := s.events[1].Record(st); err != nil {
-		return err
-	}
-	if err := st.Synchronize(); err != nil {
-		return fmt.Errorf("run batch: %w", err)
-	}
-	d, err := gpu.Elapsed(s.events[0], s.events[1])
-	if err != nil {
-		return err
-	}
-	s.lastGPU = d
-	return nil
+	return f.events[1].Record(st)
 }
 
 // forwardPass orders the stage's work for a step of shape sh: the full
@@ -404,12 +380,13 @@ func (s *Stage) launchDep(label, name string, grid, block gpu.Dim3, smem int, a 
 	return nil
 }
 
-// output builds the Output of the batch that just ran.
-func (s *Stage) output(b *stage.Batch) *stage.Output {
-	o := &s.out
+// output builds the Output of flight f, whose work is done.
+func (s *Stage) output(f *flight) *stage.Output {
+	b := f.b
+	o := &f.out
 	*o = stage.Output{Sampled: o.Sampled[:0], Logits: o.Logits[:0]}
 	if !s.last {
-		o.Header = collective.Header{Batch: b.ID, Rows: s.p.tokens, Cols: s.m.HiddenSize, DType: collective.F32}
+		o.Header = collective.Header{Batch: b.ID, Rows: f.p.tokens, Cols: s.m.HiddenSize, DType: collective.F32}
 		o.Activations = s.outBuf
 		return o
 	}
@@ -419,7 +396,7 @@ func (s *Stage) output(b *stage.Batch) *stage.Output {
 	for i := range b.Seqs {
 		sq := &b.Seqs[i]
 		if sq.Logits {
-			start, n := s.p.logitStart[j], len(sq.Tokens)
+			start, n := f.p.logitStart[j], len(sq.Tokens)
 			j++
 			rows := make([][]float32, n)
 			for r := range rows {
@@ -430,7 +407,7 @@ func (s *Stage) output(b *stage.Batch) *stage.Output {
 		if !sq.Sample {
 			continue
 		}
-		w := s.hostSample[k*stride:]
+		w := f.hostSample[k*stride:]
 		k++
 		if w[0] < 0 { // the sampler found NaN or infinite logits (sample.cu)
 			o.Sampled = append(o.Sampled, stage.Sampled{Seq: sq.ID, Err: fmt.Sprintf(

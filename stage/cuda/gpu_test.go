@@ -204,6 +204,7 @@ func conformance(t *testing.T, skinny int, nodep bool) {
 		HandoffTransfer: deviceHandoffTransfer,
 		Paged:           true,
 		Handoff:         true,
+		Launcher:        true,
 		// bf16 activations, and for the F32 and F16 shapes weights rounded
 		// to bf16 at load, against a float64 reference on the unrounded
 		// weights: up to 3e-2 measured on an H100.

@@ -242,6 +242,9 @@ func (s *Stage) Capture(keys []graphs.Step) error {
 	if s.g.keys != nil {
 		return fmt.Errorf("cuda stage [%d,%d): CUDA graphs were already captured", s.lo, s.hi)
 	}
+	if s.launched > 0 {
+		return fmt.Errorf("cuda stage [%d,%d): capture while %d batches are launched", s.lo, s.hi, s.launched)
+	}
 	order, err := s.pl.captureOrder(keys)
 	if err != nil {
 		return fmt.Errorf("cuda stage [%d,%d): capture CUDA graphs: %w", s.lo, s.hi, err)
@@ -267,13 +270,14 @@ func (s *Stage) captureAll(order []graphs.Step) error {
 	}
 	s.g.capturing = true
 	defer func() { s.g.capturing = false }()
-	words := s.hostBatch[:4*s.pl.lay.words()]
+	f := &s.fl[s.oldest]
+	words := f.hostBatch[:4*s.pl.lay.words()]
 	rep := GraphReport{Keys: len(order)}
 	captured := s.reportStep("capture graphs")
 	captured(0, len(order))
 	for i, k := range order {
 		sh := s.pl.keyShape(k)
-		s.pl.padding(&s.p, sh)
+		s.pl.padding(&f.p, sh)
 		if err := gpu.CopyHtoDAsync(s.b.batch, words, s.stream); err != nil {
 			return fmt.Errorf("upload warm-up description: %w", err)
 		}

@@ -591,3 +591,118 @@ func TestGraphsHandoff(t *testing.T) {
 	}
 	t.Logf("%d steps with placeholders on one and two stages identical to the tokens spelled out (%d graph replays)", len(subsets), replays)
 }
+
+// TestGraphsLaunched launches decodes two deep on a whole-model stage, as
+// a pipeline's only stage runs them (stage.Launcher): each step's
+// placeholders stand for the tokens of the step launched just before it,
+// still running, which the stage records on the device after it; steps
+// replay FULL and PIECEWISE graphs, padded, and every sample must be that
+// of the same steps run one Forward at a time with the tokens spelled out.
+func TestGraphsLaunched(t *testing.T) {
+	sh, w := fourLayers(t, 41)
+	m := sh.Model
+	cfg := Config{Model: &m, Lo: 0, Hi: 4, Weights: w, MaxTokens: 64, MaxSeqs: 8, MaxLogitRows: 64, MaxSeqLen: 128, BlockSize: 4, GraphDebug: true}
+	sizes := []int{1, 2, 4, 8, 16, 32, 64}
+	ds := []*graphs.Dispatcher{
+		mustDispatcher(t, graphs.Config{Mode: graphs.FullAndPiecewise, CaptureSizes: sizes, MaxNumSeqs: 8}),
+		mustDispatcher(t, graphs.Config{Mode: graphs.Piecewise, CaptureSizes: sizes, MaxNumSeqs: 8}),
+	}
+	var keys []graphs.Step
+	for _, d := range ds {
+		for _, k := range d.Keys() {
+			if !slices.Contains(keys, k) {
+				keys = append(keys, k)
+			}
+		}
+	}
+	explicit, ahead := newTestStage(t, cfg), newTestStage(t, cfg)
+	for _, st := range []*Stage{explicit, ahead} {
+		if err := st.Capture(keys); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx := context.Background()
+	rng := rand.New(rand.NewPCG(41, 4))
+	const nseq = 5
+	prompts := make([][]int32, nseq)
+	for i := range prompts {
+		prompts[i] = make([]int32, 2+rng.IntN(9))
+		for j := range prompts[i] {
+			prompts[i][j] = int32(rng.IntN(m.VocabSize))
+		}
+	}
+	// Every sequence prefills in step 0, then all decode in every step, a
+	// few of them with logprobs or sampling.
+	const steps = 16
+	tables, aheadTables := tablesFor(explicit), tablesFor(ahead)
+	pos, next := make([]int, nseq), make([]int32, nseq)
+	var want [][]stage.Sampled
+	var batches []*stage.Batch
+	for step := range steps {
+		b, hb := &stage.Batch{ID: uint64(step + 1)}, &stage.Batch{ID: uint64(step + 1), Handoff: true}
+		for i := range nseq {
+			toks, htoks := prompts[i], prompts[i]
+			if pos[i] > 0 {
+				toks, htoks = []int32{next[i]}, []int32{stage.Placeholder}
+			}
+			sp := stage.Sampling{Logprobs: i % 3}
+			if i%2 == 1 {
+				sp = stage.Sampling{Temperature: 0.9, TopP: 0.9, Seed: uint64(i), Logprobs: 1}
+			}
+			q := stage.Seq{ID: uint64(i + 1), Pos: pos[i], Tokens: toks, Slot: (i + 2) % 8, Sample: true, Sampling: sp, Index: step}
+			b.Seqs = append(b.Seqs, q)
+			q.Tokens = htoks
+			hb.Seqs = append(hb.Seqs, q)
+		}
+		fill(t, tables, b)
+		fill(t, aheadTables, hb)
+		mode, desc := ds[step%len(ds)].Dispatch(b.NumTokens(), uniformDecode(b), len(b.Seqs))
+		b.Graph = graphs.Step{Mode: mode, Desc: desc}
+		hb.Graph = b.Graph
+		out, err := explicit.Forward(ctx, b)
+		if err != nil {
+			t.Fatalf("step %d (%s): %v", step, b.Graph, err)
+		}
+		want = append(want, cloneSampled(out.Sampled))
+		batches = append(batches, hb)
+		for k, q := range b.Seqs {
+			pos[k] += len(q.Tokens)
+			next[k] = out.Sampled[k].Token
+		}
+	}
+	finished := 0
+	finish := func() {
+		t.Helper()
+		out, err := ahead.Finish(ctx)
+		if err != nil {
+			t.Fatalf("finish step %d: %v", finished, err)
+		}
+		for k, s := range out.Sampled {
+			if e := want[finished][k]; s.Seq != e.Seq || s.Token != e.Token || s.Logprob != e.Logprob || !slices.Equal(s.Top, e.Top) {
+				t.Errorf("step %d (%s): seq %d sampled %+v launched ahead, %+v one at a time", finished, batches[finished].Graph, s.Seq, s, e)
+			}
+		}
+		finished++
+	}
+	for i, hb := range batches {
+		if i-finished == stage.LaunchDepth {
+			finish()
+		}
+		if _, err := ahead.Launch(ctx, hb); err != nil {
+			t.Fatalf("launch step %d (%s): %v", i, hb.Graph, err)
+		}
+	}
+	for finished < steps {
+		finish()
+	}
+	t.Logf("%d steps launched %d deep with graphs, identical to the steps run one at a time", steps, stage.LaunchDepth)
+}
+
+func cloneSampled(s []stage.Sampled) []stage.Sampled {
+	out := make([]stage.Sampled, len(s))
+	for i, x := range s {
+		x.Top = slices.Clone(x.Top)
+		out[i] = x
+	}
+	return out
+}

@@ -44,20 +44,26 @@ func (s *Stage) ApplyHandoff(ctx context.Context, rows int) error {
 		return nil
 	}
 	err := s.dev.Do(func() error {
-		a := s.args.Reset().Ptr(s.ho.in.Ptr()).Int32(int32(rows)).Ptr(s.ho.tokens).Int32(int32(s.pl.lay.maxSeqs)).
-			Int32(int32(s.m.VocabSize)).Ptr(s.ho.status)
-		if err := s.launch("handoff", kHandoff, gpu.Dim3{X: 1}, gpu.Dim3{X: handoffThreads}, a); err != nil {
+		if err := s.handoffKernel(rows); err != nil {
 			return err
 		}
 		return s.readStatus()
 	})
 	if err == nil {
-		err = s.statusError(nil)
+		err = s.statusError(s.ho.host, nil)
 	}
 	if err != nil {
 		return fmt.Errorf("cuda stage [%d,%d): apply hand-off of %d rows: %w", s.lo, s.hi, rows, err)
 	}
 	return nil
+}
+
+// handoffKernel orders the kernel that records the first rows of the
+// hand-off input under their slots. Device goroutine only.
+func (s *Stage) handoffKernel(rows int) error {
+	a := s.args.Reset().Ptr(s.ho.in.Ptr()).Int32(int32(rows)).Ptr(s.ho.tokens).Int32(int32(s.pl.lay.maxSeqs)).
+		Int32(int32(s.m.VocabSize)).Ptr(s.ho.status)
+	return s.launch("handoff", kHandoff, gpu.Dim3{X: 1}, gpu.Dim3{X: handoffThreads}, a)
 }
 
 // readStatus copies the status array into ho.host and waits for the
@@ -72,11 +78,10 @@ func (s *Stage) readStatus() error {
 	return nil
 }
 
-// statusError reports the error the kernels recorded in the status array
-// last read back, naming the sequence of b (nil: none ran) at fault, and
-// clears it on the device; nil when there is none.
-func (s *Stage) statusError(b *stage.Batch) error {
-	st := s.ho.host
+// statusError reports the error the kernels recorded in the status array,
+// as read back into st, naming the sequence of b (nil: none ran) at fault,
+// and clears it on the device; nil when there is none.
+func (s *Stage) statusError(st []int32, b *stage.Batch) error {
 	if st[0] == 0 {
 		return nil
 	}

@@ -149,14 +149,9 @@ type Stage struct {
 	input       gpu.Mem
 	outBuf      gpu.Mem
 	pl          planner
-	p           plan
-	hostBatch   []byte  // pinned: the packed batch description
-	hostSample  []int32 // pinned: sampler output
-	hostLogits  []float32
-	events      [2]gpu.Event
+	hostLogits  []float32 // pinned: the logits asked for
 	lastGPU     time.Duration
 	args        gpu.KernelArgs
-	out         stage.Output
 	closed      bool
 	g           graphState
 	sk          skinnyPlan
@@ -164,10 +159,14 @@ type Stage struct {
 	pdl         bool     // launch kernels as programmatic dependents
 	prof        *profile // per-kernel events during ProfileStep, else nil
 	profPool    *profile // the events ProfileStep records, kept for the next
-	// The step Forward runs: its graph step (mode None: eager) and the
-	// shape its kernels are launched for.
-	step graphs.Step
-	sh   shape
+	// The steps on their way through the device (launch.go): fl[oldest]
+	// and the launched-1 after it are launched and not finished; waits
+	// feeds the goroutine that waits for them (nil until the first
+	// Launch), which closes waiterDone when it ends.
+	fl               [stage.LaunchDepth]flight
+	oldest, launched int
+	waits            chan *flight
+	waiterDone       chan struct{}
 }
 
 // New builds the stage: compiles (or loads from the cache) the kernels,
@@ -285,11 +284,6 @@ func (s *Stage) init(cfg *Config) error {
 		if s.stream, err = gpu.NewStream(); err != nil {
 			return fmt.Errorf("create stream: %w", err)
 		}
-		for i := range s.events {
-			if s.events[i], err = gpu.NewEvent(); err != nil {
-				return fmt.Errorf("create event: %w", err)
-			}
-		}
 		if s.blas, err = gpu.NewBLAS(); err != nil {
 			return fmt.Errorf("create cuBLAS handle: %w", err)
 		}
@@ -400,25 +394,17 @@ func (s *Stage) allocate(cfg *Config, lay layout) error {
 		return fmt.Errorf("clear device buffers: %w", err)
 	}
 
-	if s.hostBatch, err = s.allocHost(lay.words()*4, "the batch description"); err != nil {
+	if err := s.allocFlights(lay); err != nil {
 		return err
 	}
-	s.p.words = unsafe.Slice((*int32)(unsafe.Pointer(&s.hostBatch[0])), lay.words())
-	// Block table word 0 is the scratch block, which padding rows read.
-	s.p.words[lay.tables()] = int32(s.pl.kv.blocks)
 	if s.first {
 		hs, err := s.allocHost(statusWords*i32, "the hand-off status")
 		if err != nil {
 			return err
 		}
-		s.ho.host = unsafe.Slice((*int32)(unsafe.Pointer(&hs[0])), statusWords)
+		s.ho.host = asInt32s(hs)
 	}
 	if s.last {
-		hs, err := s.allocHost(lay.maxSeqs*(2+2*MaxLogprobs)*4, "sampled tokens")
-		if err != nil {
-			return err
-		}
-		s.hostSample = unsafe.Slice((*int32)(unsafe.Pointer(&hs[0])), len(hs)/4)
 		hl, err := s.allocHost(lay.maxLogitRows*m.VocabSize*4, "logits")
 		if err != nil {
 			return err
@@ -512,12 +498,14 @@ func (s *Stage) LastStepTime() time.Duration { return s.lastGPU }
 func (s *Stage) Free(seq uint64) { s.pl.kv.release(seq) }
 
 // Close releases the device memory, handles and (when New opened it) the
-// device. It is safe on a partly built stage.
+// device, once the work of launched batches is done. It is safe on a
+// partly built stage.
 func (s *Stage) Close() error {
 	if s.closed {
 		return nil
 	}
 	s.closed = true
+	s.stopWaiter()
 	var errs []error
 	err := s.dev.Do(func() error {
 		if s.stream != 0 {
@@ -534,11 +522,7 @@ func (s *Stage) Close() error {
 		if s.blas != nil {
 			errs = append(errs, s.blas.Destroy())
 		}
-		for _, e := range s.events {
-			if e != 0 {
-				errs = append(errs, e.Destroy())
-			}
-		}
+		errs = append(errs, s.releaseFlights())
 		if s.stream != 0 {
 			errs = append(errs, s.stream.Destroy())
 		}
@@ -557,3 +541,6 @@ func (s *Stage) Close() error {
 	}
 	return nil
 }
+
+// asInt32s views pinned host memory as int32s.
+func asInt32s(b []byte) []int32 { return unsafe.Slice((*int32)(unsafe.Pointer(&b[0])), len(b)/4) }
