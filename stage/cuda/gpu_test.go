@@ -59,8 +59,20 @@ func device(t *testing.T) *gpu.Device {
 // newTestStage builds a stage, on the shared device unless cfg names one,
 // closed when t ends. Unless cfg sizes the KV cache, it holds MaxSeqs
 // sequences of MaxSeqLen positions (of at most 1024 when that is 0), not
-// the whole device.
+// the whole device. Unless cfg says otherwise, steps of up to
+// DefaultSkinnyTokens rows run on the skinny kernels (not a measured
+// choice, which could differ between two stages a test compares).
 func newTestStage(t *testing.T, cfg Config) *Stage {
+	t.Helper()
+	if cfg.SkinnyTokens == 0 {
+		cfg.SkinnyTokens = DefaultSkinnyTokens
+	}
+	return openTestStage(t, cfg)
+}
+
+// openTestStage is newTestStage with cfg.SkinnyTokens as it is: 0 lets the
+// stage measure its choice, as a served stage does.
+func openTestStage(t *testing.T, cfg Config) *Stage {
 	t.Helper()
 	if cfg.Device == nil {
 		cfg.Device = device(t)
@@ -179,16 +191,16 @@ func deviceTransfer(t *testing.T, out *stage.Output, next stage.Stage) {
 const bf16Tol = 2e-2
 
 // TestConformance runs the suite on each path of the stage: the skinny
-// kernels for steps of up to 32 tokens (the suite's batches also exceed
-// that and take the cuBLAS path), with and without dependent launches,
-// and the cuBLAS path alone.
+// kernels for steps of up to 8 tokens (the suite's batches also exceed
+// that and take the cuBLAS path), with and without dependent launches, up
+// to 32 tokens (gemvt.cu past 8), and the cuBLAS path alone.
 func TestConformance(t *testing.T) {
 	device(t)
 	for _, v := range []struct {
 		name   string
 		skinny int
 		nodep  bool
-	}{{"skinny", 0, false}, {"cublas", -1, false}, {"skinny-plain-launch", 0, true}} {
+	}{{"skinny", 0, false}, {"cublas", -1, false}, {"skinny-plain-launch", 0, true}, {"skinny-32", 32, false}} {
 		t.Run(v.name, func(t *testing.T) { conformance(t, v.skinny, v.nodep) })
 	}
 }
@@ -232,7 +244,7 @@ func TestKernelCacheOnGPU(t *testing.T) {
 	dev := device(t)
 	dir := t.TempDir()
 	s := &Stage{dev: dev}
-	ck, err := s.compileKey()
+	ck, err := s.compileKey(true)
 	if err != nil {
 		t.Fatal(err)
 	}

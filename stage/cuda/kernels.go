@@ -4,6 +4,7 @@ import (
 	"embed"
 	"fmt"
 	"io/fs"
+	"path"
 	"sort"
 	"strings"
 
@@ -68,6 +69,60 @@ func gemvfName(epi string, t int) string { return fmt.Sprintf("gemvf_%s_t%d", ep
 // rows of width k: the staged activations and 32 floats of scratch.
 func gemvfSmem(t, k int) int { return (t*k + 32) * 4 }
 
+// gemvtVariants are the GEMVT_ENTRY instances of gemvt.cu: the products
+// of steps of 9 to 32 token rows, with the row mapping of the gemv variant
+// of the same epilogue and tiles.
+var gemvtVariants = []gemvVariant{
+	{epiStore, 4}, {epiHead, 4}, {epiResid, 1}, {epiResid, 2},
+	{epiSilu, 2}, {epiSilu, 4}, {epiRope, 1}, {epiRope, 2},
+}
+
+// gemvtName is the entry point of variant v in gemvt.cu.
+func gemvtName(v gemvVariant) string { return fmt.Sprintf("gemvt_%s_m%d", v.epi, v.mt) }
+
+// hasGemvt reports whether gemvt.cu has variant v.
+func hasGemvt(v gemvVariant) bool {
+	for _, w := range gemvtVariants {
+		if w == v {
+			return true
+		}
+	}
+	return false
+}
+
+// Launch constants of gemvt.cu.
+const (
+	gtWarps   = 4 // GT_WARPS: units per block, one per warp
+	gtThreads = 32 * gtWarps
+	gtKC      = 64 // GT_KC: k of one chunk
+	gtStages  = 4  // GT_STAGES
+	gtC       = 32 // GT_C: token columns
+	gtXS      = gtKC + 32
+	// gtMinChunks is the fewest chunks of k a split of a gemvt launch
+	// takes, and gtMaxSplits the most splits.
+	gtMinChunks = 6
+	gtMaxSplits = 16
+)
+
+// gemvtSmem is the dynamic shared memory of a gemvt kernel of mt tiles a
+// warp: the weight stages, two buffers of split activations (values and
+// remainders), the sums of squares and the norm factors.
+func gemvtSmem(mt int) int {
+	return gtStages*gtWarps*16*mt*gtKC*2 + 2*2*gtC*gtXS*2 + 2*gtC*4
+}
+
+// gemvtBlocksPerSM is the resident blocks a gemvt kernel is compiled for
+// (the minb of its GEMVT_ENTRY), as many as its shared memory allows.
+func gemvtBlocksPerSM(mt int) int {
+	switch mt {
+	case 1:
+		return 3
+	case 2:
+		return 2
+	}
+	return 1
+}
+
 // gemvNT are the token-column groups each variant is compiled for.
 var gemvNT = []int{1, 2, 4}
 
@@ -80,6 +135,20 @@ func gemvSmem(mt, nt int) int {
 	r, c := 16*mt, 8*nt
 	return (gemvWarps*r*c + (gemvWarps+1)*c) * 4
 }
+
+// optionalSource says which kernel files make the optional part of the
+// program (gemvt.cu): a stage whose NVRTC cannot compile them runs steps of
+// more than 8 tokens on cuBLAS and says so, instead of failing.
+func optionalSource(name string) bool { return strings.HasPrefix(path.Base(name), "gemvt") }
+
+// optionalNames lists the entry points of the optional part.
+var optionalNames = func() []string {
+	var n []string
+	for _, v := range gemvtVariants {
+		n = append(n, gemvtName(v))
+	}
+	return n
+}()
 
 // kernelNames lists every entry point New looks up.
 var kernelNames = func() []string {
@@ -126,8 +195,8 @@ const (
 
 // kernelSource is the NVRTC program: every kernels/*.cu file, in name order
 // (00_common.cu first), each introduced by a #line directive so compiler
-// messages name the file.
-func kernelSource() (string, error) {
+// messages name the file; without the optional files unless optional.
+func kernelSource(optional bool) (string, error) {
 	names, err := fs.Glob(kernelFS, "kernels/*.cu")
 	if err != nil {
 		return "", fmt.Errorf("list kernel sources: %w", err)
@@ -135,6 +204,9 @@ func kernelSource() (string, error) {
 	sort.Strings(names)
 	var b strings.Builder
 	for _, n := range names {
+		if optionalSource(n) && !optional {
+			continue
+		}
 		data, err := kernelFS.ReadFile(n)
 		if err != nil {
 			return "", fmt.Errorf("read kernel source %s: %w", n, err)

@@ -3,20 +3,21 @@ package cuda
 import (
 	"fmt"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 )
 
 func TestKernelSource(t *testing.T) {
-	src, err := kernelSource()
+	src, err := kernelSource(true)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !strings.HasPrefix(src, "#line 1 \"kernels/00_common.cu\"\n") {
 		t.Errorf("program does not start with the common definitions:\n%.200s", src)
 	}
-	for _, name := range kernelNames {
-		re := regexp.MustCompile(`(extern "C" __global__ void (__launch_bounds__\(\w+\)\s+)?` + name + `\(|GEMVF?_ENTRY\(` + name + `,)`)
+	for _, name := range append(slices.Clone(kernelNames), optionalNames...) {
+		re := regexp.MustCompile(`(extern "C" __global__ void (__launch_bounds__\(\w+\)\s+)?` + name + `\(|GEMV[FT]?_ENTRY\(` + name + `,)`)
 		if n := len(re.FindAllString(src, -1)); n != 1 {
 			t.Errorf("kernel %s defined %d times in the program; want once", name, n)
 		}
@@ -34,6 +35,31 @@ func TestKernelSource(t *testing.T) {
 	if n, want := strings.Count(src, "\nGEMV_ENTRY("), len(gemvVariants)*len(gemvNT); n != want {
 		t.Errorf("program has %d gemv entry points; gemvVariants lists %d", n, want)
 	}
+	// The optional part: every gemvt variant once, with the resident
+	// blocks its launches assume, and none of it in the program without it.
+	for _, v := range gemvtVariants {
+		want := fmt.Sprintf("GEMVT_ENTRY(%s, GEMV_%s, %d, %d)", gemvtName(v), strings.ToUpper(v.epi), v.mt, gemvtBlocksPerSM(v.mt))
+		if strings.Count(src, want) != 1 {
+			t.Errorf("program lacks %q (or has it twice)", want)
+		}
+	}
+	if n, want := strings.Count(src, "\nGEMVT_ENTRY("), len(gemvtVariants); n != want {
+		t.Errorf("program has %d gemvt entry points; gemvtVariants lists %d", n, want)
+	}
+	base, err := kernelSource(false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range optionalNames {
+		if strings.Contains(base, name) {
+			t.Errorf("the program without its optional part has %s", name)
+		}
+	}
+	for _, name := range kernelNames {
+		if !strings.Contains(base, name) {
+			t.Errorf("the program without its optional part lacks %s", name)
+		}
+	}
 	// The launch constants must agree with the sources.
 	for _, def := range []string{
 		fmt.Sprintf("#define ATT_THREADS %d\n", attentionThreads),
@@ -41,6 +67,12 @@ func TestKernelSource(t *testing.T) {
 		fmt.Sprintf("#define ATT_RMAX %d\n", attentionHeads),
 		fmt.Sprintf("#define GEMV_THREADS %d\n", gemvThreads),
 		fmt.Sprintf("#define GEMV_WARPS %d\n", gemvWarps),
+		fmt.Sprintf("#define GT_WARPS %d\n", gtWarps),
+		fmt.Sprintf("#define GT_KC %d\n", gtKC),
+		fmt.Sprintf("#define GT_STAGES %d\n", gtStages),
+		fmt.Sprintf("#define GT_C %d\n", gtC),
+		"#define GT_THREADS (GT_WARPS * 32)\n",
+		"#define GT_XS (GT_KC + 32)\n",
 		fmt.Sprintf("#define SAMPLE_THREADS %d\n", sampleThreads),
 		fmt.Sprintf("#define SAMPLE_PARAMS %d\n", sampleParams),
 		fmt.Sprintf("#define STATUS_NO_TOKEN %d ", statusNoToken),

@@ -3,6 +3,7 @@ package cuda
 import (
 	"fmt"
 	"log/slog"
+	"slices"
 
 	"github.com/tandem-llm/tandem/gpu"
 )
@@ -15,8 +16,10 @@ type compileKey struct {
 	key  string
 }
 
-func (s *Stage) compileKey() (compileKey, error) {
-	src, err := kernelSource()
+// compileKey is the compilation of the program, with its optional part or
+// without.
+func (s *Stage) compileKey(optional bool) (compileKey, error) {
+	src, err := kernelSource(optional)
 	if err != nil {
 		return compileKey{}, err
 	}
@@ -29,11 +32,25 @@ func (s *Stage) compileKey() (compileKey, error) {
 	return compileKey{src: src, opts: opts, key: cacheKey(src, arch, fmt.Sprintf("%d.%d", major, minor), opts)}, nil
 }
 
-// kernelImage returns the compiled kernel program, from the disk cache when
-// it holds a sound image for this source, device and NVRTC, else compiled
-// now and stored.
-func (s *Stage) kernelImage(dir string) ([]byte, error) {
-	ck, err := s.compileKey()
+// kernelImage returns the compiled kernel program, with its optional part
+// when that compiles (optional reports it), from the disk cache when it
+// holds a sound image for this source, device and NVRTC, else compiled now
+// and stored. A program whose optional part does not compile is compiled
+// without it, and the stage runs without the kernels it holds.
+func (s *Stage) kernelImage(dir string) (img []byte, optional bool, err error) {
+	img, err = s.programImage(dir, true)
+	if err == nil {
+		return img, true, nil
+	}
+	slog.Warn("the optional kernels (gemvt.cu) did not compile: steps of more than 8 tokens run on cuBLAS", "err", err)
+	img, err = s.programImage(dir, false)
+	return img, false, err
+}
+
+// programImage is kernelImage for the program with its optional part or
+// without.
+func (s *Stage) programImage(dir string, optional bool) ([]byte, error) {
+	ck, err := s.compileKey(optional)
 	if err != nil {
 		return nil, err
 	}
@@ -85,15 +102,15 @@ func compileKernels(ck compileKey) ([]byte, error) {
 	return img, nil
 }
 
-// loadModule loads img and looks up every kernel. When a cached image does
-// not load (a damaged file with a sound checksum, or a driver that rejects
-// it), the program is compiled afresh and the cache entry replaced.
-// Device goroutine only.
-func (s *Stage) loadModule(img []byte, dir string) error {
+// loadModule loads img (with the optional kernels or not) and looks up
+// every kernel. When a cached image does not load (a damaged file with a
+// sound checksum, or a driver that rejects it), the program is compiled
+// afresh and the cache entry replaced. Device goroutine only.
+func (s *Stage) loadModule(img []byte, optional bool, dir string) error {
 	mod, err := gpu.LoadModule(img)
 	if err != nil {
 		slog.Warn("kernel image did not load; recompiling", "err", err)
-		ck, kerr := s.compileKey()
+		ck, kerr := s.compileKey(optional)
 		if kerr != nil {
 			return kerr
 		}
@@ -110,22 +127,35 @@ func (s *Stage) loadModule(img []byte, dir string) error {
 		}
 	}
 	s.mod = mod
-	s.fn, err = lookupKernels(mod, s.dev.Info())
+	s.fn, err = lookupKernels(mod, s.dev.Info(), optional)
 	return err
 }
 
-// lookupKernels finds every kernel of the program in mod and raises the
-// shared memory limit of those that need more than the default 48 KiB (the
-// gemvf kernels: the device's whole limit, as their need depends on the
-// model). Device goroutine only.
-func lookupKernels(mod gpu.Module, info gpu.DeviceInfo) (map[string]gpu.Function, error) {
-	fn := make(map[string]gpu.Function, len(kernelNames))
-	for _, name := range kernelNames {
+// lookupKernels finds every kernel of the program in mod (the optional ones
+// too when it has them) and raises the shared memory limit of those that
+// need more than the default 48 KiB (the gemvf kernels: the device's whole
+// limit, as their need depends on the model). Device goroutine only.
+func lookupKernels(mod gpu.Module, info gpu.DeviceInfo, optional bool) (map[string]gpu.Function, error) {
+	names := kernelNames
+	if optional {
+		names = append(slices.Clone(names), optionalNames...)
+	}
+	fn := make(map[string]gpu.Function, len(names))
+	for _, name := range names {
 		f, err := mod.Function(name)
 		if err != nil {
 			return nil, fmt.Errorf("kernel %s: %w", name, err)
 		}
 		fn[name] = f
+	}
+	if optional {
+		for _, v := range gemvtVariants {
+			if n := gemvtSmem(v.mt); n > 48<<10 {
+				if err := fn[gemvtName(v)].SetMaxDynamicSharedMem(n); err != nil {
+					return nil, err
+				}
+			}
+		}
 	}
 	for _, v := range gemvVariants {
 		for _, nt := range gemvNT {

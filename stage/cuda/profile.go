@@ -124,8 +124,11 @@ func (s *Stage) ProfileStep(ctx context.Context, b *stage.Batch) (*StepProfile, 
 
 // spinBeforeStep holds the stream busy for a profiled step. Device
 // goroutine only.
-func (s *Stage) spinBeforeStep() error {
-	a := s.args.Reset().Int64(profileSpin.Nanoseconds())
+func (s *Stage) spinBeforeStep() error { return s.spin(profileSpin) }
+
+// spin holds the stream busy for d. Device goroutine only.
+func (s *Stage) spin(d time.Duration) error {
+	a := s.args.Reset().Int64(d.Nanoseconds())
 	if err := s.fn[kSpin].Launch(gpu.Dim3{X: 1}, gpu.Dim3{X: 32}, 0, s.stream, a); err != nil {
 		return fmt.Errorf("kernel %s: %w", kSpin, err)
 	}

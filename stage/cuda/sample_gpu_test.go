@@ -38,7 +38,7 @@ func runSampleKernel(t *testing.T, logits [][]float32, reqs []sampleReq, withSta
 	t.Helper()
 	dev := device(t)
 	s := &Stage{dev: dev}
-	img, err := s.kernelImage(testDev.cache)
+	img, optional, err := s.kernelImage(testDev.cache)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -57,7 +57,7 @@ func runSampleKernel(t *testing.T, logits [][]float32, reqs []sampleReq, withSta
 	out := make([]int32, len(reqs)*stride)
 	handoff := make([]int32, len(reqs)*stage.HandoffCols)
 	err = dev.Do(func() error {
-		if err := s.loadModule(img, testDev.cache); err != nil {
+		if err := s.loadModule(img, optional, testDev.cache); err != nil {
 			return err
 		}
 		defer s.mod.Unload()

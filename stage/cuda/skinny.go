@@ -7,8 +7,9 @@ import (
 
 // DefaultSkinnyTokens is the most token rows a step may have for its
 // products to run on the skinny kernels rather than cuBLAS, when
-// Config.SkinnyTokens is 0: past it cuBLAS's wide tiles read the weights
-// faster than the tensor-core skinny kernels, fusion included (NOTES.md).
+// Config.SkinnyTokens is 0 and the gemvt kernels are not there to be
+// measured (or lose): past it cuBLAS's wide tiles read the weights faster
+// than gemv.cu's tensor-core kernels, fusion included (NOTES.md).
 const DefaultSkinnyTokens = 8
 
 // skinnyPlan is how a stage runs its products in steps of at most
@@ -22,6 +23,9 @@ const DefaultSkinnyTokens = 8
 type skinnyPlan struct {
 	maxTokens, fmaTokens       int
 	qkv, o, gateUp, down, head product
+	// tune says maxTokens is the most the kernels take, to be narrowed
+	// by measurement once the weights are in (tuneSkinny).
+	tune bool
 }
 
 // product is one product's launch on either kernel family.
@@ -31,12 +35,15 @@ type product struct{ mma, fma gemvCall }
 // family), the input width k, the rows per segment n, the row mapping (s,
 // u, mh, seg; gemv.cu — for gemvf s, u, seg = d and dn; gemvf.cu), the
 // rotary partner's distance in local rows (q|k|v, gemv.cu) and the number
-// of units (gemv: blocks of mt tiles; gemvf: warp units of 4 rows).
+// of units (gemv: blocks of mt tiles; gemvf: warp units of 4 rows). A wide
+// call runs steps of more than 8 tokens on the gemvt kernel of its
+// variant (gemvt.cu), same units and mapping.
 type gemvCall struct {
 	v                   gemvVariant
 	k, n, s, u, mh, seg int
 	dn                  int
 	pdelta, grid        int
+	wide                bool
 }
 
 // plain is a product over rows [0, n) in blocks of mt tiles.
@@ -109,6 +116,91 @@ func planSkinny(m *model.Config, limit int, tensorCores bool, smemOptin int) ski
 	return p
 }
 
+// widen lets the tensor-core products run steps of more than 8 tokens on
+// the gemvt kernels (the optional part of the program compiled): all of
+// them or none. With limit 0 (Config.SkinnyTokens unset) the plan then
+// takes steps of up to gemvMaxTokens rows, which the stage narrows by
+// measurement once its weights are in (tuneSkinny).
+func (p *skinnyPlan) widen(limit int) {
+	calls := p.mmaCalls()
+	if len(calls) == 0 {
+		return
+	}
+	for _, c := range calls {
+		if !hasGemvt(c.v) {
+			return
+		}
+	}
+	for _, c := range calls {
+		c.wide = true
+	}
+	if limit == 0 {
+		p.maxTokens, p.tune = gemvMaxTokens, true
+	}
+}
+
+// mmaCalls are the tensor-core calls of the plan (none without tensor
+// cores).
+func (p *skinnyPlan) mmaCalls() []*gemvCall {
+	if p.qkv.mma.grid == 0 {
+		return nil
+	}
+	return []*gemvCall{&p.qkv.mma, &p.o.mma, &p.gateUp.mma, &p.down.mma, &p.head.mma}
+}
+
+// gemvtScratch is what the gemvt launches of the plan need at most: floats
+// of split partials and row-block counters.
+func (p *skinnyPlan) gemvtScratch() (partials, counters int) {
+	for _, c := range p.mmaCalls() {
+		if !c.wide {
+			continue
+		}
+		rb := c.gemvtBlocks()
+		counters = max(counters, rb)
+		if sp := c.gemvtMaxSplits(); sp > 1 {
+			partials = max(partials, rb*sp*c.gemvtStride())
+		}
+	}
+	return max(partials, 1), max(counters, 1)
+}
+
+// gemvtBlocks is the row blocks of a gemvt launch of c: gtWarps units each.
+func (c *gemvCall) gemvtBlocks() int { return (c.grid + gtWarps - 1) / gtWarps }
+
+// gemvtStride is the floats of one block's split partials: its units' sums
+// for every token column, and the columns' sums of squares.
+func (c *gemvCall) gemvtStride() int { return gtWarps*16*c.v.mt*gtC + gtC }
+
+// gemvtMaxSplits is the most splits of k a gemvt launch of c takes: each
+// of at least gtMinChunks chunks, at most gtMaxSplits, and no more than
+// fill a device of smsEstimate multiprocessors once (the workspace holds
+// their partials).
+func (c *gemvCall) gemvtMaxSplits() int {
+	rb := c.gemvtBlocks()
+	fill := (smsEstimate*gemvtBlocksPerSM(c.v.mt) + rb - 1) / rb
+	return normSplits(c.k, min(gtMaxSplits, (c.k+gtKC-1)/gtKC/gtMinChunks, fill))
+}
+
+// gemvtSplits is the splits of k of a gemvt launch of c on a device of sms
+// multiprocessors: as many blocks as it holds at once (one wave), within
+// gemvtMaxSplits. It depends on the product alone, never on the token
+// count, so that a token column's result is the same whatever else a step
+// holds.
+func (c *gemvCall) gemvtSplits(sms int) int {
+	rb := c.gemvtBlocks()
+	target := sms * gemvtBlocksPerSM(c.v.mt)
+	return normSplits(c.k, min(target/rb, c.gemvtMaxSplits()))
+}
+
+// normSplits is the number of non-empty splits when k is cut into sp
+// parts of whole chunks (at least 1).
+func normSplits(k, sp int) int {
+	nch := (k + gtKC - 1) / gtKC
+	sp = max(1, min(sp, nch))
+	per := (nch + sp - 1) / sp
+	return (nch + per - 1) / per
+}
+
 // call is the launch of product p for t token rows.
 func (sp *skinnyPlan) call(p *product, t int) *gemvCall {
 	if t <= sp.fmaTokens {
@@ -136,13 +228,15 @@ func gemvNTFor(t int) int {
 // fp32 input rows x (rowmap: which row of x each token column reads, 0:
 // the column's own), the norm weight g (0: no norm), the output and its
 // row stride, and for q|k|v the bias, positions, cache rows and caches,
-// for the LM head the softmax partials.
+// for the LM head the softmax partials; for a gemvt launch split along k,
+// its partials and counters.
 type gemvIO struct {
 	x, rowmap, g          gpu.DevicePtr
 	out                   gpu.DevicePtr
 	ldo                   int
 	bias, pos, cacheRow   gpu.DevicePtr
 	kcache, vcache, stats gpu.DevicePtr
+	part, counters        gpu.DevicePtr
 }
 
 // gemv launches product p of weights w for t token rows.
@@ -150,15 +244,22 @@ func (s *Stage) gemv(label string, p *product, w gpu.DevicePtr, t int, io gemvIO
 	c := s.sk.call(p, t)
 	info := s.dev.Info()
 	l := c.launch(t, info.SMs, info.MaxSharedPerBlockOptin)
-	a := c.args(s.args.Reset(), &s.m, w, t, io, s.b.invFreq)
-	return s.launchDep(label, l.name, gpu.Dim3{X: uint32(l.grid)}, gpu.Dim3{X: gemvThreads}, l.smem, a)
+	io.part, io.counters = s.b.gtPart, s.b.gtCounts
+	a := c.args(s.args.Reset(), &s.m, w, t, io, s.b.invFreq, l)
+	return s.launchDep(label, l.name, l.gridDim(), gpu.Dim3{X: uint32(l.threads)}, l.smem, a)
 }
 
 // gemvLaunch is how a product is launched on a device: the kernel, its
-// grid and dynamic shared memory.
+// grid (blocks, and for gemvt the splits of k), threads and dynamic
+// shared memory.
 type gemvLaunch struct {
-	name       string
-	grid, smem int
+	name                        string
+	grid, splits, threads, smem int
+}
+
+// gridDim is the launch's grid.
+func (l gemvLaunch) gridDim() gpu.Dim3 {
+	return gpu.Dim3{X: uint32(l.grid), Y: uint32(max(1, l.splits))}
 }
 
 // launch is the launch of c for t token rows on a device of sms
@@ -171,10 +272,16 @@ func (c *gemvCall) launch(t, sms, smemOptin int) gemvLaunch {
 		tt := gemvfTT(t)
 		smem := gemvfSmem(tt, c.k)
 		per := max(1, min(2, smemOptin/smem))
-		return gemvLaunch{name: gemvfName(c.v.epi, tt), grid: max(1, min((c.grid+gemvWarps-1)/gemvWarps, sms*per)), smem: smem}
+		return gemvLaunch{name: gemvfName(c.v.epi, tt), grid: max(1, min((c.grid+gemvWarps-1)/gemvWarps, sms*per)),
+			threads: gemvThreads, smem: smem}
+	}
+	if c.wide && t > 8 {
+		return gemvLaunch{name: gemvtName(c.v), grid: c.gemvtBlocks(), splits: c.gemvtSplits(sms), threads: gtThreads,
+			smem: gemvtSmem(c.v.mt)}
 	}
 	nt := gemvNTFor(t)
-	return gemvLaunch{name: gemvName(c.v, nt), grid: max(1, min(c.grid, sms*gemvBlocksPerSM(c.v, nt))), smem: gemvSmem(c.v.mt, nt)}
+	return gemvLaunch{name: gemvName(c.v, nt), grid: max(1, min(c.grid, sms*gemvBlocksPerSM(c.v, nt))), threads: gemvThreads,
+		smem: gemvSmem(c.v.mt, nt)}
 }
 
 // gemvfTT is the gemvf kernel for t tokens: the fewest rows compiled
@@ -207,9 +314,9 @@ func gemvBlocksPerSM(v gemvVariant, nt int) int {
 	return 2
 }
 
-// args appends the parameters of a launch of c (GEMV_PARAMS in gemv.cu,
-// GEMVF_PARAMS in gemvf.cu).
-func (c *gemvCall) args(a *gpu.KernelArgs, m *model.Config, w gpu.DevicePtr, t int, io gemvIO, invFreq gpu.DevicePtr) *gpu.KernelArgs {
+// args appends the parameters of launch l of c (GEMV_PARAMS in gemv.cu,
+// GEMVF_PARAMS in gemvf.cu, GEMVT_PARAMS in gemvt.cu).
+func (c *gemvCall) args(a *gpu.KernelArgs, m *model.Config, w gpu.DevicePtr, t int, io gemvIO, invFreq gpu.DevicePtr, l gemvLaunch) *gpu.KernelArgs {
 	a.Ptr(w).Ptr(io.x).Ptr(io.rowmap).Ptr(io.g).Float32(float32(m.RMSNormEps)).
 		Int32(int32(c.k)).Int32(int32(c.n)).Int32(int32(t)).Int32(int32(c.s)).Int32(int32(c.u))
 	if c.v.mt == 0 {
@@ -222,24 +329,38 @@ func (c *gemvCall) args(a *gpu.KernelArgs, m *model.Config, w gpu.DevicePtr, t i
 	if c.v.mt != 0 {
 		a.Int32(int32(c.pdelta))
 	}
-	return a.Ptr(io.stats)
+	a.Ptr(io.stats)
+	if l.splits > 0 {
+		a.Int32(int32(l.splits)).Ptr(io.part).Ptr(io.counters)
+	}
+	return a
 }
 
-// attnPlan is how attention splits the sequence (flash-decoding): enough
-// blocks of (token, kv head, head group, split) to fill the device several
-// times over, at most attnMaxSplits parts (the kernel uses fewer for short
-// sequences: parts of at least 32 keys).
+// attnPlan is how attention splits the sequence (flash-decoding): as many
+// blocks of (token, kv head, head group, split) as the device holds at
+// once (one wave: a block's time is mostly latency, so a second wave of
+// short parts costs more than longer parts in one), at most attnMaxSplits
+// parts (the kernel uses fewer for short sequences: parts of at least 32
+// keys).
 type attnPlan struct {
 	nkv, groups int
 	rmax        int // query heads per block: the kernel attention_r<rmax>
+	target      int // blocks the device holds at once
 }
 
 const (
-	attnTargetBlocks = 1024
-	attnMaxSplits    = 16
+	attnMaxSplits = 16
+	// attnBlocksPerSM is the attention blocks a multiprocessor holds at
+	// once (its registers), for the plan's target.
+	attnBlocksPerSM = 3
+	// smsEstimate is the multiprocessors of the devices the workspace
+	// estimate assumes (a full GH100) when none is at hand.
+	smsEstimate = 144
 )
 
-func newAttnPlan(m *model.Config) attnPlan {
+// newAttnPlan plans attention for model m on a device of sms
+// multiprocessors.
+func newAttnPlan(m *model.Config, sms int) attnPlan {
 	r := m.NumHeads / m.NumKVHeads
 	rmax := attentionHeads
 	for _, v := range attentionVariants {
@@ -248,13 +369,13 @@ func newAttnPlan(m *model.Config) attnPlan {
 			break
 		}
 	}
-	return attnPlan{nkv: m.NumKVHeads, groups: (r + rmax - 1) / rmax, rmax: rmax}
+	return attnPlan{nkv: m.NumKVHeads, groups: (r + rmax - 1) / rmax, rmax: rmax, target: max(1, sms) * attnBlocksPerSM}
 }
 
 // splits is how many parts a step of t tokens cuts each sequence into.
 func (a attnPlan) splits(t int) int {
 	units := t * a.nkv * a.groups
-	return max(1, min(attnMaxSplits, (attnTargetBlocks+units-1)/units))
+	return max(1, min(attnMaxSplits, a.target/units))
 }
 
 // scratch is what steps of up to maxTokens tokens need: counters (one per

@@ -65,8 +65,13 @@ type Config struct {
 	Progress func(step string) func(done, total int)
 	// SkinnyTokens is the most token rows of a step whose products run on
 	// the stage's own skinny kernels, with the norms and the rest of the
-	// layer fused into them, rather than on cuBLAS (0:
-	// DefaultSkinnyTokens, at most 32; negative: never).
+	// layer fused into them, rather than on cuBLAS (at most 32; negative:
+	// never). 0 lets the stage choose: where the gemvt kernels compiled,
+	// New times a step of 16 and of 32 rows both ways and keeps the
+	// skinny kernels up to the largest size where they were faster (and
+	// agreed with cuBLAS), at least DefaultSkinnyTokens; else
+	// DefaultSkinnyTokens. Stages that must give bit-identical results
+	// (tests comparing two stages) set it.
 	SkinnyTokens int
 	// NoDependentLaunch launches every kernel after the one before it has
 	// finished; by default the stage's kernels are programmatic dependent
@@ -108,6 +113,7 @@ type bufs struct {
 	attnF, actF                        gpu.DevicePtr // skinny path
 	logits, stats, sampleOut, batch    gpu.DevicePtr
 	invFreq, part, partML, counts      gpu.DevicePtr
+	gtPart, gtCounts                   gpu.DevicePtr // gemvt
 }
 
 // handoffBufs are the device buffers of on-device hand-off: the rows the
@@ -159,6 +165,8 @@ type Stage struct {
 	pdl         bool     // launch kernels as programmatic dependents
 	prof        *profile // per-kernel events during ProfileStep, else nil
 	profPool    *profile // the events ProfileStep records, kept for the next
+	// skinnyChoice is what tuneSkinny measured.
+	skinnyChoice SkinnyChoice
 	// The steps on their way through the device (launch.go): fl[oldest]
 	// and the launched-1 after it are launched and not finished; waits
 	// feeds the goroutine that waits for them (nil until the first
@@ -265,20 +273,23 @@ func (s *Stage) init(cfg *Config) error {
 	lay := newLayout(cfg)
 	info := s.dev.Info()
 	s.sk = planSkinny(m, cfg.SkinnyTokens, info.Major >= 8, info.MaxSharedPerBlockOptin)
-	s.at = newAttnPlan(m)
+	s.at = newAttnPlan(m, info.SMs)
 	s.pdl = !cfg.NoDependentLaunch && info.Major >= 9 && gpu.LaunchDependentAvailable()
 	s.pl = planner{lay: lay, first: s.first, last: s.last, vocab: m.VocabSize, maxPos: m.MaxPositions,
 		kv: newPagedKV(cfg.NumBlocks, cfg.BlockSize, cfg.MaxSeqLen)}
 	compiled := s.reportStep("compile kernels")
 	compiled(0, 1)
-	img, err := s.kernelImage(cfg.CacheDir)
+	img, optional, err := s.kernelImage(cfg.CacheDir)
 	if err != nil {
 		return err
 	}
 	compiled(1, 1)
 	return s.dev.Do(func() error {
-		if err := s.loadModule(img, cfg.CacheDir); err != nil {
+		if err := s.loadModule(img, optional, cfg.CacheDir); err != nil {
 			return err
+		}
+		if optional {
+			s.sk.widen(cfg.SkinnyTokens)
 		}
 		var err error
 		if s.stream, err = gpu.NewStream(); err != nil {
@@ -298,6 +309,9 @@ func (s *Stage) init(cfg *Config) error {
 		}
 		if err := gpu.CopyHtoD(s.b.invFreq, gpu.AsBytes(invFreq(m))); err != nil {
 			return fmt.Errorf("upload rotary frequencies: %w", err)
+		}
+		if s.sk.tune {
+			return s.tuneSkinny()
 		}
 		return nil
 	})
@@ -357,7 +371,8 @@ func (s *Stage) allocate(cfg *Config, lay layout) error {
 	s.b = bufs{in: p(ws.in), resid: p(ws.resid), q: p(ws.q), normed: p(ws.normed), qkv: p(ws.qkv),
 		attnB: p(ws.attnB), y: p(ws.y), gateUp: p(ws.gateUp), act: p(ws.act), attnF: p(ws.attnF), actF: p(ws.actF),
 		logits: p(ws.logits), stats: p(ws.stats), sampleOut: p(ws.sampleOut), batch: p(ws.batch),
-		invFreq: p(ws.invFreq), part: p(ws.part), partML: p(ws.partML), counts: p(ws.counts)}
+		invFreq: p(ws.invFreq), part: p(ws.part), partML: p(ws.partML), counts: p(ws.counts),
+		gtPart: p(ws.gtPart), gtCounts: p(ws.gtCounts)}
 	if s.first {
 		s.ho.in = work.Slice(ws.hoIn, lay.maxSeqs*stage.HandoffCols*i32)
 		s.ho.tokens, s.ho.status = p(ws.hoTokens), p(ws.status)

@@ -142,9 +142,17 @@ func timeDecode(t *testing.T, dev *gpu.Device, bw float64, bm benchModel) {
 	cfg := bm.cfg
 	const maxTokens, captureTokens, maxSeqs, prompt, steps = 2048, 512, 32, 64, 128
 	loadStart := time.Now()
-	st := newTestStage(t, Config{Model: cfg, Lo: 0, Hi: cfg.NumLayers, Weights: bm.weights, MaxTokens: maxTokens, MaxSeqs: maxSeqs,
+	st := openTestStage(t, Config{Model: cfg, Lo: 0, Hi: cfg.NumLayers, Weights: bm.weights, MaxTokens: maxTokens, MaxSeqs: maxSeqs,
 		MaxSeqLen: 4 * 512, MaxLogitRows: 256})
 	loadTime := time.Since(loadStart)
+	choice := st.Skinny()
+	var tried []map[string]any
+	for _, tr := range choice.Tried {
+		t.Logf("%s: skinny kernels at %d tokens: %.3f ms, cuBLAS %.3f ms (eager, device time), outputs %.2g apart", bm.name, tr.Tokens,
+			float64(tr.Skinny)/1e6, float64(tr.CuBLAS)/1e6, tr.RelDiff)
+		tried = append(tried, map[string]any{"tokens": tr.Tokens, "skinny_ms": float64(tr.Skinny) / 1e6, "cublas_ms": float64(tr.CuBLAS) / 1e6, "rel_diff": tr.RelDiff})
+	}
+	t.Logf("%s: steps of up to %d tokens run on the skinny kernels (gemvt.cu compiled: %v)", bm.name, st.sk.maxTokens, st.sk.qkv.mma.wide)
 	floor := float64(st.Memory().WeightBytes) / bw
 	modes := []graphs.Mode{graphs.None, graphs.Piecewise, graphs.Full, graphs.FullAndPiecewise}
 	ds := map[graphs.Mode]*graphs.Dispatcher{}
@@ -175,7 +183,7 @@ func timeDecode(t *testing.T, dev *gpu.Device, bw float64, bm benchModel) {
 		"device": dev.Info().Name, "capture_s": captureWall.Seconds(), "graph_keys": rep.Keys, "graphs": rep.Graphs,
 		"graph_nodes": rep.Nodes, "graph_bytes": rep.Bytes, "full_graph_bytes": full.Bytes, "full_graphs": full.Graphs,
 		"piecewise_graph_bytes": piecewise.Bytes, "piecewise_graphs": piecewise.Graphs,
-		"skinny_tokens": st.sk.maxTokens, "dependent_launch": st.pdl}
+		"skinny_tokens": st.sk.maxTokens, "dependent_launch": st.pdl, "gemvt": st.sk.qkv.mma.wide, "skinny_tried": tried}
 	rng := rand.New(rand.NewPCG(1, 1))
 	ctx := context.Background()
 	tables := tablesFor(st)
@@ -286,6 +294,10 @@ func timeDecode(t *testing.T, dev *gpu.Device, bw float64, bm benchModel) {
 				sk, pdl := st.sk.maxTokens, st.pdl
 				if path == "cublas" {
 					st.sk.maxTokens, st.pdl = 0, false
+				} else if st.sk.qkv.mma.wide {
+					// The skinny kernels' breakdown at every batch, whatever
+					// the stage chose.
+					st.sk.maxTokens = gemvMaxTokens
 				}
 				var p *StepProfile
 				for k := 0; k < 2; k++ {

@@ -34,8 +34,9 @@ const cublasWorkspace = 32 << 20
 // the LM head's softmax partials, the sampler's output and the hand-off
 // rows it reports; the first: the hand-off rows received, the token of each
 // slot and the status array. Then the packed batch description, the
-// rotary frequencies, flash-decoding partials and counters, and the cuBLAS
-// workspace.
+// rotary frequencies, flash-decoding partials and counters, the gemvt
+// kernels' split partials and counters (when the plan has them) and the
+// cuBLAS workspace.
 type workspace struct {
 	in, resid, q                         int
 	normed, qkv, attnB, y, gateUp, act   int // cuBLAS path
@@ -43,6 +44,7 @@ type workspace struct {
 	logits, stats, sampleOut, hoOut      int // last stage
 	hoIn, hoTokens, status               int // first stage
 	batch, invFreq, part, partML, counts int
+	gtPart, gtCounts                     int // gemvt
 	blas                                 int
 	size                                 int
 }
@@ -58,7 +60,7 @@ func planWorkspace(m *model.Config, lay layout, first, last bool, sk *skinnyPlan
 	none := -1
 	var a arena
 	w := workspace{in: none, attnF: none, actF: none, logits: none, stats: none, sampleOut: none, hoOut: none,
-		hoIn: none, hoTokens: none, status: none}
+		hoIn: none, hoTokens: none, status: none, gtPart: none, gtCounts: none}
 	if !first {
 		w.in = a.take(T * H * f32)
 	}
@@ -97,6 +99,11 @@ func planWorkspace(m *model.Config, lay layout, first, last bool, sk *skinnyPlan
 	w.part = a.take(partials * attentionHeads * m.HeadDim * f32)
 	w.partML = a.take(partials * attentionHeads * 2 * f32)
 	w.counts = a.take(units * i32)
+	if sk.maxTokens > 8 && sk.qkv.mma.wide {
+		partials, counters := sk.gemvtScratch()
+		w.gtPart = a.take(partials * f32)
+		w.gtCounts = a.take(counters * i32)
+	}
 	w.blas = a.take(cublasWorkspace)
 	w.size = a.size
 	return w
@@ -117,7 +124,9 @@ func WorkspaceBytes(cfg Config) (int64, error) {
 	m := cfg.Model
 	lay := newLayout(&cfg)
 	sk := planSkinny(m, cfg.SkinnyTokens, true, smemOptinDefault)
-	w := planWorkspace(m, lay, false, true, &sk, newAttnPlan(m))
-	first := planWorkspace(m, lay, true, false, &sk, newAttnPlan(m))
+	sk.widen(cfg.SkinnyTokens)
+	at := newAttnPlan(m, smsEstimate)
+	w := planWorkspace(m, lay, false, true, &sk, at)
+	first := planWorkspace(m, lay, true, false, &sk, at)
 	return int64(max(w.size, first.size)), nil
 }

@@ -22,15 +22,17 @@ func TestWorkspaceBytes(t *testing.T) {
 			t.Fatal(err)
 		}
 		lay := newLayout(&cfg)
-		for _, skinny := range []int{0, -1} {
+		for _, skinny := range []int{0, -1, 32} {
 			sk := planSkinny(&m, skinny, true, smemOptinDefault)
+			sk.widen(skinny)
 			for _, pl := range []struct{ first, last bool }{{true, true}, {true, false}, {false, false}, {false, true}} {
-				w := planWorkspace(&m, lay, pl.first, pl.last, &sk, newAttnPlan(&m))
+				w := planWorkspace(&m, lay, pl.first, pl.last, &sk, newAttnPlan(&m, smsEstimate))
 				if int64(w.size) > est {
 					t.Errorf("%s (first %v, last %v, skinny %d): %d bytes, estimate %d", sh.Name, pl.first, pl.last, skinny, w.size, est)
 				}
 				for _, off := range []int{w.in, w.resid, w.q, w.normed, w.qkv, w.attnB, w.y, w.gateUp, w.act, w.attnF, w.actF,
-					w.logits, w.stats, w.sampleOut, w.hoOut, w.hoIn, w.hoTokens, w.status, w.batch, w.invFreq, w.part, w.partML, w.counts, w.blas} {
+					w.logits, w.stats, w.sampleOut, w.hoOut, w.hoIn, w.hoTokens, w.status, w.batch, w.invFreq, w.part, w.partML, w.counts,
+					w.gtPart, w.gtCounts, w.blas} {
 					if off >= w.size || off%256 != 0 && off != -1 {
 						t.Errorf("%s: offset %d outside %d bytes or unaligned", sh.Name, off, w.size)
 					}
@@ -92,6 +94,60 @@ func TestPlanSkinny(t *testing.T) {
 	c = p.qkv.mma
 	if row(2*7+1, 0, 3) != 7*64+16+3 || row(2*7+1, 1, 3) != 7*64+32+16+3 {
 		t.Errorf("q|k|v rows %d, %d", row(15, 0, 3), row(15, 1, 3))
+	}
+}
+
+// TestPlanGemvt: which plans run steps past 8 tokens on the gemvt kernels,
+// and how their launches split k on an H200 (132 multiprocessors).
+func TestPlanGemvt(t *testing.T) {
+	m := *llama1B()
+	p := planSkinny(&m, 0, true, smemOptinDefault)
+	p.widen(0)
+	if !p.tune || p.maxTokens != 32 || !p.use(32) || p.call(&p.down, 32) != &p.down.mma || !p.down.mma.wide {
+		t.Errorf("1B plan widened with SkinnyTokens 0: %+v, want 32 tokens to be tuned", p)
+	}
+	if l := p.down.mma.launch(32, 132, smemOptinDefault); l.name != "gemvt_resid_m1" || l.threads != gtThreads || l.grid != 2048/16/gtWarps || l.splits < 2 {
+		t.Errorf("1B down at 32 tokens: %+v", l)
+	}
+	if l := p.down.mma.launch(8, 132, smemOptinDefault); l.name != "gemv_resid_m1_n1" || l.splits != 0 {
+		t.Errorf("1B down at 8 tokens: %+v, want gemv.cu's kernel", l)
+	}
+	if l := p.head.mma.launch(20, 132, smemOptinDefault); l.name != "gemvt_head_m4" || l.splits != 1 {
+		t.Errorf("1B LM head at 20 tokens: %+v, want one split (its blocks fill the device)", l)
+	}
+	for _, c := range p.mmaCalls() {
+		// Splits never depend on the token count, cover k with non-empty
+		// splits of at least gtMinChunks chunks (but for one), and stay
+		// within the workspace's bound.
+		sp := c.gemvtSplits(132)
+		nch := (c.k + gtKC - 1) / gtKC
+		per := (nch + sp - 1) / sp
+		if sp < 1 || sp > c.gemvtMaxSplits() || sp > 1 && per < gtMinChunks || (sp-1)*per >= nch {
+			t.Errorf("%+v: %d splits of %d chunks (bound %d)", c.v, sp, nch, c.gemvtMaxSplits())
+		}
+		for _, tok := range []int{9, 16, 32} {
+			if l := c.launch(tok, 132, smemOptinDefault); l.splits != sp || l.smem != gemvtSmem(c.v.mt) {
+				t.Errorf("%+v at %d tokens: %+v, want %d splits", c.v, tok, l, sp)
+			}
+		}
+	}
+	q := planSkinny(&m, 16, true, smemOptinDefault)
+	q.widen(16)
+	if q.tune || q.maxTokens != 16 || !q.o.mma.wide {
+		t.Errorf("SkinnyTokens 16 widened: %+v, want 16 tokens, not tuned", q)
+	}
+	q = planSkinny(&m, 0, false, smemOptinDefault)
+	q.widen(0)
+	if q.tune || q.maxTokens != 2 {
+		t.Errorf("no tensor cores widened: %+v, want the fp32 kernels alone", q)
+	}
+	if gemvtSmem(1)*gemvtBlocksPerSM(1) > 227<<10 || gemvtSmem(2)*gemvtBlocksPerSM(2) > 227<<10 || gemvtSmem(4) > 227<<10 {
+		t.Errorf("gemvt shared memory %d, %d, %d does not fit the blocks compiled for", gemvtSmem(1), gemvtSmem(2), gemvtSmem(4))
+	}
+	// Attention on 132 multiprocessors: one wave of blocks.
+	at := newAttnPlan(&m, 132)
+	if at.splits(1) != 16 || at.splits(32) != 1 || at.splits(8) != 6 {
+		t.Errorf("attention splits %d, %d, %d at 1, 8, 32 tokens", at.splits(1), at.splits(8), at.splits(32))
 	}
 }
 

@@ -261,7 +261,6 @@ struct Gemv {
         float* sq = red + GEMV_WARPS * R * C;  // [GEMV_WARPS][C]
         float* invs = sq + GEMV_WARPS * C;     // [C]
         const int tid = threadIdx.x;
-        const int base = base_of(un);
 #pragma unroll
         for (int l = 0; l < MT; l++)
 #pragma unroll
@@ -302,9 +301,21 @@ struct Gemv {
             invs[tid] = inv;
         }
         __syncthreads();
+        emit(red, invs, un, tid, GEMV_THREADS, wid, GEMV_WARPS);
+        __syncthreads();  // red is free for the next unit
+    }
+
+    // emit applies the epilogue to unit un's sums: red[rl * C + col] for
+    // local row rl (tile rl / 16, row rl % 16) and token column col, scaled
+    // by invs[col]. Threads first, first + step, ... of the caller share
+    // the rows' outputs, and warps wfirst, wfirst + wstep, ... the token
+    // columns' softmax statistics (GEMV_HEAD; lane is the thread's lane).
+    __device__ __forceinline__ void emit(const float* red, const float* invs, int un, int first, int step,
+                                         int wfirst, int wstep) {
+        const int base = base_of(un);
         // fin[rl][col] = red[rl * C + col], rl the local row (tile rl / 16,
         // row rl % 16), rows fastest so that stores coalesce.
-        for (int e = tid; e < R * t && e < R * C; e += GEMV_THREADS) {
+        for (int e = first; e < R * t && e < R * C; e += step) {
             int rl = e % R, col = e / R;
             int l = rl >> 4;
             int rs = base + (l % mh) * 16 + (rl & 15);
@@ -356,7 +367,7 @@ struct Gemv {
         }
         if (EPI == GEMV_HEAD) {
             // Per token column, this unit's share of the softmax statistics.
-            for (int col = wid; col < t && col < C; col += GEMV_WARPS) {
+            for (int col = wfirst; col < t && col < C; col += wstep) {
                 float bv = NEG_INF, sum = 0.f;
                 int bi = 0x7fffffff, bad = 0;
                 for (int rl = lane; rl < R; rl += 32) {
@@ -397,7 +408,6 @@ struct Gemv {
                 }
             }
         }
-        __syncthreads();  // red is free for the next unit
     }
 };
 

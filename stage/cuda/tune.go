@@ -1,0 +1,199 @@
+package cuda
+
+import (
+	"fmt"
+	"log/slog"
+	"math"
+	"time"
+
+	"github.com/tandem-llm/tandem/gpu"
+	"github.com/tandem-llm/tandem/graphs"
+)
+
+// SkinnyChoice is what a stage measured when it chose how many token rows
+// its skinny kernels take (Config.SkinnyTokens 0, gemvt.cu compiled): per
+// size tried, the device time of a forward pass on the skinny kernels and
+// on cuBLAS, and how far apart their outputs were.
+type SkinnyChoice struct {
+	// MaxTokens is the choice: steps of at most that many rows run on the
+	// skinny kernels.
+	MaxTokens int
+	Tried     []SkinnyTrial
+}
+
+// SkinnyTrial is one size tried.
+type SkinnyTrial struct {
+	Tokens         int
+	Skinny, CuBLAS time.Duration
+	// RelDiff is the relative L2 distance between the two passes'
+	// outputs (residual stream and logits).
+	RelDiff float64
+}
+
+// tuneTol bounds the relative distance between the skinny kernels' and
+// cuBLAS's outputs for the skinny kernels to be used: both carry the
+// activations to about 16 bits, so they agree far closer than this.
+const tuneTol = 1e-2
+
+// tuneSpin holds the stream busy before each timed pass, so that the host
+// has ordered every launch before the device starts: the eager pass is
+// then timed as a replayed graph runs, launch overhead aside.
+const tuneSpin = 5 * time.Millisecond
+
+// Skinny reports the choice the stage made (zero when it made none: a
+// fixed Config.SkinnyTokens, or no gemvt kernels).
+func (s *Stage) Skinny() SkinnyChoice { return s.skinnyChoice }
+
+// tuneSkinny narrows the plan's skinny steps by measurement: for 16, then
+// 32 token rows, it runs a pass of padding rows (distinct tokens, or
+// distinct activations on a later stage, each row with a KV block of its
+// own) on the skinny kernels and on cuBLAS, and keeps the skinny kernels up
+// to the largest size at which they were faster and agreed with cuBLAS;
+// at least DefaultSkinnyTokens. Device goroutine only, before any step.
+func (s *Stage) tuneSkinny() error {
+	top := s.sk.maxTokens
+	s.sk.tune = false
+	choice := SkinnyChoice{MaxTokens: DefaultSkinnyTokens}
+	for _, T := range []int{16, 32} {
+		if T > top || T > s.pl.lay.maxTokens || T > s.pl.kv.blocks {
+			break
+		}
+		tr, err := s.trySkinny(T)
+		if err != nil {
+			return fmt.Errorf("measure the skinny kernels at %d tokens: %w", T, err)
+		}
+		choice.Tried = append(choice.Tried, tr)
+		if !(tr.Skinny < tr.CuBLAS && tr.RelDiff <= tuneTol) {
+			break
+		}
+		choice.MaxTokens = T
+	}
+	s.sk.maxTokens = choice.MaxTokens
+	s.skinnyChoice = choice
+	for _, tr := range choice.Tried {
+		slog.Info("cuda stage: skinny kernels against cuBLAS", "layers", fmt.Sprintf("[%d,%d)", s.lo, s.hi), "tokens", tr.Tokens,
+			"skinny", tr.Skinny, "cublas", tr.CuBLAS, "rel_diff", tr.RelDiff)
+	}
+	slog.Info("cuda stage: skinny kernels chosen", "layers", fmt.Sprintf("[%d,%d)", s.lo, s.hi), "max_tokens", choice.MaxTokens)
+	return nil
+}
+
+// trySkinny times and compares the two paths on T padding rows. Device
+// goroutine only.
+func (s *Stage) trySkinny(T int) (SkinnyTrial, error) {
+	tr := SkinnyTrial{Tokens: T}
+	lay := s.pl.lay
+	f := &s.fl[s.oldest]
+	sh := shape{tokens: T}
+	if s.last {
+		sh.rows = min(T, lay.maxLogitRows)
+	}
+	s.pl.padding(&f.p, sh)
+	w := f.p.words
+	bs := s.pl.kv.blockSize
+	for r := 0; r < T; r++ {
+		if s.first {
+			w[lay.tokens()+r] = int32((r*7919 + 13) % s.m.VocabSize)
+		}
+		w[lay.tables()+1+r] = int32(r)
+		w[lay.tableOff()+r] = int32(1 + r)
+		w[lay.cacheRow()+r] = int32(r * bs)
+	}
+	for r := 0; r < sh.rows; r++ {
+		w[lay.logitRows()+r] = int32(r)
+	}
+	// Scratch block back in word 0 for the steps to come.
+	if err := gpu.CopyHtoDAsync(s.b.batch, f.hostBatch[:4*lay.words()], s.stream); err != nil {
+		return tr, err
+	}
+	H := s.m.HiddenSize
+	if !s.first {
+		in := make([]float32, T*H)
+		for r := 0; r < T; r++ {
+			for i := 0; i < H; i++ {
+				in[r*H+i] = float32(0.5 * math.Sin(0.37*float64(i)+1.3*float64(r)))
+			}
+		}
+		if err := gpu.CopyHtoDAsync(s.b.in, gpu.AsBytes(in), s.stream); err != nil {
+			return tr, err
+		}
+	}
+	saved := s.sk.maxTokens
+	defer func() { s.sk.maxTokens = saved }()
+	var outs [2][]float32
+	for i, limit := range []int{T, DefaultSkinnyTokens} {
+		s.sk.maxTokens = limit
+		// Warm-up, and the output compared.
+		if err := s.forwardPass(graphs.Step{}, sh); err != nil {
+			return tr, err
+		}
+		out := make([]float32, T*H+sh.rows*s.m.VocabSize)
+		if err := gpu.CopyDtoHAsync(gpu.AsBytes(out[:T*H]), s.b.resid, s.stream); err != nil {
+			return tr, err
+		}
+		if sh.rows > 0 {
+			if err := gpu.CopyDtoHAsync(gpu.AsBytes(out[T*H:]), s.b.logits, s.stream); err != nil {
+				return tr, err
+			}
+		}
+		if err := s.stream.Synchronize(); err != nil {
+			return tr, err
+		}
+		outs[i] = out
+		best := time.Duration(math.MaxInt64)
+		for range 3 {
+			if err := s.spin(tuneSpin); err != nil {
+				return tr, err
+			}
+			if err := f.events[0].Record(s.stream); err != nil {
+				return tr, err
+			}
+			if err := s.forwardPass(graphs.Step{}, sh); err != nil {
+				return tr, err
+			}
+			if err := f.events[1].Record(s.stream); err != nil {
+				return tr, err
+			}
+			if err := f.events[1].Synchronize(); err != nil {
+				return tr, err
+			}
+			d, err := gpu.Elapsed(f.events[0], f.events[1])
+			if err != nil {
+				return tr, err
+			}
+			best = min(best, d)
+		}
+		if i == 0 {
+			tr.Skinny = best
+		} else {
+			tr.CuBLAS = best
+		}
+	}
+	tr.RelDiff = relDistance(outs[0], outs[1])
+	// The padding's description again, scratch rows and all.
+	s.pl.padding(&f.p, sh)
+	for r := 0; r < T; r++ {
+		w[lay.tables()+1+r] = 0
+	}
+	return tr, nil
+}
+
+// relDistance is ‖a−b‖/‖b‖, +Inf when either holds a NaN or an infinity.
+func relDistance(a, b []float32) float64 {
+	var num, den float64
+	for i := range a {
+		x, y := float64(a[i]), float64(b[i])
+		if math.IsNaN(x) || math.IsInf(x, 0) || math.IsNaN(y) || math.IsInf(y, 0) {
+			return math.Inf(1)
+		}
+		num += (x - y) * (x - y)
+		den += y * y
+	}
+	if den == 0 {
+		if num == 0 {
+			return 0
+		}
+		return math.Inf(1)
+	}
+	return math.Sqrt(num / den)
+}
