@@ -22,10 +22,25 @@
 //     products of gemvf.cu, each warp streaming 512 contiguous bytes of a
 //     weight row per load with the activations staged in shared memory in
 //     fp32;
-//   - T <= Config.SkinnyTokens (default 8): the tensor-core products of
-//     gemv.cu (mma.sync with the weights as the A operand, the token
-//     columns split into bf16 value and remainder);
+//   - T <= 8: the tensor-core products of gemv.cu (mma.sync with the
+//     weights as the A operand, the token columns split into bf16 value
+//     and remainder);
+//   - 8 < T <= Config.SkinnyTokens: the tensor-core products of gemvt.cu,
+//     same units, row mapping and epilogues, for many token columns: a
+//     block of 4 warps (a unit each) stages the activations once per
+//     64-wide chunk of k, split into bf16 value and remainder, in shared
+//     memory, streams the weights through shared memory with cp.async
+//     four chunks deep, and splits k over blocks when the units are few
+//     (the last block of a row block adds the splits' partials in a fixed
+//     order and runs the epilogue);
 //   - longer steps: cuBLAS (bf16 inputs, fp32 accumulation and output).
+//
+// gemvt.cu is the optional part of the program: where NVRTC cannot
+// compile it (or TANDEM_CUDA_OPTIONAL=off), the stage says so and steps of
+// more than 8 tokens run on cuBLAS. With Config.SkinnyTokens 0, New times
+// a pass of 16 and of 32 padding rows on the skinny kernels and on cuBLAS
+// (Stage.Skinny) and keeps the skinny kernels up to the largest size at
+// which they were faster and agreed with cuBLAS, at least 8.
 //
 // On the two skinny paths a layer is four product kernels and attention:
 // the q|k|v product with the input RMSNorm folded into it (the norm's sum
@@ -57,8 +72,10 @@
 // Attention (attention.cu, every path) is causal grouped-query attention
 // over the paged KV cache, one block per (token, kv head, group of its
 // query heads, part of the sequence): the sequence is cut into up to 16
-// parts of at least 32 keys (flash-decoding) so that a decode step's few
-// tokens keep the device busy, each block runs an fp32 online softmax, and
+// parts of at least 32 keys (flash-decoding), as many as make one wave of
+// blocks on the device, so that a decode step's few tokens keep it busy
+// and many tokens need no second wave, each block runs an fp32 online
+// softmax, and
 // the last block of a (token, head group) to finish merges the parts in a
 // fixed order. Keys written by earlier steps are read before waiting for
 // the q|k|v kernel.

@@ -3,10 +3,16 @@ package cuda
 import (
 	"fmt"
 	"log/slog"
+	"os"
 	"slices"
 
 	"github.com/tandem-llm/tandem/gpu"
 )
+
+// OptionalEnv is the environment variable that, set to "off", keeps the
+// optional kernels (gemvt.cu) out of every stage of the process: a way
+// around a device or driver on which they misbehave, without a rebuild.
+const OptionalEnv = "TANDEM_CUDA_OPTIONAL"
 
 // compileKey describes the compilation of the kernel program for this
 // device: the source, its options and the cache key over them.
@@ -38,6 +44,11 @@ func (s *Stage) compileKey(optional bool) (compileKey, error) {
 // and stored. A program whose optional part does not compile is compiled
 // without it, and the stage runs without the kernels it holds.
 func (s *Stage) kernelImage(dir string) (img []byte, optional bool, err error) {
+	if os.Getenv(OptionalEnv) == "off" {
+		slog.Info("the optional kernels (gemvt.cu) are off ("+OptionalEnv+"=off): steps of more than 8 tokens run on cuBLAS")
+		img, err = s.programImage(dir, false)
+		return img, false, err
+	}
 	img, err = s.programImage(dir, true)
 	if err == nil {
 		return img, true, nil
