@@ -45,7 +45,7 @@ func (s *Stage) compileKey(optional bool) (compileKey, error) {
 // without it, and the stage runs without the kernels it holds.
 func (s *Stage) kernelImage(dir string) (img []byte, optional bool, err error) {
 	if os.Getenv(OptionalEnv) == "off" {
-		slog.Info("the optional kernels (gemvt.cu) are off ("+OptionalEnv+"=off): steps of more than 8 tokens run on cuBLAS")
+		slog.Info("the optional kernels (gemvt.cu) are off (" + OptionalEnv + "=off): steps of more than 8 tokens run on cuBLAS")
 		img, err = s.programImage(dir, false)
 		return img, false, err
 	}
