@@ -27,7 +27,12 @@ func (s *Stage) Forward(ctx context.Context, b *stage.Batch) (*stage.Output, err
 	if err != nil {
 		return nil, err
 	}
-	return s.finish(f, s.dev.Do(func() error { return s.await(f) }))
+	out, err := s.finish(f, s.dev.Do(func() error { return s.await(f) }))
+	if err != nil {
+		return nil, err
+	}
+	s.pl.commit(b)
+	return out, nil
 }
 
 // run orders the work of flight f: the upload of its description, the

@@ -51,6 +51,8 @@ func (s *Stage) Launch(ctx context.Context, b *stage.Batch) (<-chan struct{}, er
 	if err != nil {
 		return nil, err
 	}
+	// The next batch of each sequence follows this one.
+	s.pl.commit(b)
 	if s.waits == nil {
 		s.startWaiter()
 	}
@@ -74,7 +76,8 @@ func (s *Stage) Finish(ctx context.Context) (*stage.Output, error) {
 }
 
 // startBatch validates b and orders its work in the next flight; own orders
-// the hand-off kernel of a first-and-last stage after it.
+// the hand-off kernel of a first-and-last stage after it. The caller
+// records the batch as run (planner.commit).
 func (s *Stage) startBatch(ctx context.Context, b *stage.Batch, own bool) (*flight, error) {
 	if s.closed {
 		return nil, fmt.Errorf("cuda stage [%d,%d): forward after close", s.lo, s.hi)
@@ -113,8 +116,6 @@ func (s *Stage) startBatch(ctx context.Context, b *stage.Batch, own bool) (*flig
 		return nil, fmt.Errorf("cuda stage [%d,%d): batch %d (%s): %w", s.lo, s.hi, b.ID, step, err)
 	}
 	s.launched++
-	// The next batch of each sequence follows this one.
-	s.pl.commit(b)
 	return f, nil
 }
 
