@@ -109,6 +109,9 @@ func (w *Worker) serveLaunched(ctx context.Context, info stage.Info, l stage.Lau
 					return fail(st, err)
 				}
 			}
+		case <-ctx.Done():
+			drain()
+			return fmt.Errorf("stage %d: %w", w.Index, context.Cause(ctx))
 		case <-done:
 			st, t := queue[0].st, queue[0].t
 			queue = queue[1:]

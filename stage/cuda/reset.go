@@ -15,6 +15,9 @@ func (s *Stage) Reset() error {
 	if s.closed {
 		return fmt.Errorf("cuda stage [%d,%d): reset after close", s.lo, s.hi)
 	}
+	if s.launched > 0 {
+		return fmt.Errorf("cuda stage [%d,%d): reset while %d batches are launched", s.lo, s.hi, s.launched)
+	}
 	clear(s.pl.kv.length)
 	if !s.first {
 		return nil
