@@ -83,6 +83,19 @@ func (t *Timed) Free(seq uint64) { t.inner.Free(seq) }
 // Close implements stage.Stage.
 func (t *Timed) Close() error { return t.inner.Close() }
 
+// Reset forgets every sequence and hand-off slot of the wrapped stage,
+// which must have a Reset; nothing may be launched.
+func (t *Timed) Reset() error {
+	r, ok := t.inner.(resetter)
+	switch {
+	case !ok:
+		return fmt.Errorf("timed stage: %T has no Reset", t.inner)
+	case len(t.queue) > 0:
+		return fmt.Errorf("timed stage: reset while %d batches are launched", len(t.queue))
+	}
+	return r.Reset()
+}
+
 // HandoffInput implements stage.HandoffReceiver (nil when the wrapped stage
 // takes no hand-offs).
 func (t *Timed) HandoffInput() collective.Buffer {
