@@ -9,7 +9,8 @@
 #                        runs into DIR/scripts, so the device runs them from the
 #                        carried folder (carry [DIR]); with BASELINE=<git ref>
 #                        also that revision's test binary into DIR/base, whose
-#                        decode timing the device part runs as "before"
+#                        decode timing the device part runs as "before" (and
+#                        its tandemd, whose API bench runs beside this one's)
 #   bash DIR/scripts/gpu-check.sh device [MODE]
 #                        on the GPU machine (python3 with torch and transformers;
 #                        no Go), MODE one of:
@@ -67,7 +68,9 @@ if [ "${1:-build}" = build ]; then
 		src=$(mktemp -d)
 		git archive "$BASELINE" | tar -x -C "$src"
 		mkdir -p "$DIR/base"
-		(cd "$src" && CGO_ENABLED=0 go test -c -ldflags="-s -w" -o "$DIR/base/cuda.test" ./stage/cuda)
+		(cd "$src" && CGO_ENABLED=0 go test -c -ldflags="-s -w" -o "$DIR/base/cuda.test" ./stage/cuda &&
+			CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o "$DIR/base/tandemd" ./cmd/tandemd)
+		gzip -9f "$DIR/base/tandemd"
 		git rev-parse --short "$BASELINE" >"$DIR/base/REVISION"
 		rm -rf "$src"
 	fi
@@ -191,13 +194,24 @@ for arch in llama qwen2; do
 	} 2>&1 | tee -a "$LOG" || status=1
 done
 
+# The kernel tests first, on their own: when the optional kernels
+# (gemvt.cu) fail them, everything after runs without them
+# (TANDEM_CUDA_OPTIONAL=off), so that one broken kernel costs its own
+# figures, not the run's.
+KERNELS='TestKernelSource|TestSkinnyKernels|TestAttentionKernel'
+step "(4a) kernel tests: every skinny product and attention against float64 references"
+gotest kernels0 -test.run "$KERNELS" -test.timeout 150s || status=1
+if grep -qE -- '--- FAIL: TestSkinnyKernels/[^ ]*/t(13|32)|optional kernels \(gemvt.cu\) did not compile|^FAIL|panic:' "$OUT/kernels0.log"; then
+	export TANDEM_CUDA_OPTIONAL=off
+	echo "gemvt kernels failed their tests: TANDEM_CUDA_OPTIONAL=off for the rest of the run" | tee -a "$LOG"
+fi
 if [ -n "$quick" ]; then
 	step "(3, 4, 7) stage/cuda GPU tests, short"
-	TANDEM_HF_DIR=$WORK gotest tests -test.short -test.timeout 480s || status=1
+	TANDEM_HF_DIR=$WORK gotest tests -test.short -test.skip "$KERNELS" -test.timeout 480s || status=1
 else
 	step "(3, 4, 5, 7) stage/cuda GPU tests"
 	TANDEM_HF_DIR=$WORK TANDEM_BENCH_CHECKPOINT=$WORK/llama1b TANDEM_BENCH_SHAPES=llama8b \
-		gotest tests -test.timeout 400s || status=1
+		gotest tests -test.skip "$KERNELS" -test.timeout 400s || status=1
 	if [ -x "$BASE/cuda.test" ]; then
 		step "(5b) decode timing of the baseline revision $(cat "$BASE/REVISION" 2>/dev/null), same checkpoint"
 		mkdir -p "$WORK/base-results"
@@ -216,41 +230,56 @@ if [ -z "$quick" ]; then
 	MODEL=$WORK/llama1b
 	"$TOOLS/tandemctl" model init --out "$WORK/tok" --vocab 128256 --layers 1 --hidden 64 --heads 2 --kv-heads 1 --intermediate 64 >>"$LOG" 2>&1 &&
 		cp "$WORK/tok/tokenizer.json" "$MODEL/"
-	LEADER=127.0.0.1:17400
-	common=(serve --model "$MODEL" --leader leader --fast-gossip --max-seqs 64 --max-batch-tokens 512 --log-level info)
 	mkdir -p "$WORK/logs"
-	"$TOOLS/tandemd" "${common[@]}" --name leader --stage=false --backend cpu --grpc "$LEADER" --gossip 127.0.0.1:17401 \
-		--expect-stages 1 >/dev/null 2>"$WORK/logs/leader.log" &
-	PIDS=($!)
-	TANDEM_CACHE_DIR=$WORK/cache "$TOOLS/tandemd" "${common[@]}" --name gpu0 --backend cuda \
-		--grpc 127.0.0.1:17410 --gossip 127.0.0.1:17411 --seeds 127.0.0.1:17401 >/dev/null 2>"$WORK/logs/gpu0.log" &
-	PIDS+=($!)
-	start=$SECONDS
-	until "$TOOLS/tandemctl" --addr "$LEADER" status --json 2>/dev/null | python3 -c 'import json,sys; sys.exit(0 if json.load(sys.stdin).get("serving") else 1)' 2>/dev/null; do
-		if ((SECONDS - start > 180)); then
-			echo "not serving after 180 s" | tee -a "$LOG"
-			status=1
-			break
+	# api NAME TANDEMD PREFIX: a leader and one CUDA stage of TANDEMD,
+	# tandemctl bench at concurrency 1, 32 and 64 into RESULTS/PREFIXcN.json,
+	# each bounded, the daemons stopped after.
+	api() {
+		local name=$1 daemon=$2 prefix=$3
+		local LEADER=127.0.0.1:17400
+		local common=(serve --model "$MODEL" --leader leader --fast-gossip --max-seqs 64 --max-batch-tokens 512 --log-level info)
+		"$daemon" "${common[@]}" --name leader --stage=false --backend cpu --grpc "$LEADER" --gossip 127.0.0.1:17401 \
+			--expect-stages 1 >/dev/null 2>"$WORK/logs/$name-leader.log" &
+		local pids=($!)
+		TANDEM_CACHE_DIR=$WORK/cache-$name "$daemon" "${common[@]}" --name gpu0 --backend cuda \
+			--grpc 127.0.0.1:17410 --gossip 127.0.0.1:17411 --seeds 127.0.0.1:17401 >/dev/null 2>"$WORK/logs/$name-gpu0.log" &
+		pids+=($!)
+		local start=$SECONDS serving=1
+		until "$TOOLS/tandemctl" --addr "$LEADER" status --json 2>/dev/null | python3 -c 'import json,sys; sys.exit(0 if json.load(sys.stdin).get("serving") else 1)' 2>/dev/null; do
+			if ((SECONDS - start > 120)); then
+				echo "$name: not serving after 120 s" | tee -a "$LOG"
+				status=1
+				serving=
+				break
+			fi
+			sleep 0.5
+		done
+		if [ -n "$serving" ]; then
+			echo "$name: serving $((SECONDS - start)) s after start" | tee -a "$LOG"
+			for n in 1 32 64; do
+				timeout 100 "$TOOLS/tandemctl" --addr "$LEADER" bench --timeout 90s --concurrency "$n" --requests "$n" --prompt-tokens 64 --max-tokens 256 \
+					--vocab 128256 --seed 1000 --json >"$RESULTS/${prefix}c$n.json" 2>>"$LOG" || status=1
+				python3 -c 'import json,sys; b=json.load(open(sys.argv[1])); print("%s concurrency %d: %.0f tokens/s, ITL p50 %.3f ms p99 %.3f ms, TTFT p50 %.1f ms" % (sys.argv[2], b["concurrency"], b["tokens_per_s"], b["itl_p50_ms"], b["itl_p99_ms"], b["ttft_p50_ms"]))' \
+					"$RESULTS/${prefix}c$n.json" "$name" 2>&1 | tee -a "$LOG"
+			done
 		fi
-		sleep 0.5
-	done
-	echo "serving $((SECONDS - start)) s after start" | tee -a "$LOG"
-	for n in 1 32 64; do
-		"$TOOLS/tandemctl" --addr "$LEADER" bench --timeout 300s --concurrency "$n" --requests "$n" --prompt-tokens 64 --max-tokens 256 \
-			--vocab 128256 --seed 1000 --json >"$RESULTS/api_c$n.json" 2>>"$LOG" || status=1
-		python3 -c 'import json,sys; b=json.load(open(sys.argv[1])); print("concurrency %d: %.0f tokens/s, ITL p50 %.3f ms p99 %.3f ms, TTFT p50 %.1f ms" % (b["concurrency"], b["tokens_per_s"], b["itl_p50_ms"], b["itl_p99_ms"], b["ttft_p50_ms"]))' \
-			"$RESULTS/api_c$n.json" 2>&1 | tee -a "$LOG"
-	done
-	kill -TERM "${PIDS[@]}" 2>/dev/null
-	for p in "${PIDS[@]}"; do timeout 40 tail --pid="$p" -f /dev/null || kill -KILL "$p"; done
-	tail -n 40 "$WORK/logs/gpu0.log" >"$OUT/daemons.log"
+		kill -TERM "${pids[@]}" 2>/dev/null
+		for p in "${pids[@]}"; do timeout 30 tail --pid="$p" -f /dev/null || kill -KILL "$p"; done
+		grep -E 'skinny kernels|optional kernels' "$WORK/logs/$name-gpu0.log" | tail -5 | tee -a "$LOG"
+		tail -n 40 "$WORK/logs/$name-gpu0.log" >"$OUT/daemons-$name.log"
+	}
+	api now "$TOOLS/tandemd" api_
+	if [ -f "$BASE/tandemd.gz" ]; then
+		gunzip -c "$BASE/tandemd.gz" >"$TOOLS/tandemd-base" && chmod +x "$TOOLS/tandemd-base"
+		api "base-$(cat "$BASE/REVISION" 2>/dev/null)" "$TOOLS/tandemd-base" api_base_
+	fi
 
 	# Last, as the slowest part (torch.compile): one run of 64 decode steps
 	# per form and batch size, bounded so that the whole check fits the
 	# device tool's 10 minutes (HF_BUDGET seconds from the script's start).
 	step "(2b) transformers' decode step: eager, CUDA graph, torch.compile"
 	for shape in llama1b llama8b; do
-		left=$((${HF_BUDGET:-560} - SECONDS))
+		left=$((${HF_BUDGET:-540} - SECONDS))
 		((left > 30)) || { echo "no time left for $shape" | tee -a "$LOG"; status=1; continue; }
 		[ "$shape" = llama1b ] && left=$((left * 2 / 5))
 		timeout "$left" python3 "$HERE/hf_bench.py" --shape "$shape" --batches 1,32 --runs 1 --steps 64 \

@@ -40,6 +40,9 @@ def decode_tables(work, res):
               f"{dec.get('skinny_tokens')} tokens, dependent launches {dec.get('dependent_launch')}")
         print(f"   graphs: {dec['graph_keys']} keys, {dec['graphs']} graphs, captured in {dec['capture_s']:.3f} s, "
               f"{dec['graph_bytes'] / 2**20:.1f} MiB")
+        print(f"   gemvt kernels (9-32 rows) compiled: {dec.get('gemvt')}; measured at New (eager, device time):")
+        for tr in dec.get("skinny_tried") or []:
+            print(f"     {tr['tokens']:>3} rows: skinny {tr['skinny_ms']:.3f} ms, cuBLAS {tr['cublas_ms']:.3f} ms, outputs {tr['rel_diff']:.2g} apart")
         print(f"{'batch':>6} {'tandem wall':>12} {'GPU':>7} {'x floor':>8} {'before':>8} {'HF eager':>9} {'HF graph':>9} "
               f"{'HF compile':>11} {'vs compile':>11} {'tok/s':>8}")
         for b in ("1", "8", "32"):
@@ -83,10 +86,29 @@ def decode_tables(work, res):
             print(f"   {key:<28} {sk[key]:>8.2f} us")
     api = [res[k] for k in sorted(res, key=lambda k: int(k[5:]) if k.startswith("api_c") else 0) if k.startswith("api_c")]
     if api:
-        print("-- tandemctl bench through the gRPC API (leader + one CUDA stage, llama1b checkpoint, 64-token prompts, 256 tokens)")
+        dec = res.get("decode_llama1b", {})
+        step = dec.get("batch_1_FULL_AND_PIECEWISE", {})
+        bench = {}
+        path = os.path.join(work, "llama1b.bench.json")
+        if os.path.exists(path):
+            with open(path) as f:
+                bench = json.load(f).get("decode_ms", {})
+        hc32 = bench.get("compile_32")
+        print("-- tandemctl bench through the gRPC API (leader + one CUDA stage, llama1b checkpoint, 64-token prompts, 256 tokens);"
+              " before: the baseline revision's tandemd, same run")
         for b in api:
-            print(f"   concurrency {b['concurrency']:>3}: {b['tokens_per_s']:>8.0f} tokens/s, ITL p50 {b['itl_p50_ms']:.3f} ms, "
-                  f"p99 {b['itl_p99_ms']:.3f} ms, TTFT p50 {b['ttft_p50_ms']:.1f} ms")
+            c = b["concurrency"]
+            old = res.get(f"api_base_c{c}")
+            line = (f"   concurrency {c:>3}: {b['tokens_per_s']:>8.0f} tokens/s, ITL p50 {b['itl_p50_ms']:.3f} ms, "
+                    f"p99 {b['itl_p99_ms']:.3f} ms, TTFT p50 {b['ttft_p50_ms']:.1f} ms")
+            if old:
+                line += f" | before {old['tokens_per_s']:.0f} tokens/s, ITL p50 {old['itl_p50_ms']:.3f} ms"
+            if c == 1 and step:
+                line += (f" | ITL p50 / stage step {b['itl_p50_ms'] / step['wall_ms']:.3f} (wall {step['wall_ms']:.3f} ms), "
+                         f"/ GPU step {b['itl_p50_ms'] / step['gpu_ms']:.3f}")
+            if c > 1 and hc32:
+                line += f" | x{b['tokens_per_s'] / (32 / hc32 * 1e3):.2f} HF compile batch 32"
+            print(line)
 
 
 def main():
