@@ -310,6 +310,12 @@ func gemvCases(m *model.Config) []gemvCase {
 		gemvCase{"down/m2", plain(gemvVariant{epiResid, 2}, m.IntermediateSize, m.HiddenSize)},
 		gemvCase{"gate_up/m4", gu4},
 		gemvCase{"lm_head/store", plain(gemvVariant{epiStore, 4}, m.HiddenSize, m.VocabSize)})
+	// Past 8 tokens every tensor-core variant runs on gemvt.cu.
+	for i := range cs {
+		if c := &cs[i].call; c.v.mt != 0 && hasGemvt(c.v) {
+			c.wide = true
+		}
+	}
 	return cs
 }
 
