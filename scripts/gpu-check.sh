@@ -4,7 +4,7 @@
 #
 #   bash scripts/gpu-check.sh [build [DIR]]
 #                        here (with Go): builds the stage/cuda test binary,
-#                        tandemctl and tandemd (gzipped) into DIR/cuda (DIR: $TANDEM_CARRY,
+#                        tandemctl and tandemd (xz-compressed) into DIR/cuda (DIR: $TANDEM_CARRY,
 #                        else .carry) and copies this script and the Python it
 #                        runs into DIR/scripts, so the device runs them from the
 #                        carried folder (carry [DIR]); with BASELINE=<git ref>
@@ -58,10 +58,11 @@ if [ "${1:-build}" = build ]; then
 	mkdir -p "$DIR/cuda" "$DIR/scripts"
 	DIR=$(cd "$DIR" && pwd)
 	CGO_ENABLED=0 go test -c -ldflags="-s -w" -o "$DIR/cuda/cuda.test" ./stage/cuda
-	# The daemons travel gzipped: the device tool carries at most 64 MiB.
+	# The daemons travel xz-compressed: the device tool carries at most
+	# 64 MiB, the repository's files included.
 	for cmd in tandemctl tandemd; do
 		CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o "$DIR/cuda/$cmd" ./cmd/$cmd
-		gzip -9f "$DIR/cuda/$cmd"
+		xz -9ef "$DIR/cuda/$cmd"
 	done
 	cp scripts/gpu-check.sh scripts/hf_ref.py scripts/hf_summary.py scripts/hf_bench.py "$DIR/scripts/"
 	if [ -n "${BASELINE:-}" ]; then
@@ -70,7 +71,7 @@ if [ "${1:-build}" = build ]; then
 		mkdir -p "$DIR/base"
 		(cd "$src" && CGO_ENABLED=0 go test -c -ldflags="-s -w" -o "$DIR/base/cuda.test" ./stage/cuda &&
 			CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o "$DIR/base/tandemd" ./cmd/tandemd)
-		gzip -9f "$DIR/base/tandemd"
+		xz -9ef "$DIR/base/tandemd"
 		git rev-parse --short "$BASELINE" >"$DIR/base/REVISION"
 		rm -rf "$src"
 	fi
@@ -90,12 +91,13 @@ OUT=${OUT:-/tmp/tandem-gpu-check}
 WORK=${WORK:-/tmp/tandem-hf}
 RESULTS=$WORK/results
 mkdir -p "$OUT" "$WORK" "$RESULTS"
-# tandemctl and tandemd, unpacked (they travel gzipped).
+# tandemctl and tandemd, unpacked (they travel xz-compressed).
 TOOLS=$WORK/bin
 mkdir -p "$TOOLS"
+unxz_to() { python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' "$1" "$2" && chmod +x "$2"; }
 for cmd in tandemctl tandemd; do
-	if [ -f "$BIN/$cmd.gz" ]; then
-		gunzip -c "$BIN/$cmd.gz" >"$TOOLS/$cmd" && chmod +x "$TOOLS/$cmd"
+	if [ -f "$BIN/$cmd.xz" ]; then
+		unxz_to "$BIN/$cmd.xz" "$TOOLS/$cmd"
 	elif [ -x "$BIN/$cmd" ]; then
 		ln -sf "$BIN/$cmd" "$TOOLS/$cmd"
 	fi
@@ -269,8 +271,8 @@ if [ -z "$quick" ]; then
 		tail -n 40 "$WORK/logs/$name-gpu0.log" >"$OUT/daemons-$name.log"
 	}
 	api now "$TOOLS/tandemd" api_
-	if [ -f "$BASE/tandemd.gz" ]; then
-		gunzip -c "$BASE/tandemd.gz" >"$TOOLS/tandemd-base" && chmod +x "$TOOLS/tandemd-base"
+	if [ -f "$BASE/tandemd.xz" ]; then
+		unxz_to "$BASE/tandemd.xz" "$TOOLS/tandemd-base"
 		api "base-$(cat "$BASE/REVISION" 2>/dev/null)" "$TOOLS/tandemd-base" api_base_
 	fi
 
