@@ -72,10 +72,10 @@
 // Attention (attention.cu, every path) is causal grouped-query attention
 // over the paged KV cache, one block per (token, kv head, group of its
 // query heads, part of the sequence): the sequence is cut into up to 16
-// parts of at least 32 keys (flash-decoding), as many as make one wave of
-// blocks on the device, so that a decode step's few tokens keep it busy
-// and many tokens need no second wave, each block runs an fp32 online
-// softmax, and
+// parts of at least 32 keys (flash-decoding), about four blocks per
+// multiprocessor, so that a decode step's few tokens keep the device busy
+// and many tokens do not pay for many short parts, each block runs an fp32
+// online softmax, and
 // the last block of a (token, head group) to finish merges the parts in a
 // fixed order. Keys written by earlier steps are read before waiting for
 // the q|k|v kernel.

@@ -71,6 +71,7 @@ func TestKernelSource(t *testing.T) {
 		fmt.Sprintf("#define GT_KC %d\n", gtKC),
 		fmt.Sprintf("#define GT_STAGES %d\n", gtStages),
 		fmt.Sprintf("#define GT_C %d\n", gtC),
+		fmt.Sprintf("#define GT_MAXSPLITS %d\n", gtMaxSplits),
 		"#define GT_THREADS (GT_WARPS * 32)\n",
 		"#define GT_XS (GT_KC + 32)\n",
 		fmt.Sprintf("#define SAMPLE_THREADS %d\n", sampleThreads),

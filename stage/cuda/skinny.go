@@ -336,23 +336,25 @@ func (c *gemvCall) args(a *gpu.KernelArgs, m *model.Config, w gpu.DevicePtr, t i
 	return a
 }
 
-// attnPlan is how attention splits the sequence (flash-decoding): as many
-// blocks of (token, kv head, head group, split) as the device holds at
-// once (one wave: a block's time is mostly latency, so a second wave of
-// short parts costs more than longer parts in one), at most attnMaxSplits
-// parts (the kernel uses fewer for short sequences: parts of at least 32
-// keys).
+// attnPlan is how attention splits the sequence (flash-decoding): about
+// attnBlocksPerSM blocks of (token, kv head, head group, split) per
+// multiprocessor (a block's time is mostly latency: many short parts cost
+// more in waves and merges than they gain), at most attnMaxSplits parts
+// (the kernel uses fewer for short sequences: parts of at least 32 keys).
 type attnPlan struct {
 	nkv, groups int
 	rmax        int // query heads per block: the kernel attention_r<rmax>
-	target      int // blocks the device holds at once
+	target      int // blocks aimed at
 }
 
 const (
 	attnMaxSplits = 16
-	// attnBlocksPerSM is the attention blocks a multiprocessor holds at
-	// once (its registers), for the plan's target.
-	attnBlocksPerSM = 3
+	// attnBlocksPerSM is the attention blocks per multiprocessor the plan
+	// aims at: at 32 tokens of the 1B and 8B shapes, 2 splits (4 on 132
+	// multiprocessors) took 17.2 and 30.3 us at 256 keys, 40.7 and 78.0 us
+	// at 1,024, against 19.1, 36.1, 61.5 and 123.8 us with 1 split (3)
+	// and 23.1, 37.7, 45.4 and 82.9 us with 4 (NOTES.md).
+	attnBlocksPerSM = 4
 	// smsEstimate is the multiprocessors of the devices the workspace
 	// estimate assumes (a full GH100) when none is at hand.
 	smsEstimate = 144

@@ -144,9 +144,9 @@ func TestPlanGemvt(t *testing.T) {
 	if gemvtSmem(1)*gemvtBlocksPerSM(1) > 227<<10 || gemvtSmem(2)*gemvtBlocksPerSM(2) > 227<<10 || gemvtSmem(4) > 227<<10 {
 		t.Errorf("gemvt shared memory %d, %d, %d does not fit the blocks compiled for", gemvtSmem(1), gemvtSmem(2), gemvtSmem(4))
 	}
-	// Attention on 132 multiprocessors: one wave of blocks.
+	// Attention on 132 multiprocessors: 4 blocks per multiprocessor.
 	at := newAttnPlan(&m, 132)
-	if at.splits(1) != 16 || at.splits(32) != 1 || at.splits(8) != 6 {
+	if at.splits(1) != 16 || at.splits(32) != 2 || at.splits(8) != 8 {
 		t.Errorf("attention splits %d, %d, %d at 1, 8, 32 tokens", at.splits(1), at.splits(8), at.splits(32))
 	}
 }

@@ -23,8 +23,8 @@
 // its units' partial sums and its sums of squares to part, and the last
 // block of a row block to finish (counted in counters, which it resets to
 // 0) adds the splits' partials in split order, so results do not depend on
-// timing; the block that has every sum runs gemv.cu's epilogue (emit), each
-// warp for its own unit. The split of k depends only on the product, never
+// timing (at most GT_MAXSPLITS splits); the block that has every sum runs
+// gemv.cu's epilogue (emit) for each of its units in turn. The split of k depends only on the product, never
 // on the token count, so a token column's result is the same in every step.
 //
 // Launch: grid (ceil(units / GT_WARPS), splits), GT_THREADS threads,
@@ -37,6 +37,7 @@
 #define GT_KC 64
 #define GT_STAGES 4
 #define GT_C 32
+#define GT_MAXSPLITS 16
 // Row stride of the staged activations, in bf16: 192 bytes, so that the
 // fragment reads of two token columns fall in different banks.
 #define GT_XS (GT_KC + 32)
@@ -219,37 +220,45 @@ __device__ __forceinline__ void gemvt_body(GEMVT_PARAMS) {
     for (int c = c0; c < c1; c++) {
         const int b = (c - c0) & 1;
         store_x(b);
+        if (c + 1 < c1) {
+            load_x(c + 1);  // in flight across the wait and this chunk's products
+        }
         cp_async_wait<GT_STAGES - 2>();
         __syncthreads();  // chunk c's weights and activations are in; chunk c - 1's stage is free
         load_w(c + GT_STAGES - 1);
-        if (c + 1 < c1) {
-            load_x(c + 1);
-        }
         if (live) {
             const unsigned ws = wsa + (unsigned)(((c - c0) % GT_STAGES) * WSTAGE + wid * R * GT_KC) * 2u;
             const unsigned xs = xsa + (unsigned)(b * XBUF) * 2u;
 #pragma unroll
             for (int h = 0; h < 2; h++) {
-                unsigned bh[4][4], bl[4][4];
+                unsigned bh[4][4], bl[4][4], a[MT][4], a8[MT][4];
 #pragma unroll
                 for (int nt = 0; nt < 4; nt++) {
-                    const unsigned a = xs + (unsigned)((nt * 8 + gq) * GT_XS + h * 32 + tq * 8) * 2u;
-                    lds128(a, bh[nt]);
-                    lds128(a + (unsigned)(GT_C * GT_XS) * 2u, bl[nt]);
+                    const unsigned xa = xs + (unsigned)((nt * 8 + gq) * GT_XS + h * 32 + tq * 8) * 2u;
+                    lds128(xa, bh[nt]);
+                    lds128(xa + (unsigned)(GT_C * GT_XS) * 2u, bl[nt]);
                 }
                 const int pch = ((h * 4 + tq) ^ ((gq & 1) << 2)) << 3;
 #pragma unroll
                 for (int l = 0; l < MT; l++) {
-                    unsigned a[4], a8[4];
-                    lds128(ws + (unsigned)((l * 16 + gq) * GT_KC + pch) * 2u, a);
-                    lds128(ws + (unsigned)((l * 16 + gq + 8) * GT_KC + pch) * 2u, a8);
+                    lds128(ws + (unsigned)((l * 16 + gq) * GT_KC + pch) * 2u, a[l]);
+                    lds128(ws + (unsigned)((l * 16 + gq + 8) * GT_KC + pch) * 2u, a8[l]);
+                }
+                // Each accumulator takes its four products (k 0..15 value
+                // and remainder, then k 16..31), in that order; consecutive
+                // products go to different accumulators, so that they do
+                // not wait for one another.
 #pragma unroll
-                    for (int nt = 0; nt < 4; nt++) {
-                        mma_bf16(acc[l][nt], a[0], a8[0], a[1], a8[1], bh[nt][0], bh[nt][1]);
-                        mma_bf16(acc[l][nt], a[0], a8[0], a[1], a8[1], bl[nt][0], bl[nt][1]);
-                        mma_bf16(acc[l][nt], a[2], a8[2], a[3], a8[3], bh[nt][2], bh[nt][3]);
-                        mma_bf16(acc[l][nt], a[2], a8[2], a[3], a8[3], bl[nt][2], bl[nt][3]);
-                    }
+                for (int q = 0; q < 4; q++) {
+                    const int r = (q >> 1) * 2;
+#pragma unroll
+                    for (int l = 0; l < MT; l++)
+#pragma unroll
+                        for (int nt = 0; nt < 4; nt++) {
+                            const unsigned b0 = (q & 1) ? bl[nt][r] : bh[nt][r];
+                            const unsigned b1 = (q & 1) ? bl[nt][r + 1] : bh[nt][r + 1];
+                            mma_bf16(acc[l][nt], a[l][r], a8[l][r], a[l][r + 1], a8[l][r + 1], b0, b1);
+                        }
                 }
             }
         }
@@ -298,9 +307,16 @@ __device__ __forceinline__ void gemvt_body(GEMVT_PARAMS) {
         __threadfence();
         const float* p0 = part + (size_t)rb * splits * stride;
         for (int e = tid; e < stride; e += GT_THREADS) {
+            // Every split's partial in flight at once, then added in order.
+            float pv[GT_MAXSPLITS];
+#pragma unroll
+            for (int s2 = 0; s2 < GT_MAXSPLITS; s2++) {
+                pv[s2] = s2 < splits ? ldcg(p0 + (size_t)s2 * stride + e) : 0.f;
+            }
             float v = 0.f;
-            for (int s2 = 0; s2 < splits; s2++) {
-                v += ldcg(p0 + (size_t)s2 * stride + e);
+#pragma unroll
+            for (int s2 = 0; s2 < GT_MAXSPLITS; s2++) {
+                v += pv[s2];
             }
             if (e < WROWS * GT_C) {
                 red[e] = v;
@@ -317,8 +333,13 @@ __device__ __forceinline__ void gemvt_body(GEMVT_PARAMS) {
         invs[tid] = g ? rsqrtf(ssq_s[tid] / (float)k + eps) : 1.f;
     }
     __syncthreads();
-    if (live) {
-        m.emit(red + wid * R * GT_C, invs, un, lane, 32, 0, 1);
+    // The epilogue of each unit by the whole block: each thread has few
+    // outputs (a residual add waits for its load), each warp a few token
+    // columns' softmax statistics.
+    for (int i = 0; i < GT_WARPS; i++) {
+        if (rb * GT_WARPS + i < units) {
+            m.emit(red + i * R * GT_C, invs, rb * GT_WARPS + i, tid, GT_THREADS, wid, GT_WARPS);
+        }
     }
 }
 
