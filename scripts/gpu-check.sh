@@ -219,7 +219,9 @@ else
 		mkdir -p "$WORK/base-results"
 		TANDEM_BENCH_CHECKPOINT=$WORK/llama1b TANDEM_RESULTS=$WORK/base-results TANDEM_CACHE_DIR=$WORK/cache-base \
 			"$BASE/cuda.test" -test.v -test.run TestDecodeTiming -test.timeout 300s >"$OUT/baseline.log" 2>&1 || status=1
-		cp "$WORK/base-results/decode.json" "$RESULTS/baseline_decode.json" 2>/dev/null
+		# decode_llama1b.json (decode.json from revisions before the
+		# model's name was in it).
+		for f in "$WORK"/base-results/decode*.json; do cp "$f" "$RESULTS/baseline_decode.json"; done 2>/dev/null
 		grep -A20 'decode step, floor' "$OUT/baseline.log" | head -24
 	fi
 fi
