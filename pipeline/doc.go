@@ -78,9 +78,8 @@
 // # Concurrency
 //
 // A Worker is run by one goroutine (Serve), with another that reads its
-// control link one step ahead when its stage is a pipeline's only one and
-// a stage.Launcher. A Driver's Submit may be called
-// by one goroutine while another calls Wait (the scheduler keeps steps in
+// control link one step ahead. A Driver's Submit may be called by one
+// goroutine while another calls Wait (the scheduler keeps steps in
 // flight that way); Step is Submit then Wait, for a single caller. The
 // Driver owns one goroutine per link, which Close stops after the links
 // end; Close closes the links concurrently. A submitted Step's slices
