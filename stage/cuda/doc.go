@@ -14,7 +14,8 @@
 // version, options), written atomically (temporary file and rename) and
 // checksummed: an unreadable, damaged or unloadable entry is compiled
 // afresh and replaced. The sources need no CUDA headers (bf16 is handled as
-// raw 16-bit patterns).
+// raw 16-bit patterns); scripts/kernel-syntax.sh runs them through clang's
+// CUDA front end where no GPU or toolkit is at hand.
 //
 // A step takes one of three paths by its token count T (skinnyPlan):
 //
