@@ -116,6 +116,12 @@ func TestValidate(t *testing.T) {
 	if sp := g.req.Sampling; sp.Temperature != 0.5 || sp.TopP != float32(randinit.GenTopP) {
 		t.Errorf("sampling %+v: want the request's temperature 0.5, top-k 3, and the checkpoint's top-p %v", sp, randinit.GenTopP)
 	}
+	// A prompt that spells the BOS token keeps one BOS, as the OpenAI
+	// completions endpoint encodes it (chat.PromptTokens).
+	g, err = s.validate(&tandemv1.GenerateRequest{Prompt: randinit.BOSToken + "Hello"})
+	if want := tok.Encode("Hello", true); err != nil || !slices.Equal(g.req.Prompt, want) {
+		t.Errorf("prompt beginning with the BOS text: %v, %v; want %v (one BOS)", g.req.Prompt, err, want)
+	}
 	g, err = s.validate(&tandemv1.GenerateRequest{PromptTokenIds: []int32{4}, IgnoreEos: true})
 	if err != nil || len(g.req.StopTokens) != 0 || g.logprobs {
 		t.Errorf("ignore_eos: stops %v, logprobs %t, err %v; want no stops, no logprobs", g.req.StopTokens, g.logprobs, err)

@@ -8,6 +8,7 @@ import (
 
 	"github.com/tandem-llm/tandem/daemon/apierr"
 	"github.com/tandem-llm/tandem/daemon/textout"
+	"github.com/tandem-llm/tandem/model/chat"
 	tandemv1 "github.com/tandem-llm/tandem/proto/tandem/v1"
 	"github.com/tandem-llm/tandem/sched"
 	"github.com/tandem-llm/tandem/stage"
@@ -51,7 +52,7 @@ func (s *Server) validate(in *tandemv1.GenerateRequest) (*generation, error) {
 		if n, most := len(in.GetPrompt()), s.tok.MaxTextBytes(s.model.MaxPositions); n > most {
 			return nil, apierr.Invalidf("prompt of %d bytes: longer than any prompt of the context length %d tokens can be (%d bytes)", n, s.model.MaxPositions, most)
 		}
-		g.req.Prompt = s.tok.Encode(in.GetPrompt(), true)
+		g.req.Prompt = chat.PromptTokens(s.tok, in.GetPrompt(), false)
 		if len(g.req.Prompt) == 0 {
 			return nil, apierr.Invalidf("prompt %q encodes to no tokens", in.GetPrompt())
 		}
