@@ -188,7 +188,7 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 			}
 			slotCfg.Usable -= g
 			slotCfg.GraphMemory = int64(g)
-			slotCfg.CacheDir = stagehost.KernelCacheDir(d.cfg.Stage.CacheDir)
+			slotCfg.CacheDir = d.cfg.Stage.CacheDir
 		}
 	}
 	d.usable = slotCfg.Usable

@@ -113,8 +113,8 @@ func (c *Checkpoint) Config() *Config { return c.config }
 // init or a corrupted byte gives another identity. Each weight file is read
 // once to hash it (several cores at a time, see BenchmarkFileDigest) and
 // its digest cached by absolute path, size and modification time under
-// $TANDEM_CACHE_DIR/weights (else the user cache directory's
-// tandem/weights), so later opens read nothing: a file rewritten in place
+// CacheDir("weights") ($TANDEM_CACHE_DIR, systemd's $CACHE_DIRECTORY or
+// the user cache directory), so later opens read nothing: a file rewritten in place
 // with the same size and modification time would keep its old digest.
 func (c *Checkpoint) Identity() string { return c.identity }
 

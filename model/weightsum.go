@@ -23,23 +23,14 @@ import (
 // hashChunk is the size of the chunks a weight file is hashed in.
 const hashChunk = 64 << 20
 
-// HashCacheEnv names the variable whose value, when set, is the directory
-// weight digests are cached under (in its "weights" subdirectory); the
-// CUDA kernel cache uses the same variable. Otherwise they are cached under
-// the user's cache directory (tandem/weights), and nowhere when there is
-// none.
-const HashCacheEnv = "TANDEM_CACHE_DIR"
-
-// hashCacheDir is the directory digests are cached in ("" for none).
+// hashCacheDir is the directory digests are cached in ("" for none):
+// CacheDir("weights").
 func hashCacheDir() string {
-	if d := os.Getenv(HashCacheEnv); d != "" {
-		return filepath.Join(d, "weights")
-	}
-	d, err := os.UserCacheDir()
+	d, err := CacheDir("weights")
 	if err != nil {
 		return ""
 	}
-	return filepath.Join(d, "tandem", "weights")
+	return d
 }
 
 // digestEntry is one cached digest: the file it is of and the size and

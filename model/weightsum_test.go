@@ -50,7 +50,7 @@ func copyDir(t *testing.T, src string) string {
 // have the same. (The identity used to hash only config.json and the
 // weights' layout: seeds 1 and 2 shared it.)
 func TestIdentityHashesWeights(t *testing.T) {
-	t.Setenv(model.HashCacheEnv, t.TempDir())
+	t.Setenv(model.CacheEnv, t.TempDir())
 	for _, sharded := range []bool{false, true} {
 		o := randinit.DefaultOptions()
 		if sharded {
@@ -95,7 +95,7 @@ func TestIdentityHashesWeights(t *testing.T) {
 // no cache directory writable the identity is computed all the same.
 func TestIdentityCache(t *testing.T) {
 	cache := t.TempDir()
-	t.Setenv(model.HashCacheEnv, cache)
+	t.Setenv(model.CacheEnv, cache)
 	dir := write(t, randinit.DefaultOptions())
 	want := identity(t, dir)
 	entries, _ := filepath.Glob(filepath.Join(cache, "weights", "*.json"))
@@ -141,7 +141,7 @@ func TestIdentityCache(t *testing.T) {
 		t.Errorf("after touching the weights: identity %s, want %s", got, want)
 	}
 	// An unusable cache directory changes nothing but the time taken.
-	t.Setenv(model.HashCacheEnv, filepath.Join(dir, model.WeightsName)) // a file, not a directory
+	t.Setenv(model.CacheEnv, filepath.Join(dir, model.WeightsName)) // a file, not a directory
 	if got := identity(t, dir); got != want {
 		t.Errorf("without a usable cache: identity %s, want %s", got, want)
 	}
@@ -162,7 +162,7 @@ func BenchmarkFileDigest(b *testing.B) {
 	}
 	b.SetBytes(st.Size())
 	for b.Loop() {
-		b.Setenv(model.HashCacheEnv, b.TempDir()) // empty: every open hashes
+		b.Setenv(model.CacheEnv, b.TempDir()) // empty: every open hashes
 		ck, err := model.Open(dir)
 		if err != nil {
 			b.Fatal(err)
@@ -175,7 +175,7 @@ func BenchmarkFileDigest(b *testing.B) {
 // that are gone, and keeps the others.
 func TestIdentityCachePruned(t *testing.T) {
 	cache := t.TempDir()
-	t.Setenv(model.HashCacheEnv, cache)
+	t.Setenv(model.CacheEnv, cache)
 	dir := write(t, randinit.DefaultOptions())
 	identity(t, dir)
 	for i := range 300 {

@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"path/filepath"
-	"strings"
 
 	"github.com/tandem-llm/tandem/daemon/membership"
 	"github.com/tandem-llm/tandem/gpu"
@@ -110,17 +108,3 @@ func (d *Device) Close() error {
 	return d.gpu.Close()
 }
 
-// KernelCacheDir is where a cuda stage caches its compiled kernels: the
-// configured directory, else (when $TANDEM_CACHE_DIR, which the stage
-// itself reads, is unset) the kernels folder of systemd's
-// $CACHE_DIRECTORY, else "" (the stage's default).
-func KernelCacheDir(configured string) string {
-	if configured != "" || os.Getenv("TANDEM_CACHE_DIR") != "" {
-		return configured
-	}
-	if dirs := os.Getenv("CACHE_DIRECTORY"); dirs != "" {
-		first, _, _ := strings.Cut(dirs, ":")
-		return filepath.Join(first, "kernels")
-	}
-	return ""
-}

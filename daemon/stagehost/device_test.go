@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"path/filepath"
 	"strings"
 	"testing"
 
@@ -63,21 +62,6 @@ func TestStageMemory(t *testing.T) {
 	d.memErr = errors.New("no /proc/meminfo")
 	if _, err := d.Usable(0); err == nil || !strings.Contains(err.Error(), "stage.memory") {
 		t.Errorf("unknown memory: %v, want an error naming stage.memory", err)
-	}
-}
-
-func TestKernelCacheDir(t *testing.T) {
-	for _, tc := range []struct{ configured, tandem, systemd, want string }{
-		{"/c", "/t", "/s", "/c"},
-		{"", "/t", "/s", ""}, // the stage reads $TANDEM_CACHE_DIR itself
-		{"", "", "/var/cache/tandem:/other", filepath.Join("/var/cache/tandem", "kernels")},
-		{"", "", "", ""},
-	} {
-		t.Setenv("TANDEM_CACHE_DIR", tc.tandem)
-		t.Setenv("CACHE_DIRECTORY", tc.systemd)
-		if got := KernelCacheDir(tc.configured); got != tc.want {
-			t.Errorf("%+v: %q", tc, got)
-		}
 	}
 }
 

@@ -36,19 +36,6 @@ func cacheKey(src, arch, nvrtcVersion string, opts []string) string {
 	return hex.EncodeToString(h.Sum(nil))
 }
 
-// defaultCacheDir is $TANDEM_CACHE_DIR/kernels, or the user's cache
-// directory's tandem/kernels.
-func defaultCacheDir() (string, error) {
-	if d := os.Getenv("TANDEM_CACHE_DIR"); d != "" {
-		return filepath.Join(d, "kernels"), nil
-	}
-	d, err := os.UserCacheDir()
-	if err != nil {
-		return "", fmt.Errorf("kernel cache directory: %w", err)
-	}
-	return filepath.Join(d, "tandem", "kernels"), nil
-}
-
 // kernelCache keeps compiled kernel images (CUBIN) on disk, one file per key.
 type kernelCache struct {
 	dir string

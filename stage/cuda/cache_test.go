@@ -127,21 +127,6 @@ func TestCachePutUnwritable(t *testing.T) {
 	}
 }
 
-func TestDefaultCacheDir(t *testing.T) {
-	t.Setenv("TANDEM_CACHE_DIR", "/some/where")
-	d, err := defaultCacheDir()
-	if err != nil || d != filepath.Join("/some/where", "kernels") {
-		t.Fatalf("defaultCacheDir = %q, %v; want /some/where/kernels", d, err)
-	}
-	t.Setenv("TANDEM_CACHE_DIR", "")
-	t.Setenv("XDG_CACHE_HOME", "/xdg")
-	t.Setenv("HOME", "/home/u")
-	d, err = defaultCacheDir()
-	if err != nil || d != filepath.Join("/xdg", "tandem", "kernels") {
-		t.Fatalf("defaultCacheDir = %q, %v; want /xdg/tandem/kernels", d, err)
-	}
-}
-
 // FuzzCacheGet feeds arbitrary file contents to the cache reader: it must
 // never panic, and it returns an image only when the checksum holds.
 func FuzzCacheGet(f *testing.F) {

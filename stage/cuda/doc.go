@@ -9,8 +9,9 @@
 // The kernels are CUDA C sources embedded from kernels/*.cu and compiled
 // with NVRTC in New for the device's compute capability (sm_XY). Compiled
 // images are cached on disk under Config.CacheDir, else
-// $TANDEM_CACHE_DIR/kernels, else the user cache directory's
-// tandem/kernels, one file per SHA-256 of (source, architecture, NVRTC
+// model.CacheDir("kernels") ($TANDEM_CACHE_DIR/kernels, systemd's
+// $CACHE_DIRECTORY/kernels, the user cache directory's tandem/kernels),
+// one file per SHA-256 of (source, architecture, NVRTC
 // version, options), written atomically (temporary file and rename) and
 // checksummed: an unreadable, damaged or unloadable entry is compiled
 // afresh and replaced. The sources need no CUDA headers (bf16 is handled as

@@ -7,6 +7,7 @@ import (
 	"slices"
 
 	"github.com/tandem-llm/tandem/gpu"
+	"github.com/tandem-llm/tandem/model"
 )
 
 // OptionalEnv is the environment variable that, set to "off", keeps the
@@ -89,7 +90,7 @@ func (s *Stage) programImage(dir string, optional bool) ([]byte, error) {
 
 func openCache(dir string) (kernelCache, error) {
 	if dir == "" {
-		d, err := defaultCacheDir()
+		d, err := model.CacheDir("kernels")
 		if err != nil {
 			return kernelCache{}, err
 		}

@@ -44,8 +44,9 @@ type Config struct {
 	// Close).
 	Device  *gpu.Device
 	Ordinal int
-	// CacheDir holds compiled kernels ("": $TANDEM_CACHE_DIR/kernels or the
-	// user cache directory's tandem/kernels).
+	// CacheDir holds compiled kernels ("": model.CacheDir("kernels"):
+	// $TANDEM_CACHE_DIR, systemd's $CACHE_DIRECTORY or the user cache
+	// directory, then kernels).
 	CacheDir string
 	// GraphMemory is device memory New holds back for CUDA graphs before
 	// it allocates the KV cache, so that the cache cannot take what the
