@@ -2,7 +2,6 @@ package cuda
 
 import (
 	"fmt"
-	"log/slog"
 	"os"
 	"slices"
 
@@ -46,7 +45,7 @@ func (s *Stage) compileKey(optional bool) (compileKey, error) {
 // without it, and the stage runs without the kernels it holds.
 func (s *Stage) kernelImage(dir string) (img []byte, optional bool, err error) {
 	if os.Getenv(OptionalEnv) == "off" {
-		slog.Info("the optional kernels (gemvt.cu) are off (" + OptionalEnv + "=off): steps of more than 8 tokens run on cuBLAS")
+		s.log.Info("the optional kernels (gemvt.cu) are off (" + OptionalEnv + "=off): steps of more than 8 tokens run on cuBLAS")
 		img, err = s.programImage(dir, false)
 		return img, false, err
 	}
@@ -54,7 +53,7 @@ func (s *Stage) kernelImage(dir string) (img []byte, optional bool, err error) {
 	if err == nil {
 		return img, true, nil
 	}
-	slog.Warn("the optional kernels (gemvt.cu) did not compile: steps of more than 8 tokens run on cuBLAS", "err", err)
+	s.log.Warn("the optional kernels (gemvt.cu) did not compile: steps of more than 8 tokens run on cuBLAS", "err", err)
 	img, err = s.programImage(dir, false)
 	return img, false, err
 }
@@ -68,22 +67,22 @@ func (s *Stage) programImage(dir string, optional bool) ([]byte, error) {
 	}
 	c, err := openCache(dir)
 	if err != nil {
-		slog.Warn("kernel cache unusable; compiling", "err", err)
-		return compileKernels(ck)
+		s.log.Warn("kernel cache unusable; compiling", "err", err)
+		return s.compileKernels(ck)
 	}
 	img, err := c.get(ck.key)
 	if err != nil {
-		slog.Warn("kernel cache entry unusable; recompiling", "err", err)
+		s.log.Warn("kernel cache entry unusable; recompiling", "err", err)
 	}
 	if img != nil {
 		return img, nil
 	}
-	img, err = compileKernels(ck)
+	img, err = s.compileKernels(ck)
 	if err != nil {
 		return nil, err
 	}
 	if err := c.put(ck.key, img); err != nil {
-		slog.Warn("kernel cache not written", "err", err)
+		s.log.Warn("kernel cache not written", "err", err)
 	}
 	return img, nil
 }
@@ -99,13 +98,13 @@ func openCache(dir string) (kernelCache, error) {
 	return kernelCache{dir: dir}, nil
 }
 
-func compileKernels(ck compileKey) ([]byte, error) {
+func (s *Stage) compileKernels(ck compileKey) ([]byte, error) {
 	out, err := gpu.Compile(ck.src, "tandem_kernels.cu", ck.opts...)
 	if err != nil {
 		return nil, fmt.Errorf("compile kernels: %w", err)
 	}
 	if out.Log != "" {
-		slog.Debug("kernel compiler log", "log", out.Log)
+		s.log.Debug("kernel compiler log", "log", out.Log)
 	}
 	img := out.Image
 	if out.PTX && (len(img) == 0 || img[len(img)-1] != 0) {
@@ -121,12 +120,12 @@ func compileKernels(ck compileKey) ([]byte, error) {
 func (s *Stage) loadModule(img []byte, optional bool, dir string) error {
 	mod, err := gpu.LoadModule(img)
 	if err != nil {
-		slog.Warn("kernel image did not load; recompiling", "err", err)
+		s.log.Warn("kernel image did not load; recompiling", "err", err)
 		ck, kerr := s.compileKey(optional)
 		if kerr != nil {
 			return kerr
 		}
-		if img, err = compileKernels(ck); err != nil {
+		if img, err = s.compileKernels(ck); err != nil {
 			return err
 		}
 		if mod, err = gpu.LoadModule(img); err != nil {
@@ -134,7 +133,7 @@ func (s *Stage) loadModule(img []byte, optional bool, dir string) error {
 		}
 		if c, cerr := openCache(dir); cerr == nil {
 			if err := c.put(ck.key, img); err != nil {
-				slog.Warn("kernel cache not written", "err", err)
+				s.log.Warn("kernel cache not written", "err", err)
 			}
 		}
 	}

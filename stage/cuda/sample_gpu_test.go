@@ -1,6 +1,7 @@
 package cuda
 
 import (
+	"log/slog"
 	"math"
 	"math/rand/v2"
 	"sort"
@@ -37,7 +38,7 @@ type sampleResult struct {
 func runSampleKernel(t *testing.T, logits [][]float32, reqs []sampleReq, withStats bool) []sampleResult {
 	t.Helper()
 	dev := device(t)
-	s := &Stage{dev: dev}
+	s := &Stage{dev: dev, log: slog.Default()}
 	img, optional, err := s.kernelImage(testDev.cache)
 	if err != nil {
 		t.Fatal(err)

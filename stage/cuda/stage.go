@@ -1,6 +1,7 @@
 package cuda
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -64,6 +65,10 @@ type Config struct {
 	// quick) and "capture graphs" (graph keys captured of those asked
 	// for). The weights' bytes are reported by Weights (model.Counted).
 	Progress func(step string) func(done, total int)
+	// Log is the node's logger for what the stage decides on its own
+	// (kernel cache trouble, optional kernels, the skinny-kernel choice);
+	// nil: slog.Default().
+	Log *slog.Logger
 	// SkinnyTokens is the most token rows of a step whose products run on
 	// the stage's own skinny kernels, with the norms and the rest of the
 	// layer fused into them, rather than on cuBLAS (at most 32; negative:
@@ -131,6 +136,7 @@ type handoffBufs struct {
 
 // Stage is a CUDA pipeline stage. It implements stage.Stage.
 type Stage struct {
+	log         *slog.Logger
 	m           model.Config
 	lo, hi      int
 	first, last bool
@@ -188,7 +194,7 @@ func New(cfg Config) (*Stage, error) {
 	if cfg.Weights == nil {
 		return nil, errors.New("cuda stage: no weights")
 	}
-	s := &Stage{m: *cfg.Model, lo: cfg.Lo, hi: cfg.Hi, dev: cfg.Device, progress: cfg.Progress}
+	s := &Stage{m: *cfg.Model, lo: cfg.Lo, hi: cfg.Hi, dev: cfg.Device, progress: cfg.Progress, log: cmp.Or(cfg.Log, slog.Default())}
 	s.g.debug = cfg.GraphDebug
 	s.g.full = wrapper{mode: graphs.Full, graphs: map[segKey]graphExec{}}
 	s.g.piecewise = wrapper{mode: graphs.Piecewise, graphs: map[segKey]graphExec{}}
@@ -552,7 +558,7 @@ func (s *Stage) Close() error {
 		errs = append(errs, s.dev.Close())
 	}
 	if err := errors.Join(errs...); err != nil {
-		slog.Warn("cuda stage close", "err", err)
+		s.log.Warn("cuda stage close", "err", err)
 		return fmt.Errorf("close cuda stage [%d,%d): %w", s.lo, s.hi, err)
 	}
 	return nil

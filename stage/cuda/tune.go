@@ -2,7 +2,6 @@ package cuda
 
 import (
 	"fmt"
-	"log/slog"
 	"math"
 	"time"
 
@@ -71,10 +70,10 @@ func (s *Stage) tuneSkinny() error {
 	s.sk.maxTokens = choice.MaxTokens
 	s.skinnyChoice = choice
 	for _, tr := range choice.Tried {
-		slog.Info("cuda stage: skinny kernels against cuBLAS", "layers", fmt.Sprintf("[%d,%d)", s.lo, s.hi), "tokens", tr.Tokens,
+		s.log.Info("cuda stage: skinny kernels against cuBLAS", "layers", fmt.Sprintf("[%d,%d)", s.lo, s.hi), "tokens", tr.Tokens,
 			"skinny", tr.Skinny, "cublas", tr.CuBLAS, "rel_diff", tr.RelDiff)
 	}
-	slog.Info("cuda stage: skinny kernels chosen", "layers", fmt.Sprintf("[%d,%d)", s.lo, s.hi), "max_tokens", choice.MaxTokens)
+	s.log.Info("cuda stage: skinny kernels chosen", "layers", fmt.Sprintf("[%d,%d)", s.lo, s.hi), "max_tokens", choice.MaxTokens)
 	return nil
 }
 
