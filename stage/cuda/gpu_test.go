@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"strings"
 	"sync"
@@ -243,7 +244,7 @@ func TestNewWithoutGPU(t *testing.T) {
 func TestKernelCacheOnGPU(t *testing.T) {
 	dev := device(t)
 	dir := t.TempDir()
-	s := &Stage{dev: dev}
+	s := &Stage{dev: dev, log: slog.Default()}
 	ck, err := s.compileKey(true)
 	if err != nil {
 		t.Fatal(err)
