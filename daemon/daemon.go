@@ -245,7 +245,7 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 	metrics.start()
 	api.start()
 	// The watchdog is fed through the drain too: it is bounded.
-	stopWatchdog, err := sdnotify.StartWatchdog(context.Background(), d.healthy)
+	stopWatchdog, err := sdnotify.StartWatchdog(context.Background(), d.healthy, d.log)
 	if err != nil {
 		d.log.Warn("systemd watchdog off", "err", err)
 		stopWatchdog = func() {}

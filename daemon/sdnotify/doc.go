@@ -10,7 +10,7 @@
 //
 // # Usage
 //
-//	stop, err := sdnotify.StartWatchdog(ctx, daemonIsResponsive)
+//	stop, err := sdnotify.StartWatchdog(ctx, daemonIsResponsive, logger)
 //	if err != nil { ... }
 //	defer stop()
 //	... load the stage, start serving ...

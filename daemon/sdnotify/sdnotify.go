@@ -42,8 +42,9 @@ func notify(state string) error {
 // it starts nothing. A malformed WATCHDOG_USEC is an error.
 //
 // The pings stop when ctx is done or stop is called; stop waits for the
-// pinging goroutine to end and may be called more than once.
-func StartWatchdog(ctx context.Context, healthy func() bool) (stop func(), err error) {
+// pinging goroutine to end and may be called more than once. A failed
+// ping is logged to log.
+func StartWatchdog(ctx context.Context, healthy func() bool, log *slog.Logger) (stop func(), err error) {
 	interval, err := daemon.SdWatchdogEnabled(false)
 	if err != nil {
 		return nil, fmt.Errorf("watchdog: %w", err)
@@ -55,7 +56,7 @@ func StartWatchdog(ctx context.Context, healthy func() bool) (stop func(), err e
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		ping(ctx, interval/2, healthy)
+		ping(ctx, interval/2, healthy, log)
 	}()
 	var once sync.Once
 	return func() {
@@ -67,13 +68,13 @@ func StartWatchdog(ctx context.Context, healthy func() bool) (stop func(), err e
 }
 
 // ping sends WATCHDOG=1 at once and then every period while healthy.
-func ping(ctx context.Context, period time.Duration, healthy func() bool) {
+func ping(ctx context.Context, period time.Duration, healthy func() bool, log *slog.Logger) {
 	t := time.NewTicker(period)
 	defer t.Stop()
 	for {
 		if healthy() {
 			if err := notify(daemon.SdNotifyWatchdog); err != nil {
-				slog.Warn("watchdog ping failed", "err", err)
+				log.Warn("watchdog ping failed", "err", err)
 			}
 		}
 		select {

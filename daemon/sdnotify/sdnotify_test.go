@@ -2,6 +2,7 @@ package sdnotify
 
 import (
 	"context"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -43,7 +44,7 @@ func TestOutsideSystemd(t *testing.T) {
 			t.Errorf("without NOTIFY_SOCKET: %v", err)
 		}
 	}
-	stop, err := StartWatchdog(context.Background(), func() bool { return true })
+	stop, err := StartWatchdog(context.Background(), func() bool { return true }, slog.Default())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -64,7 +65,7 @@ func TestWatchdog(t *testing.T) {
 	t.Setenv("WATCHDOG_PID", strconv.Itoa(os.Getpid()))
 	var healthy atomic.Bool
 	healthy.Store(true)
-	stop, err := StartWatchdog(context.Background(), healthy.Load)
+	stop, err := StartWatchdog(context.Background(), healthy.Load, slog.Default())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -98,7 +99,7 @@ func TestWatchdogContext(t *testing.T) {
 	t.Setenv("WATCHDOG_USEC", "100000")
 	t.Setenv("WATCHDOG_PID", "")
 	ctx, cancel := context.WithCancel(context.Background())
-	stop, err := StartWatchdog(ctx, func() bool { return true })
+	stop, err := StartWatchdog(ctx, func() bool { return true }, slog.Default())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -125,7 +126,7 @@ func TestWatchdogNotOurs(t *testing.T) {
 			sock := sdnotifytest.Listen(t)
 			t.Setenv("WATCHDOG_USEC", tt.usec)
 			t.Setenv("WATCHDOG_PID", tt.pid)
-			stop, err := StartWatchdog(context.Background(), func() bool { return true })
+			stop, err := StartWatchdog(context.Background(), func() bool { return true }, slog.Default())
 			if tt.wantErr {
 				if err == nil || !strings.HasPrefix(err.Error(), "watchdog: ") {
 					t.Fatalf("err %v, want a watchdog error", err)
