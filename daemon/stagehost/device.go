@@ -107,4 +107,3 @@ func (d *Device) Close() error {
 	}
 	return d.gpu.Close()
 }
-
