@@ -40,10 +40,11 @@ type sentStep struct {
 }
 
 // fact is one sign of a broken pipeline: a stage reported a failure, or a
-// stage's link ended without one (the stage, or its process, died).
+// stage's link ended, or failed a send, without one (the stage, or its
+// process, died).
 type fact struct {
 	stage    int
-	reported bool // the stage reported the failure; else its link ended
+	reported bool // the stage reported the failure; else its link ended or failed
 	link     bool // a reported failure of one of the stage's data links
 	err      error
 }
@@ -114,18 +115,20 @@ type StageError struct {
 func (e *StageError) Error() string { return e.Err.Error() }
 func (e *StageError) Unwrap() error { return e.Err }
 
-// learn records a fact; the first one breaks the pipeline.
-func (d *Driver) learn(f fact) {
+// learn records a fact; the first one breaks the pipeline. A link ending
+// once Close has begun is no fact: learn reports false.
+func (d *Driver) learn(f fact) bool {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.closing && !f.reported {
-		return
+		return false
 	}
 	d.facts = append(d.facts, f)
 	if len(d.facts) == 1 {
 		d.brokenAt = time.Now()
 		close(d.broken)
 	}
+	return true
 }
 
 // Stages is the number of stages.
@@ -133,11 +136,16 @@ func (d *Driver) Stages() int { return len(d.links) }
 
 // Submit sends a step to every stage without waiting for its result. With
 // a step timeout, a stage that stops reading its control link fails it
-// after that long instead of blocking it.
+// after that long instead of blocking it: a *StageError naming no stage,
+// like a result past the timeout. A send that fails on a broken link is a
+// *StageError blaming a stage as Wait's failures do (see Failure), not
+// the link that happened to be written first: a stage that dies breaks
+// its neighbours' links too.
 func (d *Driver) Submit(ctx context.Context, s *Step) error {
+	sctx := ctx
 	if d.timeout > 0 {
 		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, d.timeout)
+		sctx, cancel = context.WithTimeout(ctx, d.timeout)
 		defer cancel()
 	}
 	if len(s.Batch.Seqs) > 0 {
@@ -150,8 +158,17 @@ func (d *Driver) Submit(ctx context.Context, s *Step) error {
 		d.mu.Unlock()
 	}
 	for i, l := range d.links {
-		if err := l.Send(ctx, s); err != nil {
-			return fmt.Errorf("send batch %d to stage %d: %w", s.Batch.ID, i, err)
+		if err := l.Send(sctx, s); err != nil {
+			err = fmt.Errorf("send batch %d to stage %d: %w", s.Batch.ID, i, err)
+			switch {
+			case ctx.Err() != nil:
+				return err // the caller gave up: no failure of the pipeline
+			case sctx.Err() != nil:
+				return &StageError{Stage: -1, Err: fmt.Errorf("batch %d not sent to stage %d within the step timeout of %v: a stage is stuck (%w)", s.Batch.ID, i, d.timeout, err)}
+			case !d.learn(fact{stage: i, err: err}):
+				return &StageError{Stage: i, Err: err} // closing
+			}
+			return d.Failure(ctx)
 		}
 	}
 	return nil
@@ -218,7 +235,8 @@ const failureGrace = 200 * time.Millisecond
 // caused it. A stage that fails makes the others fail on the data links
 // it closes (downstream, upstream, and round the hand-off ring to the
 // first stage), so the blame goes, in this order, to: a stage whose
-// control link ended without a failure report (its process died); a stage
+// control link ended, or failed a send, without a failure report (its
+// process died); a stage
 // that reported a failure of its own (not of a data link); a stage that
 // reported a data link failure. Among the same kind it goes to the one
 // learned of first.

@@ -17,13 +17,22 @@ type fakeLink struct {
 	err     error
 	closeFn func()
 	once    sync.Once
+	// sendErr fails every Send; stuck makes Send wait for its context.
+	sendErr error
+	stuck   bool
 }
 
 func newFakeLink() *fakeLink { return &fakeLink{results: make(chan *Result, 8)} }
 
-func (l *fakeLink) Send(context.Context, *Step) error { return nil }
-func (l *fakeLink) Results() <-chan *Result           { return l.results }
-func (l *fakeLink) Err() error                        { return l.err }
+func (l *fakeLink) Send(ctx context.Context, _ *Step) error {
+	if l.stuck {
+		<-ctx.Done()
+		return ctx.Err()
+	}
+	return l.sendErr
+}
+func (l *fakeLink) Results() <-chan *Result { return l.results }
+func (l *fakeLink) Err() error              { return l.err }
 func (l *fakeLink) Close() error {
 	if l.closeFn != nil {
 		l.closeFn()
@@ -122,6 +131,83 @@ func TestDriverBlame(t *testing.T) {
 			}
 			t.Log(err)
 		})
+	}
+}
+
+// TestDriverSendFails checks that a step that cannot be sent to a stage
+// whose process died fails with the blame Wait would give, whichever
+// links the driver learned of first, and not with the bare error of the
+// link written first: a neighbour that reported its data link failing
+// before is not blamed, nor is the stage written first when the dead one
+// is another.
+func TestDriverSendFails(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		ended bool // the dead stage's link ended before the send
+	}{
+		{"its link ended first", true},
+		{"the send fails first", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d, links := fakeDriver(t, 3, DriverOptions{StepTimeout: time.Minute})
+			// Stage 1 dies: stage 0 reports its data link failing first.
+			links[0].results <- &Result{Batch: 1, Stage: 0, Err: "stage x, batch 1: " + linkFailed + "send activations: EOF"}
+			waitFacts(t, d, 1)
+			if tc.ended {
+				links[1].end(errors.New("connection reset by peer"))
+				waitFacts(t, d, 2)
+			}
+			links[1].sendErr = errors.New("write: broken pipe")
+			err := d.Submit(context.Background(), oneSeq)
+			var se *StageError
+			if !errors.As(err, &se) || se.Stage != 1 {
+				t.Fatalf("Submit: %v, want a StageError blaming stage 1", err)
+			}
+			t.Log(err)
+		})
+	}
+	t.Run("stuck past the step timeout", func(t *testing.T) {
+		d, links := fakeDriver(t, 2, DriverOptions{StepTimeout: 50 * time.Millisecond})
+		links[1].stuck = true
+		err := d.Submit(context.Background(), oneSeq)
+		var se *StageError
+		if !errors.As(err, &se) || se.Stage != -1 || !strings.Contains(err.Error(), "within the step timeout of 50ms") {
+			t.Fatalf("Submit to a stage that does not read: %v, want a StageError naming no stage", err)
+		}
+	})
+	t.Run("caller gives up", func(t *testing.T) {
+		d, links := fakeDriver(t, 2, DriverOptions{StepTimeout: time.Minute})
+		links[0].stuck = true
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+		defer cancel()
+		err := d.Submit(ctx, oneSeq)
+		var se *StageError
+		if err == nil || errors.As(err, &se) {
+			t.Fatalf("Submit with the caller's context done: %v, want its error, blaming nothing", err)
+		}
+		select {
+		case <-d.Broken():
+			t.Fatal("the pipeline counts as broken after the caller gave up a send")
+		default:
+		}
+	})
+}
+
+// waitFacts waits until the driver has learned n facts.
+func waitFacts(t *testing.T, d *Driver, n int) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		d.mu.Lock()
+		got := len(d.facts)
+		d.mu.Unlock()
+		if got >= n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the driver learned %d facts, want %d", got, n)
+		}
+		time.Sleep(time.Millisecond)
 	}
 }
 

@@ -357,8 +357,10 @@ func (c *Core) stageFailed(ev StageFailed) {
 		c.info("failure of epoch %d ignored: not the serving pipeline (stale): %v", ev.Epoch, ev.Err)
 		return
 	}
+	// A loss blamed on a node always begins with it, however the failure
+	// names it further on (a probe's "stage 1 on s2 does not answer").
 	why := fmt.Sprint(ev.Err)
-	if ev.Node != "" && !strings.Contains(why, ev.Node) {
+	if ev.Node != "" {
 		why = fmt.Sprintf("stage node %s: %s", ev.Node, why)
 	}
 	c.lost(why, ev.Node)

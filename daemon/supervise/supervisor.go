@@ -474,14 +474,18 @@ func (s *Supervisor) pipelineFailed(p *Pipeline, err error) {
 
 // report tells the core that p failed, naming the stage node to blame:
 // the one the driver blamed, or, when it named none (a step past its
-// deadline), the first that does not answer a probe.
+// deadline), the first that does not answer a probe. The driver's blame
+// of a data link's failure is the least sure (the stage at the other end
+// caused it, when its own end was not learned first): then a stage that
+// does not answer is blamed before it, so that a dead process is named
+// however late the leader read the end of its control link.
 func (s *Supervisor) report(ctx context.Context, p *Pipeline, err error) {
-	node := ""
+	node, sure := "", false
 	var se *pipeline.StageError
-	switch {
-	case errors.As(err, &se) && se.Stage >= 0 && se.Stage < len(p.Stages):
-		node = p.Stages[se.Stage].Node
-	case s.cfg.Probe != nil:
+	if errors.As(err, &se) && se.Stage >= 0 && se.Stage < len(p.Stages) {
+		node, sure = p.Stages[se.Stage].Node, !pipeline.LinkFailure(se.Err)
+	}
+	if !sure && s.cfg.Probe != nil {
 		silent := make([]bool, len(p.Stages))
 		forEach(len(p.Stages), func(i int) error {
 			pctx, cancel := context.WithTimeout(ctx, probeTimeout)
