@@ -223,19 +223,23 @@ func (p *daemonProc) kill() {
 	p.wait()
 }
 
-// Close stops every daemon with SIGTERM (each drains and exits 0), the
-// stage daemons first (the leader sees them leave, drains its pipeline and
-// lets them go), then the leader; it returns what went wrong. Later calls
-// return the first call's result.
+// Close stops every daemon with SIGTERM (each drains and exits 0): the
+// leader first, which finishes its requests while the stages still serve
+// them and ends their pipeline as it exits, then the stage daemons, idle
+// by then. Stopping the stages first would make the leader treat each as
+// a planned removal and try to move its layers to the others, which the
+// whole cluster's stop cannot allow. It returns what went wrong; later
+// calls return the first call's result.
 func (c *localCluster) Close() error {
 	c.closeOnce.Do(func() {
-		errs := make([]error, len(c.Stages))
+		errs := make([]error, len(c.Stages), len(c.Stages)+2)
+		leader := c.Leader.stop(30 * time.Second)
 		var wg sync.WaitGroup
 		for i, p := range c.Stages {
 			wg.Go(func() { errs[i] = p.stop(30 * time.Second) })
 		}
 		wg.Wait()
-		errs = append(errs, c.Leader.stop(30*time.Second))
+		errs = append(errs, leader)
 		if c.Conn != nil {
 			errs = append(errs, c.Conn.Close())
 		}

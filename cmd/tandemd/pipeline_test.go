@@ -673,6 +673,12 @@ func TestDemo(t *testing.T) {
 	if strings.ContainsRune(out.String(), '\uFFFD') {
 		t.Errorf("demo output holds a replacement character:\n%s", out.String())
 	}
+	// The daemons log at warn level, as the demo's default does: a run
+	// and a clean stop warn of nothing (stopping the stages before the
+	// leader made it try to move their layers and warn it could not).
+	if l := logs.String(); l != "" {
+		t.Errorf("the demo's daemons warned:\n%s", l)
+	}
 }
 
 // TestDemoKeep checks that demo --keep prints the leader's gRPC address
