@@ -612,11 +612,15 @@ func (s *Slot) Stop() {
 	s.wg.Wait()
 }
 
-// Busy reports whether a stage is assigned.
+// Busy reports whether a stage serves a pipeline (its worker runs): what
+// a draining node waits for, so the leader can move the requests off. A
+// stage loaded and not yet wired holds no request: waiting for it would
+// hold a node's shutdown for as long as its wiring may take (a leader that
+// died mid-build never wires it).
 func (s *Slot) Busy() bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return slices.ContainsFunc(s.live, func(a *assignment) bool { return !a.ended() })
+	s.servingMu.Lock()
+	defer s.servingMu.Unlock()
+	return s.serving > 0
 }
 
 // serve wires the assignment to its peers, runs it as a pipeline worker

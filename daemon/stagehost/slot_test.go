@@ -146,13 +146,19 @@ func TestSlotReuse(t *testing.T) {
 	}
 
 	r3 := load(t, s, 3, 4, false)
+	awaitEnd(t, d2, "the pipeline of epoch 2 after a load without alongside")
+	if s.Busy() {
+		t.Error("busy with a stage loaded and not yet wired: a draining node would wait for a pipeline that may never come")
+	}
 	if !r3.GetReused() || r3.GetAlongside() {
 		t.Errorf("same layers, not alongside: reused %t alongside %t, want reused only", r3.GetReused(), r3.GetAlongside())
 	}
-	awaitEnd(t, d2, "the pipeline of epoch 2 after a load without alongside")
 	d3 := wire(t, s, 3, r3)
 	if got, err := prefill(d3, 3, 1); err != nil || got != want {
 		t.Errorf("after a recovery's load: token %d, %v; want %d", got, err, want)
+	}
+	if !s.Busy() {
+		t.Error("not busy while its stage serves a pipeline")
 	}
 	if _, err := s.Release(context.Background(), &tandemv1.ReleaseRequest{Epoch: 3}); err != nil {
 		t.Fatal(err)
