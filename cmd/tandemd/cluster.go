@@ -226,20 +226,18 @@ func (p *daemonProc) kill() {
 // Close stops every daemon with SIGTERM (each drains and exits 0): the
 // leader first, which finishes its requests while the stages still serve
 // them and ends their pipeline as it exits, then the stage daemons, idle
-// by then. Stopping the stages first would make the leader treat each as
-// a planned removal and try to move its layers to the others, which the
-// whole cluster's stop cannot allow. It returns what went wrong; later
-// calls return the first call's result.
+// by then, one after the other. Stopping the stages first would make the
+// leader treat each as a planned removal and try to move its layers to the
+// others, which the whole cluster's stop cannot allow; stopping them all
+// at once could leave one announcing its departure to a peer that left
+// meanwhile. It returns what went wrong; later calls return the first
+// call's result.
 func (c *localCluster) Close() error {
 	c.closeOnce.Do(func() {
-		errs := make([]error, len(c.Stages), len(c.Stages)+2)
-		leader := c.Leader.stop(30 * time.Second)
-		var wg sync.WaitGroup
-		for i, p := range c.Stages {
-			wg.Go(func() { errs[i] = p.stop(30 * time.Second) })
+		errs := []error{c.Leader.stop(30 * time.Second)}
+		for _, p := range c.Stages {
+			errs = append(errs, p.stop(30*time.Second))
 		}
-		wg.Wait()
-		errs = append(errs, leader)
 		if c.Conn != nil {
 			errs = append(errs, c.Conn.Close())
 		}

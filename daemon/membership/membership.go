@@ -467,6 +467,12 @@ func (m *Membership) Leave(timeout time.Duration) error {
 	// Peers must learn the leaving flag before the departure itself, or
 	// they would take the departure for a failure.
 	if err := m.ml.UpdateNode(time.Until(deadline)); err != nil {
+		if m.ml.NumMembers() <= 1 {
+			// The last peers left meanwhile (a whole cluster stopping at
+			// once), so the update had nobody to go to: nobody is left to
+			// tell either.
+			return nil
+		}
 		return fmt.Errorf("leave: announce: %w", err)
 	}
 	m.syncPeers(deadline)
