@@ -440,7 +440,8 @@ func (m *Membership) UpdateMeta(meta Meta) error {
 
 // Leave announces that this node is leaving, so peers see a Leave event
 // rather than a Fail, and waits up to timeout for the announcement to go
-// out (timeout must be positive). The node keeps gossiping until Shutdown.
+// out (timeout must be positive), unless no peer is left to hear it. The
+// node keeps gossiping until Shutdown.
 func (m *Membership) Leave(timeout time.Duration) error {
 	m.life.Lock()
 	defer m.life.Unlock()
