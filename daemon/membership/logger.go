@@ -7,9 +7,10 @@ import (
 	"log/slog"
 	"net"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/tandem-llm/tandem/internal/lograte"
 )
 
 // newStdLogger returns a *log.Logger, as memberlist wants, whose lines go
@@ -17,28 +18,22 @@ import (
 // set, lines about memberlist's own closed sockets go to Debug. Warnings
 // and errors about what a peer sent are rate-limited (see slogWriter).
 func newStdLogger(l *slog.Logger, stopping *atomic.Bool) *log.Logger {
-	return log.New(&slogWriter{l: l, stopping: stopping, now: time.Now}, "", 0)
+	return log.New(newSlogWriter(l, stopping, nil), "", 0)
 }
-
-// Peer lines (see slogWriter.Write) pass at peerLineRate a second on
-// average, in bursts of up to peerLineBurst.
-const (
-	peerLineRate  = 1
-	peerLineBurst = 10
-)
 
 // slogWriter turns memberlist's log lines ("[WARN] memberlist: text") into
 // slog records.
 type slogWriter struct {
 	l        *slog.Logger
 	stopping *atomic.Bool
-	now      func() time.Time
+	peer     *lograte.Limiter // lines about a peer's packets
+}
 
-	mu         sync.Mutex
-	tokens     float64   // peer lines that may pass now
-	last       time.Time // when tokens was last refilled
-	suppressed int       // peer lines dropped since the last that passed
-	since      time.Time // when the first of them was dropped
+// newSlogWriter returns a writer to l; now is the rate limit's clock (nil:
+// time.Now).
+func newSlogWriter(l *slog.Logger, stopping *atomic.Bool, now func() time.Time) *slogWriter {
+	return &slogWriter{l: l.With("component", "memberlist"), stopping: stopping,
+		peer: &lograte.Limiter{Rate: lograte.PeerRate, Burst: lograte.PeerBurst, Now: now}}
 }
 
 // Write logs one line; log.Logger calls it once per message. memberlist's
@@ -49,7 +44,7 @@ type slogWriter struct {
 // A warning or error that names the peer whose packet or stream caused it
 // (memberlist writes "from=ADDR") is what any process reaching the gossip
 // port can provoke at will, one line per garbage datagram: such lines pass
-// a token bucket (peerLineRate a second, bursts of peerLineBurst), the
+// a token bucket (lograte.PeerRate a second, bursts of lograte.PeerBurst), the
 // others are dropped, and the next line that passes is preceded by a
 // warning counting what was dropped.
 func (w *slogWriter) Write(p []byte) (int, error) {
@@ -58,42 +53,11 @@ func (w *slogWriter) Write(p []byte) (int, error) {
 		level = slog.LevelDebug
 	}
 	if level >= slog.LevelWarn && strings.Contains(msg, "from=") {
-		pass, dropped, since := w.admit()
-		if !pass {
-			return len(p), nil
-		}
-		if dropped > 0 {
-			w.l.Warn("suppressed warnings and errors about peers' packets", "component", "memberlist",
-				"suppressed", dropped, "since", since.Format(time.RFC3339), "per_second", peerLineRate, "burst", peerLineBurst)
-		}
-	}
-	w.l.Log(context.Background(), level, msg, "component", "memberlist")
-	return len(p), nil
-}
-
-// admit takes a token for a peer line. It reports whether the line may
-// pass and, if so, how many were dropped before it since when.
-func (w *slogWriter) admit() (pass bool, dropped int, since time.Time) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	now := w.now()
-	if w.last.IsZero() {
-		w.tokens = peerLineBurst
+		w.peer.Log(w.l, level, msg)
 	} else {
-		w.tokens = min(peerLineBurst, w.tokens+now.Sub(w.last).Seconds()*peerLineRate)
+		w.l.Log(context.Background(), level, msg)
 	}
-	w.last = now
-	if w.tokens < 1 {
-		if w.suppressed == 0 {
-			w.since = now
-		}
-		w.suppressed++
-		return false, 0, time.Time{}
-	}
-	w.tokens--
-	dropped, since = w.suppressed, w.since
-	w.suppressed = 0
-	return true, dropped, since
+	return len(p), nil
 }
 
 // levels maps memberlist's prefixes to slog levels.

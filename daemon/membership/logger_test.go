@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/tandem-llm/tandem/internal/lograte"
 )
 
 func TestParseLine(t *testing.T) {
@@ -71,7 +73,7 @@ func TestPeerLinesRateLimited(t *testing.T) {
 	var buf bytes.Buffer
 	var stopping atomic.Bool
 	now := time.Unix(1000, 0)
-	w := &slogWriter{l: slog.New(slog.NewTextHandler(&buf, nil)), stopping: &stopping, now: func() time.Time { return now }}
+	w := newSlogWriter(slog.New(slog.NewTextHandler(&buf, nil)), &stopping, func() time.Time { return now })
 	l := log.New(w, "", 0)
 	for i := range 100 {
 		l.Printf("[ERR] memberlist: msg type (%d) not supported from=127.0.0.1:%d", i, 40000+i)
@@ -90,10 +92,10 @@ func TestPeerLinesRateLimited(t *testing.T) {
 		l.Printf("[WARN] memberlist: Got ping for unexpected node x from=127.0.0.1:1")
 	}
 	out = buf.String()
-	if n := strings.Count(out, "unexpected node"); n != 3 {
+	if n := strings.Count(out, `msg="Got ping for unexpected node`); n != 3 {
 		t.Errorf("%d peer lines passed 3 s later, want 3", n)
 	}
-	if !strings.Contains(out, "suppressed=90") {
+	if !strings.Contains(out, "suppressed=90") || !strings.Contains(out, "component=memberlist") {
 		t.Errorf("no count of the 90 dropped lines:\n%s", out)
 	}
 }
@@ -118,12 +120,12 @@ func TestGossipGarbageFlood(t *testing.T) {
 		conn.Write([]byte{0xf0 | byte(i%16), byte(i), 1, 2, 3})
 	}
 	eventually(t, 5*time.Second, "the flood reaches the log", func() bool {
-		return strings.Count(logs.String(), "level=ERROR") >= peerLineBurst
+		return strings.Count(logs.String(), "level=ERROR") >= lograte.PeerBurst
 	})
 	eventually(t, 5*time.Second, "the pair forms", func() bool {
 		return sees(a, "b", Alive, withName(testMeta("b", 1), "b")) && sees(b, "a", Alive, withName(testMeta("a", 0), "a"))
 	})
-	bound := peerLineBurst + int(time.Since(start).Seconds()*peerLineRate) + 1
+	bound := lograte.PeerBurst + int(time.Since(start).Seconds()*lograte.PeerRate) + 1
 	if n := strings.Count(logs.String(), "level=ERROR"); n > bound {
 		t.Errorf("%d ERROR lines for %d garbage datagrams in %v, want at most %d", n, flood, time.Since(start), bound)
 	}
