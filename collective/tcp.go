@@ -15,6 +15,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/tandem-llm/tandem/internal/accept"
+	"github.com/tandem-llm/tandem/internal/lograte"
 	"github.com/tandem-llm/tandem/linkauth"
 )
 
@@ -35,12 +37,12 @@ type ListenConfig struct {
 	// "stage1->stage2"); a dialer must present the same name. At most
 	// MaxLinkName bytes; the empty name is a name like any other.
 	Link string
-	// HandshakeTimeout bounds the hello exchange with one connecting peer,
-	// so that a stray connection that sends nothing holds Accept up for at
-	// most this long (default 10s).
+	// HandshakeTimeout bounds the hello exchange with one connecting peer:
+	// a stray connection that sends nothing is dropped after this long
+	// (default 10s).
 	HandshakeTimeout time.Duration
-	// Logger receives a warning for each connection Accept rejects
-	// (default slog.Default()).
+	// Logger receives a warning for each connection Accept rejects, at
+	// lograte.PeerRate lines a second (default slog.Default()).
 	Logger *slog.Logger
 	// Epoch and Credential authenticate the dialer: with a credential (the
 	// cluster's, see package linkauth), each end proves it holds it for
@@ -81,6 +83,9 @@ type Listener struct {
 	done   context.Context
 	cancel context.CancelFunc
 	once   sync.Once
+	// refused bounds the log lines about refused connections, which
+	// whoever reaches the port can provoke.
+	refused lograte.Limiter
 }
 
 // Listen listens on addr (host:port; port 0 picks a free one).
@@ -105,6 +110,7 @@ func (c ListenConfig) Listen(addr string) (*Listener, error) {
 		accepting: make(chan struct{}, 1),
 		done:      done,
 		cancel:    cancel,
+		refused:   lograte.Limiter{Rate: lograte.PeerRate, Burst: lograte.PeerBurst},
 	}, nil
 }
 
@@ -125,11 +131,12 @@ func (l *Listener) Close() error {
 }
 
 // Accept waits for a dialer presenting the listener's link name and returns
-// the receiving end of its link. A connection that fails the handshake
-// (another link name, another protocol version, not a tandem peer at all,
-// silent for longer than the handshake timeout) is told why where possible,
-// closed and logged, and Accept waits for the next one. Calls are served
-// one at a time.
+// the receiving end of its link. Connections are served side by side, so
+// one that says nothing cannot hold the dialer's up; one that fails the
+// handshake (another link name, another protocol version, not a tandem
+// peer at all, silent for longer than the handshake timeout) is told why
+// where possible, closed and logged (at lograte.PeerRate lines a second),
+// and Accept waits for the next one. Calls are served one at a time.
 func (l *Listener) Accept(ctx context.Context) (Receiver, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -138,8 +145,6 @@ func (l *Listener) Accept(ctx context.Context) (Receiver, error) {
 		if l.done.Err() != nil {
 			err = fmt.Errorf("listener closed: %w", ErrClosed)
 		} else if cerr := ctx.Err(); cerr != nil {
-			err = cerr
-		} else if cerr := ctxCause(ctx, err); cerr != nil {
 			err = cerr
 		}
 		return nil, fmt.Errorf("collective: accept link %q on %s: %w", l.cfg.Link, l.Addr(), err)
@@ -150,30 +155,18 @@ func (l *Listener) Accept(ctx context.Context) (Receiver, error) {
 	case <-ctx.Done():
 		return fail(ctx.Err())
 	}
-	for {
-		if err := ctx.Err(); err != nil {
-			return fail(err)
-		}
-		disarm, err := armDeadline(ctx, l.ln.SetDeadline)
-		if err != nil {
-			return fail(err)
-		}
-		conn, err := l.ln.AcceptTCP()
-		disarm()
-		if err != nil {
-			return fail(err)
-		}
-		r, err := l.handshake(ctx, conn)
-		if err == nil {
-			return r, nil
-		}
-		conn.Close()
-		if ctx.Err() != nil {
-			return fail(err)
-		}
-		l.cfg.Logger.Warn("collective: rejected connection", "link", l.cfg.Link,
-			"listener", l.Addr().String(), "peer", conn.RemoteAddr().String(), "err", err)
+	r, err := accept.First(ctx, l.ln, accept.Config[Receiver]{
+		Handshake: func(ctx context.Context, c net.Conn) (Receiver, error) { return l.handshake(ctx, c.(*net.TCPConn)) },
+		Discard:   func(r Receiver) { r.Close() },
+		Refused: func(c net.Conn, err error) {
+			l.refused.Log(l.cfg.Logger, slog.LevelWarn, "collective: rejected connection", "link", l.cfg.Link,
+				"listener", l.Addr().String(), "peer", c.RemoteAddr().String(), "err", err)
+		},
+	})
+	if err != nil {
+		return fail(err)
 	}
+	return r, nil
 }
 
 // handshake reads a dialer's hello from conn and answers it.

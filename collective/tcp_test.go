@@ -236,6 +236,14 @@ func TestStrayConnections(t *testing.T) {
 			t.Fatalf("%s: answer %q, %v; want one containing %q", st.name, reason, err, st.answer)
 		}
 	}
+	// The silent one times out on its own (the peer need not wait for it:
+	// TestSilentConnectionsDoNotHoldThePeer).
+	for deadline := time.Now().Add(5 * time.Second); !strings.Contains(log.String(), "handshake not done within 300ms"); {
+		if time.Now().After(deadline) {
+			t.Fatalf("the silent connection's timeout not logged:\n%s", log.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 	s, err := DialConfig{Link: "l"}.Dial(ctx, addr)
 	if err != nil {
 		t.Fatal(err)
@@ -248,6 +256,52 @@ func TestStrayConnections(t *testing.T) {
 		if !strings.Contains(log.String(), want) {
 			t.Errorf("log lacks %q:\n%s", want, log.String())
 		}
+	}
+}
+
+// TestSilentConnectionsDoNotHoldThePeer: connections that say nothing,
+// made before the peer's, do not hold it up: the peer's handshake is done
+// while theirs still wait, a minute's handshake timeout (served one at a
+// time, the peer's waited for each in turn and failed its own timeout).
+// Whoever reaches the port could otherwise keep a pipeline from wiring.
+func TestSilentConnectionsDoNotHoldThePeer(t *testing.T) {
+	var log syncBuffer
+	ln, err := ListenConfig{Link: "l", HandshakeTimeout: time.Minute, Logger: slog.New(slog.NewTextHandler(&log, nil))}.Listen("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	ctx := within(t, 30*time.Second)
+	wait := acceptOne(t, ln, ctx)
+	var silent []net.Conn
+	for range 20 { // more than the handshakes served at once
+		c, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		silent = append(silent, c)
+	}
+	dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	s, err := DialConfig{Link: "l", HandshakeTimeout: 10 * time.Second}.Dial(dctx, ln.Addr().String())
+	if err != nil {
+		t.Fatalf("the peer behind 20 silent connections: %v", err)
+	}
+	defer s.Close()
+	if _, err := wait(); err != nil {
+		t.Fatal(err)
+	}
+	for i, c := range silent {
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if _, err := io.ReadAll(c); err != nil {
+			t.Errorf("silent connection %d not closed once the peer was accepted: %v", i, err)
+		}
+	}
+	// 4 dropped for the silent ones beyond 16, one for the peer's; the
+	// last may be reported or not, as the peer's success comes first.
+	if n := strings.Count(log.String(), "too many handshakes at once"); n < 4 || n > 5 {
+		t.Errorf("%d connections dropped as too many, want 4 or 5:\n%s", n, log.String())
 	}
 }
 

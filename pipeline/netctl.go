@@ -11,6 +11,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/tandem-llm/tandem/internal/accept"
+	"github.com/tandem-llm/tandem/internal/lograte"
 	"github.com/tandem-llm/tandem/linkauth"
 )
 
@@ -35,8 +37,7 @@ type ControlConfig struct {
 	// only, the handshake fails saying so.
 	Credential *linkauth.Credential
 	// HandshakeTimeout bounds the handshake (default 10s), so that a
-	// connection that sends nothing holds a stage's Accept up for at most
-	// this long.
+	// connection that sends nothing is dropped after this long.
 	HandshakeTimeout time.Duration
 	// Logger receives a warning for each connection a stage's Accept
 	// refuses (default slog.Default()).
@@ -57,8 +58,11 @@ func (c ControlConfig) withDefaults() ControlConfig {
 
 // ControlListener accepts the leader's control connection on a stage.
 type ControlListener struct {
-	ln  net.Listener
+	ln  *net.TCPListener
 	cfg ControlConfig
+	// refused bounds the log lines about refused connections, which
+	// whoever reaches the port can provoke.
+	refused lograte.Limiter
 }
 
 // ListenControl listens for the leader on addr ("127.0.0.1:0" picks a
@@ -77,7 +81,8 @@ func (c ControlConfig) Listen(addr string) (*ControlListener, error) {
 	if err != nil {
 		return nil, fmt.Errorf("listen for control on %s: %w", addr, err)
 	}
-	return &ControlListener{ln: ln, cfg: c.withDefaults()}, nil
+	return &ControlListener{ln: ln.(*net.TCPListener), cfg: c.withDefaults(),
+		refused: lograte.Limiter{Rate: lograte.PeerRate, Burst: lograte.PeerBurst}}, nil
 }
 
 // Addr is the address the listener is bound to.
@@ -87,31 +92,28 @@ func (l *ControlListener) Addr() string { return l.ln.Addr().String() }
 func (l *ControlListener) Close() error { return l.ln.Close() }
 
 // Accept waits for the leader's connection: the first that completes the
-// handshake. A connection that fails it (another protocol version, link or
-// epoch, a wrong or missing proof, garbage, silence past the handshake
-// timeout) is told why where possible, closed and logged, and Accept waits
-// for the next.
+// handshake. Connections are served side by side, so one that says nothing
+// cannot hold the leader's up. A connection that fails the handshake
+// (another protocol version, link or epoch, a wrong or missing proof,
+// garbage, silence past the handshake timeout) is told why where possible,
+// closed and logged (at lograte.PeerRate lines a second), and
+// Accept waits for the next.
 func (l *ControlListener) Accept(ctx context.Context) (*NetControl, error) {
-	stop := context.AfterFunc(ctx, func() { l.ln.Close() })
-	defer stop()
-	for {
-		c, err := l.ln.Accept()
-		if err != nil {
-			if ctx.Err() != nil {
-				return nil, ctx.Err()
-			}
-			return nil, fmt.Errorf("accept control connection: %w", err)
-		}
-		nc, err := l.handshake(ctx, c)
-		if err == nil {
-			return nc, nil
-		}
-		c.Close()
+	nc, err := accept.First(ctx, l.ln, accept.Config[*NetControl]{
+		Handshake: l.handshake,
+		Discard:   func(nc *NetControl) { nc.Close() },
+		Refused: func(c net.Conn, err error) {
+			l.refused.Log(l.cfg.Logger, slog.LevelWarn, "control: refused connection", "link", l.cfg.Link,
+				"listener", l.Addr(), "peer", c.RemoteAddr().String(), "err", err)
+		},
+	})
+	if err != nil {
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
-		l.cfg.Logger.Warn("control: refused connection", "link", l.cfg.Link, "listener", l.Addr(), "peer", c.RemoteAddr().String(), "err", err)
+		return nil, fmt.Errorf("accept control connection: %w", err)
 	}
+	return nc, nil
 }
 
 // handshake runs the stage's side of the handshake on c.

@@ -304,3 +304,52 @@ func TestControlHandshakeTimeout(t *testing.T) {
 		t.Errorf("accept after a silent connection: %v", err)
 	}
 }
+
+// TestControlSilentConnectionsDoNotHoldTheLeader: connections that say
+// nothing, more than a stage serves at once and made before the leader's,
+// do not keep the leader out: its link is up while theirs still wait out a
+// minute's handshake timeout (served one at a time, the leader's waited
+// for each in turn and failed its own 10 s timeout). Whoever reaches a
+// stage's control port could otherwise keep a pipeline from forming.
+func TestControlSilentConnectionsDoNotHoldTheLeader(t *testing.T) {
+	ln, err := ControlConfig{HandshakeTimeout: time.Minute, Logger: slog.New(slog.DiscardHandler)}.Listen("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	var silent []net.Conn
+	for range 20 {
+		c, err := net.Dial("tcp", ln.Addr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		silent = append(silent, c)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		nc, err := ln.Accept(ctx)
+		if err == nil {
+			nc.Close()
+		}
+		done <- err
+	}()
+	dctx, dcancel := context.WithTimeout(ctx, 10*time.Second)
+	defer dcancel()
+	link, err := DialLink(dctx, ln.Addr())
+	if err != nil {
+		t.Fatalf("the leader behind 20 silent connections: %v", err)
+	}
+	link.Close()
+	if err := <-done; err != nil {
+		t.Errorf("accept: %v", err)
+	}
+	for i, c := range silent {
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if _, err := io.ReadAll(c); err != nil {
+			t.Errorf("silent connection %d not closed once the leader was accepted: %v", i, err)
+		}
+	}
+}
