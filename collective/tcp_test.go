@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tandem-llm/tandem/internal/lograte"
 	"github.com/tandem-llm/tandem/linkauth"
 )
 
@@ -627,5 +628,39 @@ func TestAuthenticatedLink(t *testing.T) {
 	acceptOne(t, plain, within(t, 5*time.Second))
 	if _, err := good.Dial(ctx, plain.Addr().String()); !errors.Is(err, linkauth.ErrNoProof) {
 		t.Errorf("dialer with a credential, listener without: %v, want %v", err, linkauth.ErrNoProof)
+	}
+}
+
+// TestRefusedFloodLogBounded: a flood of garbage connections logs at most
+// the burst plus a line a second (it logged a line each), and the peer
+// still gets in after it.
+func TestRefusedFloodLogBounded(t *testing.T) {
+	var log syncBuffer
+	ln := listen(t, "l", &log)
+	ctx := within(t, 30*time.Second)
+	wait := acceptOne(t, ln, ctx)
+	start := time.Now()
+	const flood = 200
+	for range flood {
+		c, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Write([]byte("GET / HTTP/1.1\r\n\r\n"))
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		io.ReadAll(c) // refused and closed
+		c.Close()
+	}
+	s, err := DialConfig{Link: "l"}.Dial(ctx, ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if _, err := wait(); err != nil {
+		t.Fatal(err)
+	}
+	bound := lograte.PeerBurst + int(time.Since(start).Seconds()*lograte.PeerRate) + 1
+	if n := strings.Count(log.String(), `msg="collective: rejected connection"`); n > bound || n < lograte.PeerBurst {
+		t.Errorf("%d lines for %d refused connections in %v, want %d to %d", n, flood, time.Since(start), lograte.PeerBurst, bound)
 	}
 }
