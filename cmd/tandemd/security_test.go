@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/base64"
 	"math"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -150,7 +151,19 @@ func TestAttacks(t *testing.T) {
 		t.Fatalf("Load signed as the leader: %v", err)
 	}
 	defer node.Release(context.WithoutCancel(ctx), &tandemv1.ReleaseRequest{Epoch: epoch})
-	forged := func(what string, dial func(link string, epoch uint64, cred *linkauth.Credential) error, links []string, right string) {
+	// silent opens connections to addr that say nothing, more than a
+	// listener serves at once, held open until the test ends.
+	silent := func(addr string) {
+		t.Helper()
+		for range 20 {
+			c, err := net.Dial("tcp", addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { c.Close() })
+		}
+	}
+	forged := func(what, addr string, dial func(link string, epoch uint64, cred *linkauth.Credential) error, links []string, right string) {
 		t.Helper()
 		for _, link := range links {
 			for _, e := range []uint64{0, epoch} {
@@ -169,12 +182,15 @@ func TestAttacks(t *testing.T) {
 				}
 			}
 		}
+		// Connections that say nothing, made first, do not hold the right
+		// peer up (served one at a time, they did until its dial timed out).
+		silent(addr)
 		if err := dial(right, epoch, cred); err != nil {
-			t.Errorf("%s: the right peer after the forged ones: %v", what, err)
+			t.Errorf("%s: the right peer after the forged ones and 20 silent connections: %v", what, err)
 		}
 	}
 	// Its data port: the previous stage's activations.
-	forged("data port", func(link string, e uint64, cr *linkauth.Credential) error {
+	forged("data port", load.GetDataAddr(), func(link string, e uint64, cr *linkauth.Credential) error {
 		s, err := collective.DialConfig{Link: link, Epoch: e, Credential: cr}.Dial(ctx, load.GetDataAddr())
 		if err == nil {
 			s.Close()
@@ -185,7 +201,7 @@ func TestAttacks(t *testing.T) {
 	if _, err := node.Connect(ctx, &tandemv1.ConnectRequest{Epoch: epoch, Prev: tandemv1.Transport_TRANSPORT_TCP}); err != nil {
 		t.Fatalf("Connect: %v", err)
 	}
-	forged("control port", func(link string, e uint64, cr *linkauth.Credential) error {
+	forged("control port", load.GetControlAddr(), func(link string, e uint64, cr *linkauth.Credential) error {
 		l, err := pipeline.ControlConfig{Link: link, Epoch: e, Credential: cr}.Dial(ctx, load.GetControlAddr())
 		if err == nil {
 			l.Close()
