@@ -30,6 +30,7 @@ import (
 	"net"
 	"slices"
 	"sync"
+	"syscall"
 	"time"
 )
 
@@ -63,6 +64,13 @@ type Config[T any] struct {
 	MaxPending int
 }
 
+// outOfResources reports whether an accept failed for want of a resource
+// that comes back (file descriptors, buffers, memory), not for good.
+func outOfResources(err error) bool {
+	return errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE) ||
+		errors.Is(err, syscall.ENOBUFS) || errors.Is(err, syscall.ENOMEM)
+}
+
 type result[T any] struct {
 	c   net.Conn
 	v   T
@@ -71,7 +79,9 @@ type result[T any] struct {
 
 // First accepts connections on ln and runs their handshakes side by side
 // until one succeeds, which it returns. It fails when ctx is done (with
-// ctx's error) or when ln fails to accept (with that error).
+// ctx's error) or when ln fails to accept (with that error), except for
+// want of file descriptors or buffers: then it waits (5 ms, doubling up
+// to 1 s) and accepts again.
 func First[T any](ctx context.Context, ln Listener, cfg Config[T]) (T, error) {
 	if cfg.MaxPending <= 0 {
 		cfg.MaxPending = DefaultMaxPending
@@ -83,12 +93,24 @@ func First[T any](ctx context.Context, ln Listener, cfg Config[T]) (T, error) {
 	acceptErr := make(chan error, 1)
 	results := make(chan result[T])
 	wg.Go(func() {
+		delay := time.Duration(0)
 		for {
 			c, err := ln.Accept()
+			if err != nil && ctx.Err() == nil && outOfResources(err) {
+				// Out of file descriptors or buffers (a flood can cause
+				// it): wait and try again, as net/http's server does.
+				delay = min(max(2*delay, 5*time.Millisecond), time.Second)
+				select {
+				case <-time.After(delay):
+					continue
+				case <-ctx.Done():
+				}
+			}
 			if err != nil {
 				acceptErr <- err
 				return
 			}
+			delay = 0
 			select {
 			case conns <- c:
 			case <-ctx.Done():

@@ -6,9 +6,11 @@ import (
 	"errors"
 	"io"
 	"net"
+	"os"
 	"runtime"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -214,5 +216,34 @@ func TestListenerClosed(t *testing.T) {
 	time.AfterFunc(50*time.Millisecond, func() { ln.Close() })
 	if _, err := First(context.Background(), ln, Config[string]{Handshake: hello}); !errors.Is(err, net.ErrClosed) {
 		t.Fatalf("First on a closed listener: %v, want %v", err, net.ErrClosed)
+	}
+}
+
+// flaky fails its first accepts as a process out of file descriptors
+// does, then accepts for real.
+type flaky struct {
+	*net.TCPListener
+	fails int
+}
+
+func (f *flaky) Accept() (net.Conn, error) {
+	if f.fails > 0 {
+		f.fails--
+		return nil, &net.OpError{Op: "accept", Net: "tcp", Err: os.NewSyscallError("accept4", syscall.EMFILE)}
+	}
+	return f.TCPListener.Accept()
+}
+
+// TestOutOfFilesRetried: accepts that fail for want of file descriptors
+// (which a flood of connections can cause) are retried, not fatal.
+func TestOutOfFilesRetried(t *testing.T) {
+	checkNoLeak(t)
+	ln := &flaky{TCPListener: listen(t), fails: 3}
+	peer := dial(t, ln, "hello\n")
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	got, err := First(ctx, ln, Config[string]{Handshake: hello})
+	if err != nil || got != peer.LocalAddr().String() {
+		t.Fatalf("First after 3 accepts out of files: %q, %v", got, err)
 	}
 }
