@@ -23,7 +23,8 @@ func TestExampleConfig(t *testing.T) {
 		cfg.Stage.Memory != 8<<30 || time.Duration(cfg.Cluster.DrainTimeout) != 30*time.Second ||
 		cfg.Security.AdminTokenFile != "/etc/tandem/admin.token" || len(cfg.Plan) != 2 || cfg.Plan[1].Layers != [2]int{16, 32} ||
 		cfg.Cluster.LeaderEligible == nil || !*cfg.Cluster.LeaderEligible || time.Duration(cfg.Cluster.RecoveryTimeout) != time.Minute ||
-		time.Duration(cfg.Cluster.StepTimeout) != 30*time.Second || cfg.Cluster.AutoRebalance == nil || !*cfg.Cluster.AutoRebalance {
+		time.Duration(cfg.Cluster.StepTimeout) != 30*time.Second || cfg.Cluster.AutoRebalance == nil || !*cfg.Cluster.AutoRebalance ||
+		time.Duration(cfg.Listen.IdleTimeout) != 5*time.Minute {
 		t.Errorf("example config parsed as %+v", cfg)
 	}
 	full, err := cfg.withDefaults()
@@ -41,6 +42,9 @@ func TestExampleConfig(t *testing.T) {
 	}
 	if def.Listen.Metrics != "" {
 		t.Errorf("metrics endpoint %q by default, want off", def.Listen.Metrics)
+	}
+	if time.Duration(def.Listen.IdleTimeout) != DefaultIdleTimeout {
+		t.Errorf("idle timeout %v by default, want %v", time.Duration(def.Listen.IdleTimeout), DefaultIdleTimeout)
 	}
 	if cl := def.Cluster; time.Duration(cl.RecoveryTimeout) != time.Minute || time.Duration(cl.StepTimeout) != 30*time.Second || !*cl.AutoRebalance {
 		t.Errorf("cluster defaults: %+v, want recovery in 60s, steps within 30s, auto-rebalance on", cl)
@@ -88,6 +92,7 @@ func TestConfigErrors(t *testing.T) {
 		{"cert without key", Config{Name: "n", Model: "m", Security: SecurityConfig{TLSCertFile: "c"}}, "go together"},
 		{"bad plan", Config{Name: "n", Model: "m", Plan: []PlanRange{{Node: "a", Layers: [2]int{3, 3}}}}, "plan[0]"},
 		{"negative expect", Config{Name: "n", Model: "m", Cluster: ClusterConfig{ExpectStages: -1}}, "expect_stages"},
+		{"negative idle timeout", Config{Name: "n", Model: "m", Listen: ListenConfig{IdleTimeout: Duration(-time.Second)}}, "listen.idle_timeout -1s: want a positive duration"},
 		{"queue bound", Config{Name: "n", Model: "m", Stage: StageConfig{MaxNumWaiting: -2}}, "stage.max_num_waiting -2"},
 		{"growth reserve", Config{Name: "n", Model: "m", Stage: StageConfig{GrowthReserve: -5}}, "growth reserve -5 is below -1"},
 		{"preemptions", Config{Name: "n", Model: "m", Stage: StageConfig{MaxPreemptions: -1}}, "max preemptions -1 is negative"},

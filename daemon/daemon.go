@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/reflection"
 
 	"github.com/tandem-llm/tandem/daemon/apierr"
@@ -149,6 +150,7 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 	auth := tokenAuth{token: d.sec.adminToken}
 	rec := recovery{log: d.log}
 	srv := grpc.NewServer(grpc.Creds(creds), grpc.MaxConcurrentStreams(d.cfg.maxStreams()), grpc.MaxRecvMsgSize(d.maxRecvMsg()),
+		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: time.Duration(d.cfg.Listen.IdleTimeout)}),
 		grpc.ChainUnaryInterceptor(rec.unary, auth.unary, d.nodeVerifier().Unary),
 		grpc.ChainStreamInterceptor(rec.stream, auth.stream))
 	d.health = health.NewServer()

@@ -117,7 +117,10 @@
 // metrics, and maps the domain errors onto the HTTP statuses in one place
 // (400 bad request or never fits, 503 no pipeline or draining). A node
 // that does not lead answers 503 naming the leader. The model's name in
-// the API is model_name, else the model directory's name.
+// the API is model_name, else the model directory's name. A client
+// connection to the gRPC or HTTP listeners with no request in flight for
+// listen.idle_timeout (default 5m) is closed; clients reconnect on their
+// next request.
 //
 // A lost stage costs no request. When a stage node dies, hangs (a step
 // past cluster.step_timeout) or its link breaks, the leader rebuilds a

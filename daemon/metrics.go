@@ -214,9 +214,10 @@ func (d *Daemon) newHTTPServer(key, addr string, h http.Handler) (*httpServer, e
 		return nil, fmt.Errorf("listen on %s (%s): %w", addr, key, err)
 	}
 	return &httpServer{
-		key:    key,
-		lis:    lis,
-		srv:    &http.Server{Handler: h, ReadHeaderTimeout: httpReadHeaderTimeout, ErrorLog: slog.NewLogLogger(d.log.Handler(), slog.LevelWarn)},
+		key: key,
+		lis: lis,
+		srv: &http.Server{Handler: h, ReadHeaderTimeout: httpReadHeaderTimeout, IdleTimeout: time.Duration(d.cfg.Listen.IdleTimeout),
+			ErrorLog: slog.NewLogLogger(d.log.Handler(), slog.LevelWarn)},
 		served: make(chan error, 1),
 	}, nil
 }

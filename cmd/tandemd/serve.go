@@ -31,6 +31,7 @@ type serveFlags struct {
 	rebalance   bool
 	recovery    time.Duration
 	stepTimeout time.Duration
+	idleTimeout time.Duration
 	vllmNames   bool
 }
 
@@ -78,6 +79,7 @@ func (o *serveFlags) register(f *pflag.FlagSet) {
 	f.StringVar(&c.Listen.Advertise, "advertise", "", "host other nodes reach this one at")
 	f.StringVar(&c.Listen.Metrics, "metrics", "", "Prometheus metrics listen address, served at /metrics (default: off), e.g. 127.0.0.1:9400")
 	f.StringVar(&c.Listen.HTTP, "http", "", "OpenAI-compatible HTTP API listen address, with /metrics (default: off), e.g. 127.0.0.1:8000")
+	f.DurationVar(&o.idleTimeout, "idle-timeout", daemon.DefaultIdleTimeout, "close a gRPC or HTTP client connection with no request in flight for this long")
 	f.BoolVar(&o.vllmNames, "vllm-metric-names", false, "also export the request-level metrics under vLLM's names (vllm:...)")
 	f.StringSliceVar(&o.seeds, "seeds", nil, "gossip addresses of members to join through (comma-separated)")
 	f.StringVar(&c.Cluster.Leader, "leader", "", "the leader's name (default: the eligible member with the smallest name)")
@@ -138,6 +140,7 @@ func (o *serveFlags) resolve(fs *pflag.FlagSet) (daemon.Config, error) {
 	set("advertise", func() { cfg.Listen.Advertise = c.Listen.Advertise })
 	set("metrics", func() { cfg.Listen.Metrics = c.Listen.Metrics })
 	set("http", func() { cfg.Listen.HTTP = c.Listen.HTTP })
+	set("idle-timeout", func() { cfg.Listen.IdleTimeout = daemon.Duration(o.idleTimeout) })
 	set("vllm-metric-names", func() { cfg.Metrics.VLLMNames = o.vllmNames })
 	set("seeds", func() { cfg.Cluster.Seeds = o.seeds })
 	set("leader", func() { cfg.Cluster.Leader = c.Cluster.Leader })
