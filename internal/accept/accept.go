@@ -28,6 +28,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"slices"
 	"sync"
 	"syscall"
@@ -58,7 +59,8 @@ type Config[T any] struct {
 	Discard func(T)
 	// Refused is told of each connection whose handshake failed, or was
 	// dropped as the oldest of MaxPending (err is ErrTooMany), before it
-	// is closed. nil: none. It runs on First's goroutine.
+	// is closed; not of those First cut short when it returned. nil:
+	// none. It runs on First's goroutine, before First returns.
 	Refused func(c net.Conn, err error)
 	// MaxPending bounds the handshakes at once (0: DefaultMaxPending).
 	MaxPending int
@@ -71,10 +73,19 @@ func outOfResources(err error) bool {
 		errors.Is(err, syscall.ENOBUFS) || errors.Is(err, syscall.ENOMEM)
 }
 
+// teardown reports whether a handshake's error is what First's giving up
+// causes (the connection closed, its deadline passed, the context done),
+// rather than the peer's doing.
+func teardown(err error) bool {
+	return errors.Is(err, net.ErrClosed) || errors.Is(err, os.ErrDeadlineExceeded) ||
+		errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)
+}
+
 type result[T any] struct {
 	c   net.Conn
 	v   T
 	err error
+	cut bool // First gave up while the handshake ran: its failure is First's doing
 }
 
 // First accepts connections on ln and runs their handshakes side by side
@@ -119,11 +130,11 @@ func First[T any](ctx context.Context, ln Listener, cfg Config[T]) (T, error) {
 			}
 		}
 	})
-	refuse := func(c net.Conn, err error) {
-		if cfg.Refused != nil && ctx.Err() == nil {
-			cfg.Refused(c, err)
+	refuse := func(r result[T]) {
+		if cfg.Refused != nil && !r.cut {
+			cfg.Refused(r.c, r.err)
 		}
-		c.Close()
+		r.c.Close()
 	}
 
 	var (
@@ -132,6 +143,17 @@ func First[T any](ctx context.Context, ln Listener, cfg Config[T]) (T, error) {
 		pending []net.Conn            // the handshakes running, oldest first
 		dropped = map[net.Conn]bool{} // those closed for a newer one
 	)
+	// settle gives a dropped connection's result its reason.
+	settle := func(r result[T]) result[T] {
+		if dropped[r.c] {
+			delete(dropped, r.c)
+			if r.err == nil && cfg.Discard != nil {
+				cfg.Discard(r.v)
+			}
+			r.err = ErrTooMany
+		}
+		return r
+	}
 loop:
 	for {
 		select {
@@ -147,30 +169,25 @@ loop:
 				// handshake that ignores ctx as well.
 				stop := context.AfterFunc(ctx, func() { c.Close() })
 				v, err := cfg.Handshake(ctx, c)
-				if !stop() && err == nil {
+				cut := !stop() && (err == nil || teardown(err))
+				if cut && err == nil {
 					if cfg.Discard != nil {
 						cfg.Discard(v)
 					}
 					err = fmt.Errorf("handshake done after the listener gave up: %w", context.Cause(ctx))
 				}
-				results <- result[T]{c, v, err}
+				results <- result[T]{c, v, err, cut}
 			})
 		case r := <-results:
 			if i := slices.Index(pending, r.c); i >= 0 {
 				pending = slices.Delete(pending, i, i+1)
 			}
-			if dropped[r.c] {
-				delete(dropped, r.c)
-				if r.err == nil && cfg.Discard != nil {
-					cfg.Discard(r.v)
-				}
-				r.err = ErrTooMany
-			}
+			r = settle(r)
 			if r.err == nil {
 				answer = r.v
 				break loop
 			}
-			refuse(r.c, r.err)
+			refuse(r)
 		case err = <-acceptErr:
 			break loop
 		case <-ctx.Done():
@@ -187,10 +204,14 @@ loop:
 	for {
 		select {
 		case r := <-results:
-			if r.err == nil && cfg.Discard != nil {
-				cfg.Discard(r.v)
+			if r = settle(r); r.err == nil {
+				if cfg.Discard != nil {
+					cfg.Discard(r.v)
+				}
+				r.c.Close()
+			} else {
+				refuse(r) // one that failed on its own before First gave up
 			}
-			r.c.Close()
 		case <-waited:
 			if derr := ln.SetDeadline(time.Time{}); derr != nil && err == nil {
 				if cfg.Discard != nil {

@@ -247,3 +247,57 @@ func TestOutOfFilesRetried(t *testing.T) {
 		t.Fatalf("First after 3 accepts out of files: %q, %v", got, err)
 	}
 }
+
+// TestLateRefusalReported: a handshake that failed on its own but was
+// slow to say so (its goroutine descheduled on a busy machine) is reported
+// even when the peer's success came first; one cut short by First's
+// return is not.
+func TestLateRefusalReported(t *testing.T) {
+	checkNoLeak(t)
+	ln := listen(t)
+	var refused refusals
+	readBad := make(chan struct{})
+	late := func(ctx context.Context, c net.Conn) (string, error) {
+		stop := context.AfterFunc(ctx, func() { c.SetDeadline(time.Unix(1, 0)) })
+		defer stop()
+		line, err := bufio.NewReader(c).ReadString('\n')
+		switch {
+		case err != nil:
+			return "", err
+		case line == "bad\n":
+			close(readBad)
+			<-ctx.Done() // reports after the peer got in
+			return "", errors.New("not a hello: bad")
+		}
+		return c.RemoteAddr().String(), nil
+	}
+	bad := dial(t, ln, "bad\n")
+	silent := dial(t, ln, "")
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	peer := make(chan net.Conn, 1)
+	go func() {
+		<-readBad
+		c, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Error(err)
+		} else {
+			io.WriteString(c, "hello\n")
+		}
+		peer <- c
+	}()
+	defer func() {
+		if c := <-peer; c != nil {
+			c.Close()
+		}
+	}()
+	if _, err := First(ctx, ln, Config[string]{Handshake: late, Refused: refused.add}); err != nil {
+		t.Fatal(err)
+	}
+	errs := refused.list()
+	if len(errs) != 1 || errs[0].Error() != "not a hello: bad" {
+		t.Errorf("refusals %v, want only the late one's", errs)
+	}
+	closedByPeer(t, bad, "the late one")
+	closedByPeer(t, silent, "the silent one")
+}
