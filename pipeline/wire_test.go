@@ -287,14 +287,7 @@ func TestControlHandshakeTimeout(t *testing.T) {
 	defer silent.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	done := make(chan error, 1)
-	go func() {
-		nc, err := ln.Accept(ctx)
-		if err == nil {
-			nc.Close()
-		}
-		done <- err
-	}()
+	done := acceptAndClose(ctx, ln)
 	link, err := DialLink(ctx, ln.Addr())
 	if err != nil {
 		t.Fatal(err)
@@ -328,14 +321,7 @@ func TestControlSilentConnectionsDoNotHoldTheLeader(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	done := make(chan error, 1)
-	go func() {
-		nc, err := ln.Accept(ctx)
-		if err == nil {
-			nc.Close()
-		}
-		done <- err
-	}()
+	done := acceptAndClose(ctx, ln)
 	dctx, dcancel := context.WithTimeout(ctx, 10*time.Second)
 	defer dcancel()
 	link, err := DialLink(dctx, ln.Addr())
@@ -352,4 +338,18 @@ func TestControlSilentConnectionsDoNotHoldTheLeader(t *testing.T) {
 			t.Errorf("silent connection %d not closed once the leader was accepted: %v", i, err)
 		}
 	}
+}
+
+// acceptAndClose runs ln.Accept in the background, closes the link it
+// gets, and sends Accept's error.
+func acceptAndClose(ctx context.Context, ln *ControlListener) <-chan error {
+	done := make(chan error, 1)
+	go func() {
+		nc, err := ln.Accept(ctx)
+		if err == nil {
+			nc.Close()
+		}
+		done <- err
+	}()
+	return done
 }
