@@ -130,13 +130,7 @@ func (w *Worker) serveLaunched(ctx context.Context, info stage.Info, l stage.Lau
 				drain()
 				return fail(st, err)
 			}
-			if dt, ok := w.Stage.(DeviceTimer); ok {
-				t.Device = dt.LastStepTime()
-			}
-			w.busy += t.ForwardEnd - t.ForwardStart
-			w.deviceBusy += t.Device
-			t.Busy, t.DeviceBusy = w.busy, w.deviceBusy
-			t.SendStart, t.SendEnd = t.ForwardEnd, t.ForwardEnd
+			w.account(&t)
 			res := &Result{Batch: st.Batch.ID, Stage: w.Index, Sampled: out.Sampled, Logits: out.Logits}
 			if st.Report {
 				res.Timing = &t

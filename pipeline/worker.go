@@ -205,13 +205,7 @@ func (w *Worker) step(ctx context.Context, info stage.Info, st *Step) (*Result, 
 		return nil, fmt.Errorf("forward: %w", err)
 	}
 	t.ForwardEnd = w.clk.now()
-	if dt, ok := w.Stage.(DeviceTimer); ok {
-		t.Device = dt.LastStepTime()
-	}
-	w.busy += t.ForwardEnd - t.ForwardStart
-	w.deviceBusy += t.Device
-	t.Busy, t.DeviceBusy = w.busy, w.deviceBusy
-	t.SendStart, t.SendEnd = t.ForwardEnd, t.ForwardEnd
+	w.account(t)
 	if st.Batch.Handoff {
 		if err := w.handoff(ctx, info, &st.Batch, out); err != nil {
 			return nil, err
@@ -320,4 +314,17 @@ func copyHandoff(h collective.Header, from, to collective.Buffer) error {
 		return nil
 	}
 	return fmt.Errorf("hand-off %v: output buffer %T is not the stage's hand-off input %T, and not host memory", h, from, to)
+}
+
+// account adds a step's forward (t.ForwardStart to t.ForwardEnd) to the
+// stage's busy times and records the device time and the running totals
+// in t; the send starts where the forward ended until the send says when.
+func (w *Worker) account(t *StageTiming) {
+	if dt, ok := w.Stage.(DeviceTimer); ok {
+		t.Device = dt.LastStepTime()
+	}
+	w.busy += t.ForwardEnd - t.ForwardStart
+	w.deviceBusy += t.Device
+	t.Busy, t.DeviceBusy = w.busy, w.deviceBusy
+	t.SendStart, t.SendEnd = t.ForwardEnd, t.ForwardEnd
 }
