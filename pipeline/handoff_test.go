@@ -155,6 +155,45 @@ func hashSample(h, seed uint64, index, vocab int) int32 {
 	return int32(mix(mix(h, seed), uint64(index)) % uint64(vocab))
 }
 
+// checkAlone submits n random requests (prompts of 1 to 20 tokens, 1 to
+// maxTokens tokens, every third with a stop token) to l, a loop over p
+// hash stages, and checks that each streams the tokens it produces alone.
+func checkAlone(t *testing.T, l *sched.Loop, p, vocab int, rng *rand.Rand, n, maxTokens int) {
+	t.Helper()
+	var wg sync.WaitGroup
+	for i := range n {
+		r := sched.Request{Prompt: make([]int32, 1+rng.IntN(20)), MaxTokens: 1 + rng.IntN(maxTokens), Sampling: stage.Sampling{Seed: rng.Uint64()}}
+		for j := range r.Prompt {
+			r.Prompt[j] = rng.Int32N(int32(vocab))
+		}
+		if i%3 == 0 {
+			r.StopTokens = []int32{rng.Int32N(int32(vocab))}
+		}
+		s, err := l.Submit(context.Background(), r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		wg.Go(func() {
+			var got []int32
+			for {
+				o, err := s.Recv(context.Background())
+				if err == io.EOF {
+					break
+				}
+				if err != nil {
+					t.Errorf("request %d: %v", i, err)
+					return
+				}
+				got = append(got, o.Token.Token)
+			}
+			if want := hashAlone(p, vocab, &r); !slices.Equal(got, want) {
+				t.Errorf("request %d: %v, want %v (alone)", i, got, want)
+			}
+		})
+	}
+	wg.Wait()
+}
+
 // hashAlone is r's output from a pipeline of p hash stages run by itself,
 // computed directly.
 func hashAlone(p, vocab int, r *sched.Request) []int32 {
@@ -203,39 +242,7 @@ func TestLocalHandoff(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer l.Close()
-			rng := rand.New(rand.NewPCG(uint64(p), 7))
-			var wg sync.WaitGroup
-			for i := range 24 {
-				r := sched.Request{Prompt: make([]int32, 1+rng.IntN(20)), MaxTokens: 1 + rng.IntN(16), Sampling: stage.Sampling{Seed: rng.Uint64()}}
-				for j := range r.Prompt {
-					r.Prompt[j] = rng.Int32N(vocab)
-				}
-				if i%3 == 0 {
-					r.StopTokens = []int32{rng.Int32N(vocab)}
-				}
-				s, err := l.Submit(context.Background(), r)
-				if err != nil {
-					t.Fatal(err)
-				}
-				wg.Go(func() {
-					var got []int32
-					for {
-						o, err := s.Recv(context.Background())
-						if err == io.EOF {
-							break
-						}
-						if err != nil {
-							t.Errorf("request %d: %v", i, err)
-							return
-						}
-						got = append(got, o.Token.Token)
-					}
-					if want := hashAlone(p, vocab, &r); !slices.Equal(got, want) {
-						t.Errorf("request %d: %v, want %v (alone)", i, got, want)
-					}
-				})
-			}
-			wg.Wait()
+			checkAlone(t, l, p, vocab, rand.New(rand.NewPCG(uint64(p), 7)), 24, 16)
 			st := l.Stats()
 			t.Logf("%d steps, %d tokens discarded, %d placeholders", st.Steps, st.Discarded, stages[0].(*hashStage).placeholds)
 			if stages[0].(*hashStage).placeholds == 0 {

@@ -2,11 +2,9 @@ package pipeline_test
 
 import (
 	"context"
-	"io"
 	"math/rand/v2"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -35,39 +33,7 @@ func TestLaunchedSingleStage(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer l.Close()
-	rng := rand.New(rand.NewPCG(5, 7))
-	var wg sync.WaitGroup
-	for i := range 16 {
-		r := sched.Request{Prompt: make([]int32, 1+rng.IntN(20)), MaxTokens: 1 + rng.IntN(24), Sampling: stage.Sampling{Seed: rng.Uint64()}}
-		for j := range r.Prompt {
-			r.Prompt[j] = rng.Int32N(vocab)
-		}
-		if i%3 == 0 {
-			r.StopTokens = []int32{rng.Int32N(vocab)}
-		}
-		s, err := l.Submit(context.Background(), r)
-		if err != nil {
-			t.Fatal(err)
-		}
-		wg.Go(func() {
-			var got []int32
-			for {
-				o, err := s.Recv(context.Background())
-				if err == io.EOF {
-					break
-				}
-				if err != nil {
-					t.Errorf("request %d: %v", i, err)
-					return
-				}
-				got = append(got, o.Token.Token)
-			}
-			if want := hashAlone(1, vocab, &r); !slices.Equal(got, want) {
-				t.Errorf("request %d: %v, want %v (alone)", i, got, want)
-			}
-		})
-	}
-	wg.Wait()
+	checkAlone(t, l, 1, vocab, rand.New(rand.NewPCG(5, 7)), 16, 24)
 	st := timed.Stats()
 	t.Logf("%d steps, %d launched behind another, device idle %v", st.Steps, st.Ahead, st.Idle)
 	if st.Ahead == 0 {
