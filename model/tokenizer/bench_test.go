@@ -69,3 +69,19 @@ func BenchmarkStreamLlama3(b *testing.B) {
 		s.Flush()
 	}
 }
+
+// BenchmarkStreamInvalidBytes streams 3,600 bytes that are never valid
+// UTF-8 (the token of byte 0xF8, over and over), which a stream held back
+// to the end and decoded again on every token until held-back text was
+// bounded (0.72 s an op on the tiny byte-level tokenizer; 7 ms after).
+func BenchmarkStreamInvalidBytes(b *testing.B) {
+	tk := mustParse(b, byteLevelJSON(b, nil))
+	ids := tk.Encode(strings.Repeat("\xf8", 3600), false)
+	for b.Loop() {
+		s := tk.NewStream(false)
+		for _, id := range ids {
+			s.Add(id)
+		}
+		s.Flush()
+	}
+}
