@@ -66,8 +66,9 @@ var (
 func gemvfName(epi string, t int) string { return fmt.Sprintf("gemvf_%s_t%d", epi, t) }
 
 // gemvfSmem is the dynamic shared memory of a gemvf kernel for t token
-// rows of width k: the staged activations and 32 floats of scratch.
-func gemvfSmem(t, k int) int { return (t*k + 32) * 4 }
+// rows of width k: the staged activations, 32 floats of scratch and the
+// sums of the warps that share a unit (4 rows by t tokens a warp).
+func gemvfSmem(t, k int) int { return (t*k + 32 + gemvWarps*4*t) * 4 }
 
 // gemvtVariants are the GEMVT_ENTRY instances of gemvt.cu: the products
 // of steps of 9 to 32 token rows, with the row mapping of the gemv variant

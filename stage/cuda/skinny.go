@@ -1,6 +1,8 @@
 package cuda
 
 import (
+	"math"
+
 	"github.com/tandem-llm/tandem/gpu"
 	"github.com/tandem-llm/tandem/model"
 )
@@ -37,12 +39,14 @@ type product struct{ mma, fma gemvCall }
 // rotary partner's distance in local rows (q|k|v, gemv.cu) and the number
 // of units (gemv: blocks of mt tiles; gemvf: warp units of 4 rows). A wide
 // call runs steps of more than 8 tokens on the gemvt kernel of its
-// variant (gemvt.cu), same units and mapping.
+// variant (gemvt.cu), same units and mapping. ks, for gemvf, fixes how
+// many warps share a unit (0: fmaSplits chooses).
 type gemvCall struct {
 	v                   gemvVariant
 	k, n, s, u, mh, seg int
 	dn                  int
 	pdelta, grid        int
+	ks                  int
 	wide                bool
 }
 
@@ -255,6 +259,7 @@ func (s *Stage) gemv(label string, p *product, w gpu.DevicePtr, t int, io gemvIO
 type gemvLaunch struct {
 	name                        string
 	grid, splits, threads, smem int
+	ks                          int // gemvf: warps a unit
 }
 
 // gridDim is the launch's grid.
@@ -271,9 +276,9 @@ func (c *gemvCall) launch(t, sms, smemOptin int) gemvLaunch {
 	if c.v.mt == 0 {
 		tt := gemvfTT(t)
 		smem := gemvfSmem(tt, c.k)
-		per := max(1, min(2, smemOptin/smem))
-		return gemvLaunch{name: gemvfName(c.v.epi, tt), grid: max(1, min((c.grid+gemvWarps-1)/gemvWarps, sms*per)),
-			threads: gemvThreads, smem: smem}
+		ks := c.fmaSplits(sms, smemOptin)
+		return gemvLaunch{name: gemvfName(c.v.epi, tt), grid: max(1, min((c.grid*ks+gemvWarps-1)/gemvWarps, sms*gemvfBlocksPerSM(smem, smemOptin))),
+			threads: gemvThreads, smem: smem, ks: ks}
 	}
 	if c.wide && t > 8 {
 		return gemvLaunch{name: gemvtName(c.v), grid: c.gemvtBlocks(), splits: c.gemvtSplits(sms), threads: gtThreads,
@@ -282,6 +287,46 @@ func (c *gemvCall) launch(t, sms, smemOptin int) gemvLaunch {
 	nt := gemvNTFor(t)
 	return gemvLaunch{name: gemvName(c.v, nt), grid: max(1, min(c.grid, sms*gemvBlocksPerSM(c.v, nt))), threads: gemvThreads,
 		smem: gemvSmem(c.v.mt, nt)}
+}
+
+// gemvfBlocksPerSM is the resident blocks of a gemvf kernel of smem bytes
+// of shared memory: two (its launch bounds), or one when two don't fit.
+func gemvfBlocksPerSM(smem, smemOptin int) int { return max(1, min(2, smemOptin/smem)) }
+
+// gemvfMinPart is the fewest elements of k a warp sharing a unit reads:
+// two 256-element chunks, half a batch of loads.
+const gemvfMinPart = 512
+
+// fmaSplits is how many warps share each unit of gemvf launch c (1, 2, 4
+// or 8) on a device of sms multiprocessors: the count, among those that
+// leave each warp at least gemvfMinPart elements, whose virtual warps fill
+// the resident warps' last round best (the fewest on ties within 2%), so
+// that a product of few units (the 1B shape's q|k|v, o and down: 512 to
+// 768 units for 2,112 resident warps) keeps every multiprocessor reading.
+// The LM head (softmax partials per warp) always has 1. It depends on the
+// product and device alone, never on the token count (the kernel for the
+// most rows sets the residency), so that a token's result is the same
+// whatever else a step holds.
+func (c *gemvCall) fmaSplits(sms, smemOptin int) int {
+	if c.ks > 0 {
+		return c.ks
+	}
+	if c.v.epi == epiHead {
+		return 1
+	}
+	per := gemvfBlocksPerSM(gemvfSmem(gemvfTokens[len(gemvfTokens)-1], c.k), smemOptin)
+	slots := float64(max(1, sms) * per * gemvWarps)
+	best, bestEff := 1, 0.0
+	for ks := 1; ks <= gemvWarps; ks *= 2 {
+		if ks > 1 && c.k/ks < gemvfMinPart {
+			break
+		}
+		rounds := float64(c.grid*ks) / slots
+		if eff := rounds / math.Ceil(rounds); eff > bestEff+0.02 {
+			best, bestEff = ks, eff
+		}
+	}
+	return best
 }
 
 // gemvfTT is the gemvf kernel for t tokens: the fewest rows compiled
@@ -324,7 +369,11 @@ func (c *gemvCall) args(a *gpu.KernelArgs, m *model.Config, w gpu.DevicePtr, t i
 	} else {
 		a.Int32(int32(c.mh)).Int32(int32(c.seg))
 	}
-	a.Int32(int32(c.grid)).Ptr(io.out).Int32(int32(io.ldo)).Ptr(io.bias).Ptr(invFreq).Ptr(io.pos).Ptr(io.cacheRow).
+	a.Int32(int32(c.grid))
+	if c.v.mt == 0 {
+		a.Int32(int32(l.ks))
+	}
+	a.Ptr(io.out).Int32(int32(io.ldo)).Ptr(io.bias).Ptr(invFreq).Ptr(io.pos).Ptr(io.cacheRow).
 		Ptr(io.kcache).Ptr(io.vcache).Int32(int32(m.NumHeads)).Int32(int32(m.NumKVHeads)).Int32(int32(m.HeadDim))
 	if c.v.mt != 0 {
 		a.Int32(int32(c.pdelta))

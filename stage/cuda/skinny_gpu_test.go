@@ -288,7 +288,7 @@ type gemvCase struct {
 
 // gemvCases are the products of m's skinny plan on both kernel families
 // (name/f: the fp32 multiply-add one, for at most 2 tokens), with the
-// alternative tensor-core variants.
+// alternative tensor-core variants and warps a unit of the fp32 ones.
 func gemvCases(m *model.Config) []gemvCase {
 	p := planSkinny(m, 0, true, smemOptinDefault)
 	if p.maxTokens == 0 {
@@ -310,6 +310,18 @@ func gemvCases(m *model.Config) []gemvCase {
 		gemvCase{"down/m2", plain(gemvVariant{epiResid, 2}, m.IntermediateSize, m.HiddenSize)},
 		gemvCase{"gate_up/m4", gu4},
 		gemvCase{"lm_head/store", plain(gemvVariant{epiStore, 4}, m.HiddenSize, m.VocabSize)})
+	// The fp32 products with each count of warps a unit (name/f<ks>;
+	// name/f is the launch's own choice).
+	for _, f := range []struct {
+		name string
+		c    gemvCall
+	}{{"qkv", p.qkv.fma}, {"o", p.o.fma}, {"gate_up", p.gateUp.fma}, {"down", p.down.fma}} {
+		for _, ks := range []int{1, 2, 4, 8} {
+			c := f.c
+			c.ks = ks
+			cs = append(cs, gemvCase{fmt.Sprintf("%s/f%d", f.name, ks), c})
+		}
+	}
 	// Past 8 tokens every tensor-core variant runs on gemvt.cu.
 	for i := range cs {
 		if c := &cs[i].call; c.v.mt != 0 && hasGemvt(c.v) {
@@ -900,13 +912,11 @@ func TestSkinnyBandwidth(t *testing.T) {
 				ctx[i] = sz.ctx
 			}
 			sp := newAttnPlan(&model.Config{NumHeads: tc.nh, NumKVHeads: tc.nkv}, r.dev.Info().SMs).splits(sz.tok)
-			// The plan's splits, and at 32 tokens the others beside it.
+			// The plan's splits, and the others beside it.
 			tries := []int{sp}
-			if sz.tok == 32 {
-				for _, o := range []int{1, 2, 4, 8} {
-					if o != sp {
-						tries = append(tries, o)
-					}
+			for _, o := range []int{1, 2, 4, 8, 16} {
+				if o != sp {
+					tries = append(tries, o)
 				}
 			}
 			a := newAttnSetup(t, r, tc.nh, tc.nkv, tc.hd, ctx, 16)

@@ -156,3 +156,37 @@ type planTest struct {
 	skinny int
 	tc     bool
 }
+
+// TestPlanFmaSplits: how many warps share a unit of the fp32 kernels on an
+// H200 (132 multiprocessors, two 8-warp blocks each: 2,112 warps), and that
+// the choice is the same at 1 and 2 tokens.
+func TestPlanFmaSplits(t *testing.T) {
+	for _, tc := range []struct {
+		name                         string
+		m                            *model.Config
+		qkv, o, gateUp, down, lmHead int
+	}{
+		// 1B: 768 / 512 units of q|k|v / o and down, 4,096 of gate|up.
+		{"llama1b", llama1B(), 2, 4, 1, 4, 1},
+		// 8B: 1,536 units of q|k|v (4 splits: 6,144 warps, 2.9 rounds),
+		// 1,024 of o and down, 7,168 of gate|up.
+		{"llama8b", llama8B(), 4, 2, 2, 2, 1},
+	} {
+		p := planSkinny(tc.m, 0, true, smemOptinDefault)
+		for i, want := range []int{tc.qkv, tc.o, tc.gateUp, tc.down, tc.lmHead} {
+			c := []*gemvCall{&p.qkv.fma, &p.o.fma, &p.gateUp.fma, &p.down.fma, &p.head.fma}[i]
+			l1, l2 := c.launch(1, 132, smemOptinDefault), c.launch(2, 132, smemOptinDefault)
+			if l1.ks != want || l2.ks != want {
+				t.Errorf("%s product %d (%d units, k %d): %d / %d warps a unit at 1 / 2 tokens, want %d", tc.name, i, c.grid, c.k, l1.ks, l2.ks, want)
+			}
+			if l1.grid*gemvWarps%l1.ks != 0 || l1.grid > 132*2 || l1.smem != gemvfSmem(1, c.k) {
+				t.Errorf("%s product %d: launch %+v", tc.name, i, l1)
+			}
+		}
+	}
+	c := planSkinny(llama1B(), 0, true, smemOptinDefault).o.fma
+	c.ks = 8
+	if l := c.launch(1, 132, smemOptinDefault); l.ks != 8 || l.grid != 132*2 { // 512 blocks' work on the resident 264
+		t.Errorf("fixed 8 warps a unit: %+v", l)
+	}
+}

@@ -16,23 +16,31 @@
 // while a + e < n, the second while a + e + dn < n. Lane L of a warp reads
 // elements 8L..8L+7 of every 256 of each row (16-byte loads, 16 in flight),
 // multiplies them with the staged activations, and the warp adds its lanes
-// up (butterfly shuffles, a fixed order). Blocks are persistent: warp wu
-// takes units w, w + 8 * grid, ... Epilogues as gemv.cu's; for GEMV_HEAD
-// each warp keeps its own running softmax statistics over its rows and
-// writes them at the end to stats[(t * warps + warp) * 4] (warps = 8 * grid).
+// up (butterfly shuffles, a fixed order). ks warps (1, 2, 4 or 8, dividing
+// the 8 of a block) share a unit when the units are too few to fill the
+// device: warp part p of the unit's ks reads chunks [p*nj/ks, (p+1)*nj/ks)
+// of the nj 256-element chunks, parts 1.. leave their sums in shared memory
+// and part 0 adds them in part order (a fixed order) and runs the epilogue.
+// Blocks are persistent: warp gw takes virtual warps gw, gw + 8 * grid, ...
+// of wunits * ks, unit vw / ks and part vw % ks (so a unit's parts are
+// consecutive warps of one block). Epilogues as gemv.cu's; for GEMV_HEAD
+// (ks 1) each warp keeps its own running softmax statistics over its rows
+// and writes them at the end to stats[(t * warps + warp) * 4] (warps = 8 *
+// grid).
 //
-// Dynamic shared memory: gemvf_smem(TT, k) = (TT * k + 32) * 4 bytes.
+// Dynamic shared memory: gemvfSmem(TT, k) = (TT * k + 32 + 8 * 4 * TT) * 4
+// bytes: the activations, 32 floats of scratch, the parts' sums.
 #define GEMVF_THREADS 256
 
 #define GEMVF_PARAMS                                                                         \
     const bf16 *__restrict__ w, const float *__restrict__ x, const int *__restrict__ rowmap, \
         const bf16 *__restrict__ g, float eps, int k, int n, int t, int s, int u, int d,     \
-        int dn, int wunits, float *out, int ldo, const bf16 *__restrict__ bias,              \
+        int dn, int wunits, int ks, float *out, int ldo, const bf16 *__restrict__ bias,              \
         const float *__restrict__ inv_freq, const int *__restrict__ pos,                     \
         const int *__restrict__ cache_row, bf16 *kcache, bf16 *vcache, int nh, int nkv,      \
         int hd, float *stats
 #define GEMVF_ARGS \
-    w, x, rowmap, g, eps, k, n, t, s, u, d, dn, wunits, out, ldo, bias, inv_freq, pos, \
+    w, x, rowmap, g, eps, k, n, t, s, u, d, dn, wunits, ks, out, ldo, bias, inv_freq, pos, \
         cache_row, kcache, vcache, nh, nkv, hd, stats
 
 // dot8 adds the products of 8 bf16 weights (4 words) and 8 floats.
@@ -51,8 +59,9 @@ __device__ __forceinline__ float dot8(u32x4 wv, const float* xv, float a) {
 template <int EPI, int TT>
 __device__ __forceinline__ void gemvf_body(GEMVF_PARAMS) {
     constexpr int J = 4;  // 256-element chunks per batch of loads (16 loads in flight)
-    extern __shared__ float xs[];  // [TT][k], then 32 floats of scratch
+    extern __shared__ float xs[];  // [TT][k], 32 floats of scratch, [8][4 * TT] sums
     float* scratch = xs + TT * k;
+    float* red = scratch + 32;
     const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
     const int warps = gridDim.x * (GEMVF_THREADS / 32);
     const int gw = blockIdx.x * (GEMVF_THREADS / 32) + wid;
@@ -69,19 +78,27 @@ __device__ __forceinline__ void gemvf_body(GEMVF_PARAMS) {
         }
         return a;
     };
+    // The chunks of part p: [jb, je).
+    const int nj = (k + 255) / 256, vunits = wunits * ks;
+    auto chunks_of = [&](int p, int* jb, int* je) {
+        *jb = p * nj / ks;
+        *je = (p + 1) * nj / ks;
+    };
     // The first loads of this warp's first unit, before the wait.
     u32x4 wv[J][4];
     const u32x4 zero = {0, 0, 0, 0};
-    const int nj = (k + 255) / 256;
-    if (gw < wunits) {
+    if (gw < vunits) {
         const bf16* p[4];
         bool ok[4];
-        rows_of(gw, p, ok);
+        rows_of(gw / ks, p, ok);
+        int jb, je;
+        chunks_of(gw % ks, &jb, &je);
 #pragma unroll
         for (int j = 0; j < J; j++) {
-            int kk = j * 256 + lane * 8;
+            int kk = (jb + j) * 256 + lane * 8;
+            bool in = jb + j < je && kk < k;
 #pragma unroll
-            for (int e = 0; e < 4; e++) wv[j][e] = ok[e] && kk < k ? ldg_weights(p[e] + kk) : zero;
+            for (int e = 0; e < 4; e++) wv[j][e] = ok[e] && in ? ldg_weights(p[e] + kk) : zero;
         }
     }
     const int tok = pdl_wait_token();
@@ -122,29 +139,32 @@ __device__ __forceinline__ void gemvf_body(GEMVF_PARAMS) {
         hi[tt] = 0x7fffffff;
     }
     bool first = true;
-    for (int wu = gw; wu < wunits; wu += warps) {
+    for (int vw = gw; vw < vunits; vw += warps) {
         const bf16* p[4];
         bool ok[4];
-        const int a = rows_of(wu, p, ok);
+        const int a = rows_of(vw / ks, p, ok), part = vw % ks;
+        int jb, je;
+        chunks_of(part, &jb, &je);
         float acc[4][TT];
 #pragma unroll
         for (int e = 0; e < 4; e++)
 #pragma unroll
             for (int tt = 0; tt < TT; tt++) acc[e][tt] = 0.f;
-        for (int j0 = 0; j0 < nj; j0 += J) {
+        for (int j0 = jb; j0 < je; j0 += J) {
             if (!first) {
 #pragma unroll
                 for (int j = 0; j < J; j++) {
                     int kk = (j0 + j) * 256 + lane * 8;
+                    bool in = j0 + j < je && kk < k;
 #pragma unroll
-                    for (int e = 0; e < 4; e++) wv[j][e] = ok[e] && kk < k ? ldg_weights(p[e] + kk) : zero;
+                    for (int e = 0; e < 4; e++) wv[j][e] = ok[e] && in ? ldg_weights(p[e] + kk) : zero;
                 }
             }
             first = false;
 #pragma unroll
             for (int j = 0; j < J; j++) {
                 int kk = (j0 + j) * 256 + lane * 8;
-                if (kk < k) {
+                if (j0 + j < je && kk < k) {
 #pragma unroll
                     for (int tt = 0; tt < TT; tt++) {
                         const float* xv = xs + tt * k + kk;
@@ -160,7 +180,35 @@ __device__ __forceinline__ void gemvf_body(GEMVF_PARAMS) {
 #pragma unroll
         for (int e = 0; e < 4; e++)
 #pragma unroll
-            for (int tt = 0; tt < TT; tt++) acc[e][tt] = warp_sum(acc[e][tt]) * inv[tt];
+            for (int tt = 0; tt < TT; tt++) acc[e][tt] = warp_sum(acc[e][tt]);
+        if (ks > 1) {
+            // The unit's parts meet at a named barrier of their own (ids
+            // 1..8; 0 is __syncthreads'): parts 1.. leave their sums, part 0
+            // adds them, and the second barrier frees the sums for reuse.
+            const int bar = 1 + wid / ks, nthreads = 32 * ks;
+            if (part != 0 && lane == 0) {
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+#pragma unroll
+                    for (int tt = 0; tt < TT; tt++) red[(wid * 4 + e) * TT + tt] = acc[e][tt];
+            }
+            asm volatile("bar.sync %0, %1;" ::"r"(bar), "r"(nthreads) : "memory");
+            if (part == 0) {
+                for (int q = 1; q < ks; q++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++)
+#pragma unroll
+                        for (int tt = 0; tt < TT; tt++) acc[e][tt] += red[((wid + q) * 4 + e) * TT + tt];
+            }
+            asm volatile("bar.sync %0, %1;" ::"r"(bar), "r"(nthreads) : "memory");
+            if (part != 0) {
+                continue;
+            }
+        }
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+#pragma unroll
+            for (int tt = 0; tt < TT; tt++) acc[e][tt] *= inv[tt];
         // Epilogue: lane l takes value (e, tt) = (l / TT, l % TT).
         if (EPI == GEMV_STORE || EPI == GEMV_HEAD || EPI == GEMV_RESID) {
             if (lane < 4 * TT) {
