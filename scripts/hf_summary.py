@@ -129,7 +129,9 @@ def main():
         r = res[name]
         h = hf.get(name[3:], {})
         base = f"{h.get('hf_bf16_max_rel_l2', float('nan')):.3g}/{h.get('hf_bf16_mean_rel_l2', float('nan')):.3g}"
-        for mode in ("whole_prefill", "chunked_prefill"):
+        for mode in ("whole_prefill", "chunked_prefill", "plain_prefill"):
+            if mode not in r:
+                continue
             s = r[mode]
             label = name[3:] + "/" + mode.split("_")[0] + ("*" if r.get("informational") else "")
             print(f"{label:26} {s['positions']:>4} {s['max_rel_l2']:>10.3g} "

@@ -121,10 +121,11 @@ func (s *Stage) forwardPass(step graphs.Step, sh shape) error {
 // A step of few tokens (skinnyPlan.use) runs one skinny kernel per
 // product, the norm folded into its input and the rest of the layer into
 // its epilogue: a layer is four products and attention. Other steps run
-// the cuBLAS path: compensated GEMMs (their inputs T rows of bf16 values
-// then T rows of rounding remainders, their outputs two halves lo = T rows
-// apart; kernels/00_common.cu) between norm, rotary, SiLU and residual
-// kernels.
+// the cuBLAS path: GEMMs between norm, rotary, SiLU and residual kernels,
+// compensated up to Config.CompensatedTokens rows (their inputs T rows of
+// bf16 values then T rows of rounding remainders, their outputs two halves
+// lo = T rows apart; kernels/00_common.cu), on the bf16 values alone past
+// it (lo 0).
 func (s *Stage) segment(i int, sh shape) error {
 	m := &s.m
 	T, H := sh.tokens, m.HiddenSize
@@ -194,17 +195,19 @@ func (s *Stage) startLayer(i, T int) error {
 	if i > 0 {
 		y = s.b.y
 	}
-	if err := s.rmsnorm(T, y, lw.inNorm, T, 0); err != nil {
+	lo := s.remainders(T)
+	if err := s.rmsnorm(T, y, lo, lw.inNorm, lo, 0); err != nil {
 		return err
 	}
-	if err := s.linear("qkv", s.b.qkv, s.b.normed, lw.qkv, 2*T, m.HiddenSize, s.qkvDim); err != nil {
+	if err := s.linear("qkv", s.b.qkv, s.b.normed, lw.qkv, T+lo, m.HiddenSize, s.qkvDim); err != nil {
 		return fmt.Errorf("layer %d qkv: %w", s.lo+i, err)
 	}
-	a := s.args.Reset().Ptr(s.b.qkv).Int32(int32(T)).Ptr(lw.qkvBias).Ptr(s.b.invFreq).Ptr(s.word(lay.pos())).
+	a := s.args.Reset().Ptr(s.b.qkv).Int32(int32(lo)).Ptr(lw.qkvBias).Ptr(s.b.invFreq).Ptr(s.word(lay.pos())).
 		Ptr(s.word(lay.cacheRow())).Ptr(s.b.q).Ptr(kc).Ptr(vc).
 		Int32(int32(m.NumHeads)).Int32(int32(m.NumKVHeads)).Int32(int32(m.HeadDim))
-	grid := gpu.Dim3{X: uint32(T), Y: uint32(m.NumHeads + m.NumKVHeads)}
-	return s.launch("rope", kRopeQKV, grid, gpu.Dim3{X: uint32(m.HeadDim / 2)}, a)
+	pairs := (m.NumHeads + m.NumKVHeads) * m.HeadDim / 2
+	grid := gpu.Dim3{X: uint32(T), Y: uint32((pairs + ropeThreads - 1) / ropeThreads)}
+	return s.launch("rope", kRopeQKV, grid, gpu.Dim3{X: ropeThreads}, a)
 }
 
 // finishLayer orders the stage's layer i after attention: the o projection
@@ -228,31 +231,43 @@ func (s *Stage) finishLayer(i, T int) error {
 		}
 		return nil
 	}
-	if err := s.linear("o", s.b.y, s.b.attnB, lw.o, 2*T, s.qDim, H); err != nil {
+	lo := s.remainders(T)
+	if err := s.linear("o", s.b.y, s.b.attnB, lw.o, T+lo, s.qDim, H); err != nil {
 		return fmt.Errorf("layer %d o_proj: %w", layer, err)
 	}
-	if err := s.rmsnorm(T, s.b.y, lw.postNorm, T, 0); err != nil {
+	if err := s.rmsnorm(T, s.b.y, lo, lw.postNorm, lo, 0); err != nil {
 		return err
 	}
-	if err := s.linear("gate_up", s.b.gateUp, s.b.normed, lw.gateUp, 2*T, H, 2*I); err != nil {
+	if err := s.linear("gate_up", s.b.gateUp, s.b.normed, lw.gateUp, T+lo, H, 2*I); err != nil {
 		return fmt.Errorf("layer %d gate/up: %w", layer, err)
 	}
-	a := s.args.Reset().Ptr(s.b.gateUp).Ptr(s.b.act).Int32(int32(T)).Int32(int32(I))
+	a := s.args.Reset().Ptr(s.b.gateUp).Ptr(s.b.act).Int32(int32(lo)).Int32(int32(I))
 	grid := gpu.Dim3{X: uint32((I + siluThreads - 1) / siluThreads), Y: uint32(T)}
 	if err := s.launch("silu", kSiluMul, grid, gpu.Dim3{X: siluThreads}, a); err != nil {
 		return err
 	}
-	if err := s.linear("down", s.b.y, s.b.act, lw.down, 2*T, I, H); err != nil {
+	if err := s.linear("down", s.b.y, s.b.act, lw.down, T+lo, I, H); err != nil {
 		return fmt.Errorf("layer %d down: %w", layer, err)
 	}
 	return nil
 }
 
-// residualAdd adds the cuBLAS path's pending GEMM output (two halves) into
-// the residual stream.
+// remainders is the row offset of the rounding remainders in a cuBLAS-path
+// step of T token rows: T for a compensated step, 0 for one past
+// Config.CompensatedTokens, whose GEMMs take the bf16-rounded activations
+// alone (half the tensor-core work, as transformers' bf16 model computes).
+func (s *Stage) remainders(T int) int {
+	if s.compTokens >= 0 && T > s.compTokens {
+		return 0
+	}
+	return T
+}
+
+// residualAdd adds the cuBLAS path's pending GEMM output (two halves, or
+// one) into the residual stream.
 func (s *Stage) residualAdd(T int) error {
 	H := s.m.HiddenSize
-	a := s.args.Reset().Ptr(s.b.resid).Ptr(s.b.y).Int32(int32(T)).Int32(int32(H))
+	a := s.args.Reset().Ptr(s.b.resid).Ptr(s.b.y).Int32(int32(s.remainders(T))).Int32(int32(H))
 	grid := gpu.Dim3{X: uint32((H + addThreads - 1) / addThreads), Y: uint32(T)}
 	return s.launch("residual_add", kResidualAdd, grid, gpu.Dim3{X: addThreads}, a)
 }
@@ -273,18 +288,35 @@ func (s *Stage) attention(i int, sh shape) error {
 	T := sh.tokens
 	kc, vc := s.kvLayerPtrs(i)
 	scale := float32(1 / math.Sqrt(float64(m.HeadDim)))
-	out, outB := s.b.attnF, gpu.DevicePtr(0)
+	out, outB, lo := s.b.attnF, gpu.DevicePtr(0), 0
 	if !s.sk.use(T) {
-		out, outB = 0, s.b.attnB
+		out, outB, lo = 0, s.b.attnB, s.remainders(T)
+	}
+	// Steps with a prefill chunk give its whole tiles to the tensor-core
+	// kernel.
+	whole := 0
+	if sh.prefill {
+		whole = 1
 	}
 	splits := s.at.splits(T)
-	a := s.args.Reset().Ptr(s.b.q).Ptr(kc).Ptr(vc).Ptr(out).Ptr(outB).Int32(int32(T)).
+	a := s.args.Reset().Ptr(s.b.q).Ptr(kc).Ptr(vc).Ptr(out).Ptr(outB).Int32(int32(lo)).
 		Ptr(s.word(lay.tables())).Ptr(s.word(lay.tableOff())).Ptr(s.word(lay.pos())).Int32(int32(s.pl.kv.blockSize)).
 		Int32(int32(m.NumHeads)).Int32(int32(m.NumKVHeads)).Int32(int32(m.HeadDim)).Float32(scale).
-		Int32(int32(splits)).Ptr(s.b.part).Ptr(s.b.partML).Ptr(s.b.counts)
+		Int32(int32(splits)).Ptr(s.b.part).Ptr(s.b.partML).Ptr(s.b.counts).Int32(int32(whole))
 	grid := gpu.Dim3{X: uint32(T), Y: uint32(s.at.nkv * s.at.groups), Z: uint32(splits)}
-	return s.launchDep("attention", attentionName(s.at.rmax), grid, gpu.Dim3{X: attentionThreads}, 0, a)
+	if err := s.launchDep("attention", attentionName(s.at.rmax), grid, gpu.Dim3{X: attentionThreads}, 0, a); err != nil || whole == 0 {
+		return err
+	}
+	a = s.args.Reset().Ptr(s.b.q).Ptr(kc).Ptr(vc).Ptr(out).Ptr(outB).Int32(int32(lo)).
+		Ptr(s.word(lay.tables())).Ptr(s.word(lay.tableOff())).Ptr(s.word(lay.pos())).Int32(int32(s.pl.kv.blockSize)).
+		Int32(int32(m.NumHeads)).Int32(int32(m.NumKVHeads)).Float32(scale).Int32(int32(T))
+	grid = gpu.Dim3{X: uint32((T + prefillTile - 1) / prefillTile), Y: uint32(m.NumHeads)}
+	return s.launchDep("attention prefill", prefillName(m.HeadDim), grid, gpu.Dim3{X: prefillThreads}, 0, a)
 }
+
+// prefillMinTokens is the fewest rows of a Seq that can make a whole
+// prefill tile (pf_tile_whole in attention.cu: at least 16 rows).
+const prefillMinTokens = 16
 
 // head computes the logits rows of the step (the final norm of the
 // selected rows, the LM head in fp32) and samples: with the skinny LM head
@@ -305,7 +337,7 @@ func (s *Stage) head(sh shape) error {
 			return fmt.Errorf("LM head: %w", err)
 		}
 	} else {
-		if err := s.rmsnorm(sh.rows, 0, s.weights.norm, 0, rows); err != nil {
+		if err := s.rmsnorm(sh.rows, 0, 0, s.weights.norm, 0, rows); err != nil {
 			return err
 		}
 		if err := s.linear("lm_head", s.b.logits, s.b.normed, s.weights.lmHead, sh.rows, m.HiddenSize, m.VocabSize); err != nil {
@@ -321,12 +353,13 @@ func (s *Stage) head(sh shape) error {
 	return s.launchDep("sample", kSample, gpu.Dim3{X: uint32(sh.sampled)}, gpu.Dim3{X: sampleThreads}, 0, a)
 }
 
-// rmsnorm adds the pending GEMM output y (0: none; its second half rows
-// rows on) into the residual stream and normalises its rows with weight w
-// into the bf16 buffer normed, the rounding remainders outlo rows on (0:
-// none); rowmap (0: none, else y must be 0) selects the rows (see norm.cu).
-func (s *Stage) rmsnorm(rows int, y, w gpu.DevicePtr, outlo int, rowmap gpu.DevicePtr) error {
-	a := s.args.Reset().Ptr(s.b.resid).Ptr(y).Int32(int32(rows)).Ptr(w).Ptr(s.b.normed).Int32(int32(outlo)).
+// rmsnorm adds the pending GEMM output y (0: none; its second half ylo
+// rows on, 0: none) into the residual stream and normalises its rows with
+// weight w into the bf16 buffer normed, the rounding remainders outlo rows
+// on (0: none); rowmap (0: none, else y must be 0) selects the rows (see
+// norm.cu).
+func (s *Stage) rmsnorm(rows int, y gpu.DevicePtr, ylo int, w gpu.DevicePtr, outlo int, rowmap gpu.DevicePtr) error {
+	a := s.args.Reset().Ptr(s.b.resid).Ptr(y).Int32(int32(ylo)).Ptr(w).Ptr(s.b.normed).Int32(int32(outlo)).
 		Ptr(rowmap).Int32(int32(s.m.HiddenSize)).Float32(float32(s.m.RMSNormEps))
 	return s.launch("rmsnorm", kRMSNorm, gpu.Dim3{X: uint32(rows)}, gpu.Dim3{X: normThreads}, a)
 }

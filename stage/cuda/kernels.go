@@ -56,6 +56,12 @@ var attentionVariants = []int{1, 2, 4, 8}
 
 func attentionName(r int) string { return fmt.Sprintf("attention_r%d", r) }
 
+// prefillHeadDims are the head dims attention_prefill_d<HD> is compiled
+// for (attention_prefill.cu).
+var prefillHeadDims = []int{64, 128}
+
+func prefillName(hd int) string { return fmt.Sprintf("attention_prefill_d%d", hd) }
+
 // gemvfVariants are the epilogues of the GEMVF_ENTRY instances of
 // gemvf.cu, each compiled for gemvfTokens token rows.
 var (
@@ -157,6 +163,9 @@ var kernelNames = func() []string {
 	for _, r := range attentionVariants {
 		n = append(n, attentionName(r))
 	}
+	for _, hd := range prefillHeadDims {
+		n = append(n, prefillName(hd))
+	}
 	for _, v := range gemvVariants {
 		for _, nt := range gemvNT {
 			n = append(n, gemvName(v, nt))
@@ -179,6 +188,8 @@ const (
 
 	attentionThreads = 128  // ATT_THREADS in attention.cu
 	attentionHeads   = 8    // ATT_RMAX: query heads per block
+	prefillTile      = 64   // PF_TILE in attention.cu: token rows of a prefill attention block
+	prefillThreads   = 128  // PF_THREADS in attention_prefill.cu
 	maxHeadDim       = 256  // the row size of attention.cu's shared partials
 	sampleThreads    = 1024 // SAMPLE_THREADS in sample.cu
 	sampleParams     = 9    // SAMPLE_PARAMS in sample.cu
@@ -188,6 +199,7 @@ const (
 	normThreads      = 256
 	embedThreads     = 256
 	siluThreads      = 256
+	ropeThreads      = 256
 	addThreads       = 256
 	handoffThreads   = 256
 	// MaxLogprobs is the most top alternatives one sampled token reports.

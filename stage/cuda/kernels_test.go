@@ -22,6 +22,12 @@ func TestKernelSource(t *testing.T) {
 			t.Errorf("kernel %s defined %d times in the program; want once", name, n)
 		}
 	}
+	// The prefill attention's launch shape.
+	for _, d := range []string{fmt.Sprintf("#define PF_TILE %d\n", prefillTile), fmt.Sprintf("#define PF_WARPS %d\n", prefillThreads/32)} {
+		if !strings.Contains(src, d) {
+			t.Errorf("program lacks %q", d)
+		}
+	}
 	// Every gemv variant is compiled with the resident blocks the launches
 	// assume.
 	for _, v := range gemvVariants {

@@ -106,12 +106,13 @@ func (s *Stage) startBatch(ctx context.Context, b *stage.Batch, own bool) (*flig
 	if err := s.pl.build(b, &f.p); err != nil {
 		return nil, fmt.Errorf("cuda stage [%d,%d): %w", s.lo, s.hi, err)
 	}
-	f.b, f.step, f.sh = b, step, shape{f.p.tokens, f.p.rows, f.p.nSampled}
+	f.b, f.step, f.sh = b, step, shape{tokens: f.p.tokens, rows: f.p.rows, sampled: f.p.nSampled}
 	f.own, f.logits, f.err, f.gpu = own && b.Handoff && s.first && s.last, logits, nil, 0
 	if step.Mode != graphs.None {
 		f.sh = s.pl.keyShape(step)
 		s.pl.pad(&f.p, f.sh)
 	}
+	f.sh.prefill = s.prefill && f.p.longest >= prefillMinTokens
 	if err := s.dev.Do(func() error { return s.run(f) }); err != nil {
 		return nil, fmt.Errorf("cuda stage [%d,%d): batch %d (%s): %w", s.lo, s.hi, b.ID, step, err)
 	}

@@ -72,6 +72,7 @@ type plan struct {
 	tokens   int     // rows in the batch
 	rows     int     // logits rows to compute (last stage)
 	nSampled int
+	longest  int // most rows of one Seq
 	// tableWords is how many words of the block tables are in use, the
 	// scratch block's included.
 	tableWords int
@@ -88,7 +89,7 @@ func (p *plan) uploadWords(lay layout) int { return lay.tables() + p.tableWords 
 
 // reset empties p.
 func (p *plan) reset() {
-	p.tokens, p.rows, p.nSampled, p.tableWords, p.placeholders = 0, 0, 0, 1, false
+	p.tokens, p.rows, p.nSampled, p.tableWords, p.placeholders, p.longest = 0, 0, 0, 1, false, 0
 	p.logitStart, p.logitCount = p.logitStart[:0], p.logitCount[:0]
 }
 
@@ -116,6 +117,7 @@ func (pl *planner) build(b *stage.Batch, p *plan) error {
 			return fmt.Errorf("batch %d: seq %d appears twice", b.ID, s.ID)
 		}
 		pl.seen[s.ID] = true
+		p.longest = max(p.longest, len(s.Tokens))
 		if err := pl.addSeq(b, s, p); err != nil {
 			return fmt.Errorf("batch %d: seq %d: %w", b.ID, s.ID, err)
 		}
@@ -241,7 +243,13 @@ func (pl *planner) addOutputs(s *stage.Seq, p *plan) error {
 // shape is what a step's kernels are launched for: token rows, logits rows
 // and sampled sequences. An eager step has the batch's own; a replayed
 // graph has those it was captured for, which the batch's are padded to.
-type shape struct{ tokens, rows, sampled int }
+// prefill says a Seq of the batch has prefillMinTokens rows or more, so
+// attention runs the prefill kernel beside the per-row one (eagerly: a
+// captured shape has it false).
+type shape struct {
+	tokens, rows, sampled int
+	prefill               bool
+}
 
 // pad fills the description past the batch's own rows up to sh, so that
 // the padding of a replayed graph is harmless: token rows read token 0 at

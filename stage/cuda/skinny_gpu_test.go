@@ -675,9 +675,25 @@ func TestAttentionKernel(t *testing.T) {
 	} {
 		for _, sp := range tc.splits {
 			t.Run(fmt.Sprintf("h%d-kv%d-d%d-s%d", tc.nh, tc.nkv, tc.hd, sp), func(t *testing.T) {
-				checkAttention(t, r, tc.nh, tc.nkv, tc.hd, tc.ctx, sp, false)
+				checkAttention(t, r, tc.nh, tc.nkv, tc.hd, decodeSeqs(tc.ctx), sp, false)
 			})
 		}
+	}
+	// Prefill chunks: the whole tiles on attention_prefill_d*, the rest
+	// (tiles mixing sequences, short ones) on attention_r*.
+	for _, tc := range []struct {
+		nh, nkv, hd int
+		seqs        []attnSeq
+	}{
+		// Tiles: two whole, one mixed (four sequences), a short whole one.
+		{32, 8, 64, []attnSeq{{200, 150}, {40, 40}, {300, 1}, {70, 20}}},
+		// A tile at position 0, two mid-sequence, a 2-row tail.
+		{32, 8, 128, []attnSeq{{64, 64}, {513, 130}}},
+		{14, 2, 64, []attnSeq{{100, 100}}},
+	} {
+		t.Run(fmt.Sprintf("prefill-h%d-kv%d-d%d", tc.nh, tc.nkv, tc.hd), func(t *testing.T) {
+			checkAttention(t, r, tc.nh, tc.nkv, tc.hd, tc.seqs, 1, true)
+		})
 	}
 }
 
@@ -687,32 +703,51 @@ type attnSetup struct {
 	q, kc, vc, out, outB gpu.DevicePtr
 	tables, tabOff, pos  gpu.DevicePtr
 	part, partML, counts gpu.DevicePtr
-	ctx                  []int
+	ctx, seq             []int // per token: its position + 1, its sequence
 	tab                  [][]int32
+	// prefill: launch runs attention_prefill_d<hd> beside the per-row
+	// kernel, which leaves it the whole tiles.
+	prefill bool
 }
 
-func newAttnSetup(t *testing.T, r *kernelRig, nh, nkv, hd int, ctx []int, maxSplits int) *attnSetup {
-	rng := rand.New(rand.NewPCG(uint64(nh*hd), uint64(len(ctx))))
-	a := &attnSetup{nh: nh, nkv: nkv, hd: hd, bs: 16, tok: len(ctx), ctx: ctx}
+// attnSeq is a sequence of an attention problem: keys positions cached
+// (this step's included), its last tokens of them the step's rows.
+type attnSeq struct{ keys, tokens int }
+
+// decodeSeqs are one-token sequences of ctx[i] keys.
+func decodeSeqs(ctx []int) []attnSeq {
+	s := make([]attnSeq, len(ctx))
+	for i, n := range ctx {
+		s[i] = attnSeq{n, 1}
+	}
+	return s
+}
+
+func newAttnSetup(t *testing.T, r *kernelRig, nh, nkv, hd int, seqs []attnSeq, maxSplits int) *attnSetup {
+	rng := rand.New(rand.NewPCG(uint64(nh*hd), uint64(len(seqs))))
+	a := &attnSetup{nh: nh, nkv: nkv, hd: hd, bs: 16}
 	blocks := 0
-	for _, n := range ctx {
-		blocks += (n + a.bs - 1) / a.bs
+	for _, sq := range seqs {
+		blocks += (sq.keys + a.bs - 1) / a.bs
+		a.tok += sq.tokens
 	}
 	perm := rng.Perm(blocks)
-	var words []int32
-	off := make([]int32, a.tok)
-	pos := make([]int32, a.tok)
-	for i, n := range ctx {
-		nb := (n + a.bs - 1) / a.bs
+	var words, off, pos []int32
+	for i, sq := range seqs {
+		nb := (sq.keys + a.bs - 1) / a.bs
 		tab := make([]int32, nb)
 		for j := range tab {
 			tab[j] = int32(perm[0])
 			perm = perm[1:]
 		}
 		a.tab = append(a.tab, tab)
-		off[i] = int32(len(words))
+		for p := sq.keys - sq.tokens; p < sq.keys; p++ {
+			a.ctx = append(a.ctx, p+1)
+			a.seq = append(a.seq, i)
+			off = append(off, int32(len(words)))
+			pos = append(pos, int32(p))
+		}
 		words = append(words, tab...)
-		pos[i] = int32(n - 1)
 	}
 	rows := blocks * a.bs
 	kvDim := nkv * hd
@@ -740,19 +775,34 @@ func newAttnSetup(t *testing.T, r *kernelRig, nh, nkv, hd int, ctx []int, maxSpl
 func (a *attnSetup) launch(r *kernelRig, splits int, dep bool) error {
 	ap := newAttnPlan(&model.Config{NumHeads: a.nh, NumKVHeads: a.nkv}, smsEstimate)
 	groups := ap.groups
+	whole := 0
+	if a.prefill {
+		whole = 1
+	}
+	scale := float32(1 / math.Sqrt(float64(a.hd)))
 	args := r.args.Reset().Ptr(a.q).Ptr(a.kc).Ptr(a.vc).Ptr(a.out).Ptr(a.outB).Int32(int32(a.tok)).
 		Ptr(a.tables).Ptr(a.tabOff).Ptr(a.pos).Int32(int32(a.bs)).Int32(int32(a.nh)).Int32(int32(a.nkv)).Int32(int32(a.hd)).
-		Float32(float32(1 / math.Sqrt(float64(a.hd)))).Int32(int32(splits)).Ptr(a.part).Ptr(a.partML).Ptr(a.counts)
+		Float32(scale).Int32(int32(splits)).Ptr(a.part).Ptr(a.partML).Ptr(a.counts).Int32(int32(whole))
 	grid := gpu.Dim3{X: uint32(a.tok), Y: uint32(a.nkv * groups), Z: uint32(splits)}
-	f := r.fn[attentionName(ap.rmax)]
-	if dep {
-		return f.LaunchDependent(grid, gpu.Dim3{X: attentionThreads}, 0, r.st, args)
+	launch := func(f gpu.Function, grid, block gpu.Dim3, args *gpu.KernelArgs) error {
+		if dep {
+			return f.LaunchDependent(grid, block, 0, r.st, args)
+		}
+		return f.Launch(grid, block, 0, r.st, args)
 	}
-	return f.Launch(grid, gpu.Dim3{X: attentionThreads}, 0, r.st, args)
+	if err := launch(r.fn[attentionName(ap.rmax)], grid, gpu.Dim3{X: attentionThreads}, args); err != nil || !a.prefill {
+		return err
+	}
+	args = r.args.Reset().Ptr(a.q).Ptr(a.kc).Ptr(a.vc).Ptr(a.out).Ptr(a.outB).Int32(int32(a.tok)).
+		Ptr(a.tables).Ptr(a.tabOff).Ptr(a.pos).Int32(int32(a.bs)).Int32(int32(a.nh)).Int32(int32(a.nkv)).
+		Float32(scale).Int32(int32(a.tok))
+	grid = gpu.Dim3{X: uint32((a.tok + prefillTile - 1) / prefillTile), Y: uint32(a.nh)}
+	return launch(r.fn[prefillName(a.hd)], grid, gpu.Dim3{X: prefillThreads}, args)
 }
 
-func checkAttention(t *testing.T, r *kernelRig, nh, nkv, hd int, ctx []int, splits int, quiet bool) {
-	a := newAttnSetup(t, r, nh, nkv, hd, ctx, splits)
+func checkAttention(t *testing.T, r *kernelRig, nh, nkv, hd int, seqs []attnSeq, splits int, prefill bool) {
+	a := newAttnSetup(t, r, nh, nkv, hd, seqs, splits)
+	a.prefill = prefill
 	r.poison(t, a.out, a.tok*nh*hd*4)
 	r.poison(t, a.outB, 2*a.tok*nh*hd*2)
 	// Twice: the counters must be back at 0 after the first run.
@@ -777,13 +827,14 @@ func checkAttention(t *testing.T, r *kernelRig, nh, nkv, hd int, ctx []int, spli
 	kh, vh := r.bf16s(t, a.kc, rows*kvDim), r.bf16s(t, a.vc, rows*kvDim)
 	scale := 1 / math.Sqrt(float64(hd))
 	var num, den, numB float64
-	for ti, n := range ctx {
+	for ti, n := range a.ctx {
+		tab := a.tab[a.seq[ti]]
 		for h := 0; h < nh; h++ {
 			kvh := h / (nh / nkv)
 			sc := make([]float64, n)
 			mx := math.Inf(-1)
 			for j := 0; j < n; j++ {
-				row := int(a.tab[ti][j/a.bs])*a.bs + j%a.bs
+				row := int(tab[j/a.bs])*a.bs + j%a.bs
 				var d float64
 				for i := 0; i < hd; i++ {
 					d += float64(q[(ti*nh+h)*hd+i]) * kh[row*kvDim+kvh*hd+i]
@@ -799,7 +850,7 @@ func checkAttention(t *testing.T, r *kernelRig, nh, nkv, hd int, ctx []int, spli
 			for i := 0; i < hd; i++ {
 				var o float64
 				for j := 0; j < n; j++ {
-					row := int(a.tab[ti][j/a.bs])*a.bs + j%a.bs
+					row := int(tab[j/a.bs])*a.bs + j%a.bs
 					o += sc[j] * vh[row*kvDim+kvh*hd+i]
 				}
 				o /= l
@@ -815,7 +866,13 @@ func checkAttention(t *testing.T, r *kernelRig, nh, nkv, hd int, ctx []int, spli
 			}
 		}
 	}
-	if e, eb := math.Sqrt(num/den), math.Sqrt(numB/den); !(e < 1e-5) || !(eb < 1e-4) {
+	// The prefill kernel's products take q and P as bf16 pairs (about 16
+	// bits).
+	tol := 1e-5
+	if prefill {
+		tol = 5e-5
+	}
+	if e, eb := math.Sqrt(num/den), math.Sqrt(numB/den); !(e < tol) || !(eb < 1e-4) {
 		t.Fatalf("relative error %.3g (fp32 output), %.3g (bf16 pair)", e, eb)
 	}
 }
@@ -919,7 +976,7 @@ func TestSkinnyBandwidth(t *testing.T) {
 					tries = append(tries, o)
 				}
 			}
-			a := newAttnSetup(t, r, tc.nh, tc.nkv, tc.hd, ctx, 16)
+			a := newAttnSetup(t, r, tc.nh, tc.nkv, tc.hd, decodeSeqs(ctx), 16)
 			for i, n := range tries {
 				d := r.timeGraph(t, 20, func(int) error { return a.launch(r, n, r.dependents) })
 				label := fmt.Sprintf("splits %d", n)
@@ -931,6 +988,19 @@ func TestSkinnyBandwidth(t *testing.T) {
 				}
 				fmt.Fprintf(&table, "%-8s %-18s %4d %9d %9.2f\n", tc.name, label, sz.tok, sz.ctx, us(d))
 			}
+		}
+		// A prefill of 4 sequences of 512 tokens: per row, and with the
+		// tensor-core kernel taking the whole tiles.
+		a := newAttnSetup(t, r, tc.nh, tc.nkv, tc.hd, []attnSeq{{512, 512}, {512, 512}, {512, 512}, {512, 512}}, 16)
+		for _, pf := range []bool{false, true} {
+			a.prefill = pf
+			d := r.timeGraph(t, 5, func(int) error { return a.launch(r, 1, r.dependents) })
+			label := "prefill, per row"
+			if pf {
+				label = "prefill, tiles"
+			}
+			res[fmt.Sprintf("%s/attention/prefill4x512/tiles=%v", tc.name, pf)] = us(d)
+			fmt.Fprintf(&table, "%-8s %-18s %4d %9d %9.2f\n", tc.name, label, 2048, 512, us(d))
 		}
 	}
 	t.Logf("skinny products, µs per launch and fraction of the copy bandwidth (weights read / time)\n%s", table.String())

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"slices"
 	"time"
 	"unsafe"
 
@@ -79,12 +80,25 @@ type Config struct {
 	// DefaultSkinnyTokens. Stages that must give bit-identical results
 	// (tests comparing two stages) set it.
 	SkinnyTokens int
+	// CompensatedTokens is the most token rows of a step whose cuBLAS
+	// GEMMs are compensated: they multiply each bf16-rounded activation
+	// row and its rounding remainder, carrying the fp32 activations to
+	// about 16 bits, which costs little while a step reads weights but
+	// doubles the tensor-core work of a long prefill. Larger steps take
+	// the rounded activations alone, as transformers' bf16 model does
+	// (the residual stream, norms, attention and sums stay fp32).
+	// 0: DefaultCompensatedTokens; negative: every step compensated.
+	CompensatedTokens int
 	// NoDependentLaunch launches every kernel after the one before it has
 	// finished; by default the stage's kernels are programmatic dependent
 	// launches where the driver offers them (the next kernel starts, and
 	// reads its weights, while the one before it ends).
 	NoDependentLaunch bool
 }
+
+// DefaultCompensatedTokens is Config.CompensatedTokens when unset: decode
+// steps and short prefills compensated, long prefills not.
+const DefaultCompensatedTokens = 64
 
 // DefaultKVMargin is the device memory left free when Config.NumBlocks is
 // sized from free memory and Config.KVMargin is 0.
@@ -168,10 +182,15 @@ type Stage struct {
 	closed      bool
 	g           graphState
 	sk          skinnyPlan
-	at          attnPlan
-	pdl         bool     // launch kernels as programmatic dependents
-	prof        *profile // per-kernel events during ProfileStep, else nil
-	profPool    *profile // the events ProfileStep records, kept for the next
+	// prefill says attention_prefill_d* serves the model (tensor cores,
+	// a head dim it is compiled for).
+	prefill bool
+	// compTokens is Config.CompensatedTokens, the default applied.
+	compTokens int
+	at         attnPlan
+	pdl        bool     // launch kernels as programmatic dependents
+	prof       *profile // per-kernel events during ProfileStep, else nil
+	profPool   *profile // the events ProfileStep records, kept for the next
 	// skinnyChoice is what tuneSkinny measured.
 	skinnyChoice SkinnyChoice
 	// The steps on their way through the device (launch.go): fl[oldest]
@@ -280,6 +299,11 @@ func (s *Stage) init(cfg *Config) error {
 	lay := newLayout(cfg)
 	info := s.dev.Info()
 	s.sk = planSkinny(m, cfg.SkinnyTokens, info.Major >= 8, info.MaxSharedPerBlockOptin)
+	s.compTokens = cfg.CompensatedTokens
+	s.prefill = info.Major >= 8 && slices.Contains(prefillHeadDims, m.HeadDim)
+	if s.compTokens == 0 {
+		s.compTokens = DefaultCompensatedTokens
+	}
 	s.at = newAttnPlan(m, info.SMs)
 	s.pdl = !cfg.NoDependentLaunch && info.Major >= 9 && gpu.LaunchDependentAvailable()
 	s.pl = planner{lay: lay, first: s.first, last: s.last, vocab: m.VocabSize, maxPos: m.MaxPositions,

@@ -213,24 +213,55 @@ func timeDecode(t *testing.T, dev *gpu.Device, bw float64, bm benchModel) {
 	if !cfg.TieEmbedding {
 		layerFlops = 2 * float64(st.Memory().WeightBytes-2*int64(cfg.VocabSize*cfg.HiddenSize*2)) / 2
 	}
+	// Each size as the stage runs it (past CompensatedTokens rows the GEMMs
+	// take the bf16 activations alone) and with every GEMM compensated;
+	// then the per-kernel breakdown of the 2,048-token prefill.
 	for _, pf := range []struct{ seqs, len int }{{8, 64}, {4, 512}} {
-		var times []float64
-		for rep := 0; rep < 3; rep++ {
-			ids, b := newSeqs(pf.seqs, pf.len)
-			if _, err := st.Forward(ctx, b); err != nil {
-				t.Fatal(err)
-			}
-			times = append(times, float64(st.LastStepTime())/1e6)
-			release(ids)
-		}
 		n := pf.seqs * pf.len
-		ms := median(times)
 		// Attention: each token attends to its position + 1 keys (QK and PV).
 		attn := float64(pf.seqs) * float64(pf.len*(pf.len+1)/2) * 4 * float64(cfg.NumHeads*cfg.HeadDim) * float64(cfg.NumLayers)
-		tflops := (layerFlops*float64(n) + attn) / (ms / 1e3) / 1e12
-		res[fmt.Sprintf("prefill_%d_gpu_ms", n)] = ms
-		res[fmt.Sprintf("prefill_%d_tflops", n)] = tflops
-		t.Logf("%s: eager prefill of %d tokens (%d x %d): %.3f ms GPU, %.0f TFLOP/s (%.0f%% of %d)", bm.name, n, pf.seqs, pf.len, ms, tflops, 100*tflops/peakTFLOPS, peakTFLOPS)
+		for _, comp := range []bool{false, true} {
+			saved := st.compTokens
+			if comp {
+				st.compTokens = -1
+			}
+			var times []float64
+			for rep := 0; rep < 3; rep++ {
+				ids, b := newSeqs(pf.seqs, pf.len)
+				if _, err := st.Forward(ctx, b); err != nil {
+					t.Fatal(err)
+				}
+				times = append(times, float64(st.LastStepTime())/1e6)
+				release(ids)
+			}
+			st.compTokens = saved
+			ms := median(times)
+			tflops := (layerFlops*float64(n) + attn) / (ms / 1e3) / 1e12
+			key, how := fmt.Sprintf("prefill_%d", n), fmt.Sprintf("as run (compensated up to %d rows)", st.compTokens)
+			if comp {
+				key, how = key+"_compensated", "every GEMM compensated"
+			}
+			res[key+"_gpu_ms"] = ms
+			res[key+"_tflops"] = tflops
+			t.Logf("%s: eager prefill of %d tokens (%d x %d), %s: %.3f ms GPU, %.0f TFLOP/s (%.0f%% of %d)", bm.name, n, pf.seqs, pf.len, how, ms, tflops, 100*tflops/peakTFLOPS, peakTFLOPS)
+		}
+	}
+	{
+		ids, b := newSeqs(4, 512)
+		p, _, err := st.ProfileStep(ctx, b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		release(ids)
+		var prof strings.Builder
+		kernels := map[string]any{}
+		for _, k := range p.Kernels {
+			kernels[k.Label] = map[string]any{"count": k.Count, "ms": float64(k.Time) / 1e6}
+			fmt.Fprintf(&prof, "  %-22s %4d %9.3f ms %5.1f%%\n", k.Label, k.Count, float64(k.Time)/1e6, 100*float64(k.Time)/float64(p.Sum))
+		}
+		res["profile_prefill_2048"] = map[string]any{"sum_ms": float64(p.Sum) / 1e6, "step_ms": float64(p.Step) / 1e6, "kernels": kernels}
+		t.Logf("%s prefill of 4 x 512 tokens: kernels %.3f ms (step %.3f ms eager, events between kernels)\n%s", bm.name,
+			float64(p.Sum)/1e6, float64(p.Step)/1e6, prof.String())
 	}
 
 	var table strings.Builder

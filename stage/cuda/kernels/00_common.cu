@@ -69,6 +69,29 @@ __device__ __forceinline__ bf16 f2bf(float f) {
     return (bf16)(u >> 16);
 }
 
+// pack_bf16 rounds a and b to bf16 (nearest even) into one register, a in
+// the low half.
+__device__ __forceinline__ unsigned pack_bf16(float a, float b) {
+    unsigned r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(b), "f"(a));
+    return r;
+}
+
+__device__ __forceinline__ float lo_bf16(unsigned p) { return __uint_as_float(p << 16); }
+__device__ __forceinline__ float hi_bf16(unsigned p) { return __uint_as_float(p & 0xffff0000u); }
+
+// mma_bf16 accumulates the m16n8k16 product of A (a0..a3) and B (b0, b1)
+// into c.
+__device__ __forceinline__ void mma_bf16(float* c, unsigned a0, unsigned a1, unsigned a2,
+                                         unsigned a3, unsigned b0, unsigned b1) {
+#if __CUDA_ARCH__ >= 800
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#endif
+}
+
 // put_split stores v at out[i] rounded to bf16 and, when lo is not 0, the
 // rounding remainder (v minus that), rounded to bf16 too, at out[i + lo]:
 // the two together carry v to about 16 significant bits, and a GEMM over

@@ -24,12 +24,29 @@
 // null, with its rounding remainder lo rows on (put_split).
 // attention_rN takes groups of up to N query heads (N = 1, 2, 4, 8; the
 // launch picks the smallest N at least nh / nkv, or 8).
+// With whole set, the rows of whole prefill tiles (pf_tile_whole) are left
+// to attention_prefill_d*, launched beside this kernel.
 // Grid: (tokens, nkv * groups, splits), groups = ceil((nh / nkv) / N).
 // Block: ATT_THREADS. hd: a multiple of 8, at most 256.
 #define ATT_THREADS 128
 #define ATT_WARPS 4
 #define ATT_RMAX 8
-#define ATT_MIN_CHUNK 32
+#define ATT_MIN_CHUNK 64
+#define ATT_U 2  // keys a lane has in flight (4 was slower: NOTES.md)
+#define PF_TILE 64
+
+// pf_tile_whole reports whether the tile of PF_TILE token rows holding row
+// t (the step's last tile may be shorter) is at least 16 consecutive
+// positions of one sequence, a prefill chunk's: the rows
+// attention_prefill_d* (attention_prefill.cu) takes, and attention_r*
+// leaves, when both run. A sequence's rows are consecutive in a step, so
+// the same block table at both ends of the tile means one sequence
+// throughout.
+__device__ __forceinline__ bool pf_tile_whole(int t, int tokens, const int* table_off, const int* pos) {
+    const int t0 = t / PF_TILE * PF_TILE;
+    const int t1 = min(tokens, t0 + PF_TILE) - 1;
+    return t1 - t0 >= 15 && table_off[t0] == table_off[t1] && pos[t1] - pos[t0] == t1 - t0;
+}
 
 // att_merge folds the running softmax state (m2, l2, a2) into (m, l, a).
 __device__ __forceinline__ void att_merge(float& m, float& l, float* a, float m2, float l2,
@@ -46,10 +63,10 @@ __device__ __forceinline__ void att_merge(float& m, float& l, float* a, float m2
 #define ATT_PARAMS                                                                          \
     const float *q, const bf16 *kcache, const bf16 *vcache, float *out, bf16 *out_bf, int lo, \
         const int *tables, const int *table_off, const int *pos, int bs, int nh, int nkv,     \
-        int hd, float scale, int splits, float *part, float *part_ml, int *counters
+        int hd, float scale, int splits, float *part, float *part_ml, int *counters, int whole
 #define ATT_ARGS \
     q, kcache, vcache, out, out_bf, lo, tables, table_off, pos, bs, nh, nkv, hd, scale, splits, \
-        part, part_ml, counters
+        part, part_ml, counters, whole
 
 template <int RM>
 __device__ __forceinline__ void attention_body(ATT_PARAMS) {
@@ -70,7 +87,7 @@ __device__ __forceinline__ void attention_body(ATT_PARAMS) {
     const int n = pos[t] + 1;
     const int chunk = max((n + splits - 1) / splits, ATT_MIN_CHUNK);
     const int parts = (n + chunk - 1) / chunk;
-    if (sp >= parts) {
+    if (sp >= parts || (whole && pf_tile_whole(t, gridDim.x, table_off, pos))) {
         pdl_wait();
         return;
     }
@@ -89,15 +106,15 @@ __device__ __forceinline__ void attention_body(ATT_PARAMS) {
     const int kslot = lane / gp;
     const int kpw = 32 / gp;  // keys a warp takes at once
     const bool active = c < G;
-    // Keys jb + wid*kpw + kslot + ATT_WARPS*kpw*i, two at a time, the next
-    // two loading while the current ones are used; the loop is uniform
-    // across the warp (its shuffles need every lane).
+    // Keys jb + wid*kpw + kslot + ATT_WARPS*kpw*i, ATT_U at a time, the
+    // next ATT_U loading while the current ones are used; the loop is
+    // uniform across the warp (its shuffles need every lane).
     const int stride = ATT_WARPS * kpw;
-    unsigned nk[2][4], nv[2][4];
-    bool loaded[2];
+    unsigned nk[ATT_U][4], nv[ATT_U][4];
+    bool loaded[ATT_U];
     auto load = [&](int j0, bool early) {
 #pragma unroll
-        for (int u = 0; u < 2; u++) {
+        for (int u = 0; u < ATT_U; u++) {
             int j = j0 + kslot + u * stride;
             loaded[u] = false;
             if (j < je && active && (!early || j < fresh)) {
@@ -113,7 +130,7 @@ __device__ __forceinline__ void attention_body(ATT_PARAMS) {
     pdl_wait();
     // What the early load left out (this step's keys).
 #pragma unroll
-    for (int u = 0; u < 2; u++) {
+    for (int u = 0; u < ATT_U; u++) {
         int j = jstart + kslot + u * stride;
         if (!loaded[u] && j < je && active) {
             size_t off = ((size_t)(tab[j / bs] * bs + j % bs) * kvdim + kh * hd + 8 * c);
@@ -137,11 +154,11 @@ __device__ __forceinline__ void attention_body(ATT_PARAMS) {
         for (int i = 0; i < 8; i++) acc[r][i] = 0.f;
     }
 
-    for (int j0 = jstart; j0 < je; j0 += 2 * stride) {
-        unsigned kw[2][4], vw[2][4];
-        bool ok[2];
+    for (int j0 = jstart; j0 < je; j0 += ATT_U * stride) {
+        unsigned kw[ATT_U][4], vw[ATT_U][4];
+        bool ok[ATT_U];
 #pragma unroll
-        for (int u = 0; u < 2; u++) {
+        for (int u = 0; u < ATT_U; u++) {
             int j = j0 + kslot + u * stride;
             ok[u] = j < je;
 #pragma unroll
@@ -150,11 +167,11 @@ __device__ __forceinline__ void attention_body(ATT_PARAMS) {
                 vw[u][i] = ok[u] && active ? nv[u][i] : 0u;
             }
         }
-        if (j0 + 2 * stride < je) {
-            load(j0 + 2 * stride, false);
+        if (j0 + ATT_U * stride < je) {
+            load(j0 + ATT_U * stride, false);
         }
 #pragma unroll
-        for (int u = 0; u < 2; u++) {
+        for (int u = 0; u < ATT_U; u++) {
             float kv[8], vv[8];
 #pragma unroll
             for (int i = 0; i < 4; i++) {

@@ -1,7 +1,7 @@
 // rmsnorm normalises rows of the fp32 residual stream into bf16 GEMM inputs
 // (the cuBLAS path; the skinny path folds the norm into its products). The
 // pending output y of the layer's last GEMM (null: none), in two halves lo
-// rows apart, is first added to the residual and written back:
+// rows apart (lo 0: one), is first added to the residual and written back:
 //   x = resid[src] (+ y[src] + y[src + lo]), out[r] = bf16(x * rsqrt(mean(x^2) + eps) * w)
 // with src = rowmap ? rowmap[r] : r (the last stage normalising only the
 // rows it needs logits for, a row possibly more than once; then y must be
@@ -16,12 +16,12 @@ extern "C" __global__ void rmsnorm(float* resid, const float* y, int lo, const b
     size_t src = rowmap ? rowmap[r] : r;
     float* row = resid + src * hidden;
     const float* y1 = y ? y + src * hidden : 0;
-    const float* y2 = y ? y + (src + lo) * hidden : 0;
+    const float* y2 = y && lo ? y + (src + lo) * hidden : 0;
     float ss = 0.f;
     for (int i = threadIdx.x; i < hidden; i += blockDim.x) {
         float v = row[i];
         if (y1) {
-            v += y1[i] + y2[i];
+            v += y2 ? y1[i] + y2[i] : y1[i];
             row[i] = v;
         }
         ss += v * v;

@@ -1,22 +1,32 @@
 // rope_qkv takes one token's fused q|k|v projection row (fp32, as the GEMM
-// wrote it, in two halves: rows t and t + lo), adds the bias (Qwen2; bias
+// wrote it, in two halves: rows t and t + lo; lo 0: one), adds the bias (Qwen2; bias
 // may be null), rotates q and k in the Hugging Face rotate_half layout
 // (element i pairs with i + head_dim/2) by the angle pos * inv_freq[i],
 // writes q to q_out (fp32) and k, v to the KV cache (bf16) at row cache_row[t]. The cache of one layer is [rows][kv_heads][head_dim]; the
 // row index is the only thing that ties a token to its place in the cache.
-// Grid: (tokens, heads + kv_heads). Block: head_dim / 2 threads.
+// Thread e of a token's (heads + kv_heads) * head_dim / 2 takes head
+// e / (head_dim / 2), rotary pair e % (head_dim / 2).
+// Grid: (tokens, ceil((heads + kv_heads) * head_dim / 2 / blockDim.x)).
 extern "C" __global__ void rope_qkv(const float* qkv, int lo, const bf16* bias,
                                     const float* inv_freq, const int* pos, const int* cache_row,
                                     float* q_out, bf16* kcache, bf16* vcache, int nh, int nkv,
                                     int hd) {
     pdl_start();
-    int t = blockIdx.x, h = blockIdx.y, i = threadIdx.x;
     int half = hd >> 1;
+    int e = blockIdx.y * blockDim.x + threadIdx.x;
+    if (e >= (nh + nkv) * half) {
+        return;
+    }
+    int t = blockIdx.x, h = e / half, i = e % half;
     size_t width = (size_t)(nh + 2 * nkv) * hd;
     const float* row = qkv + t * width;
     const float* row2 = qkv + (t + lo) * width;
     int off = h * hd;
-    float x1 = row[off + i] + row2[off + i], x2 = row[off + i + half] + row2[off + i + half];
+    float x1 = row[off + i], x2 = row[off + i + half];
+    if (lo) {
+        x1 += row2[off + i];
+        x2 += row2[off + i + half];
+    }
     if (bias) {
         x1 += bf2f(bias[off + i]);
         x2 += bf2f(bias[off + i + half]);
@@ -36,7 +46,11 @@ extern "C" __global__ void rope_qkv(const float* qkv, int lo, const bf16* bias,
     kcache[dst + i] = f2bf(y1);
     kcache[dst + i + half] = f2bf(y2);
     int voff = (nh + nkv) * hd + kh * hd;
-    float v1 = row[voff + i] + row2[voff + i], v2 = row[voff + i + half] + row2[voff + i + half];
+    float v1 = row[voff + i], v2 = row[voff + i + half];
+    if (lo) {
+        v1 += row2[voff + i];
+        v2 += row2[voff + i + half];
+    }
     if (bias) {
         v1 += bf2f(bias[voff + i]);
         v2 += bf2f(bias[voff + i + half]);

@@ -1,0 +1,213 @@
+// attention_prefill_d<HD>: causal attention for the whole prefill tiles of a
+// step (pf_tile_whole: PF_TILE consecutive token rows of one sequence, or
+// the step's shorter last tile) on the tensor cores, flash-attention style.
+// attention_r* (attention.cu) attends once per row, re-reading every key
+// for every row; here a tile's rows share each key. The rows of other
+// tiles are attention_r*'s, launched beside this kernel with whole set.
+//
+// Block: PF_WARPS warps for one query head h (kv head h / (nh / nkv)) and
+// one tile, each warp 16 of its rows. The keys 0..pos of the tile's last
+// row go in blocks of PF_KEYS: the block stages their K and V rows (through
+// the sequence's block table, 16-byte loads) in shared memory; each warp
+// computes S = q·Kᵀ with its fp32 q (times scale) split into a bf16 value
+// and remainder (two mma per fragment: about 16 bits of q; K is bf16 in the
+// cache), masks the keys past each row's position, keeps an fp32 online
+// softmax per row, and adds P·V with P split the same way. A warp whose
+// rows all precede a key block skips its products. Output as
+// attention_r*: fp32 rows to out, or the bf16 pair to out_bf (put_split,
+// remainders lo rows on).
+//
+// mma.m16n8k16 fragments: thread (g, c) = (lane / 4, lane % 4) holds A
+// elements (rows g, g + 8; columns 2c, 2c + 1, 2c + 8, 2c + 9), B elements
+// (k 2c, 2c + 1, 2c + 8, 2c + 9; column g) and C elements (rows g, g + 8;
+// columns 2c, 2c + 1); S's C fragments are P's A fragments once packed.
+// Grid: (ceil(tokens / PF_TILE), nh). Block: PF_THREADS. Needs
+// sm_80 (the host launches it only there) and HD 64 or 128.
+#define PF_WARPS 4
+#define PF_THREADS (PF_WARPS * 32)
+#define PF_KEYS 64
+
+template <int HD>
+__device__ __forceinline__ void prefill_body(const float* q, const bf16* kcache, const bf16* vcache, float* out,
+                                             bf16* out_bf, int lo, const int* tables, const int* table_off,
+                                             const int* pos, int bs, int nh, int nkv, float scale, int tokens) {
+    constexpr int KS = HD / 16;  // k-steps of q·Kᵀ
+    constexpr int ND = HD / 8;   // column tiles of the output
+    constexpr int RS = HD + 8;   // shared row stride in bf16: rows 16 bytes apart in the banks
+    constexpr int CH = HD / 8;   // 16-byte chunks of a key row
+    __shared__ unsigned ksw[PF_KEYS * RS / 2], vsw[PF_KEYS * RS / 2];
+    const bf16* ks = (const bf16*)ksw;
+    const bf16* vs = (const bf16*)vsw;
+    pdl_trigger();
+    const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
+    const int g = lane >> 2, c = lane & 3;
+    const int t0 = blockIdx.x * PF_TILE, h = blockIdx.y;
+    // The batch description is there before the kernels this one depends
+    // on end.
+    if (t0 >= tokens || !pf_tile_whole(t0, tokens, table_off, pos)) {
+        pdl_wait();
+        return;
+    }
+    const int t1 = min(tokens, t0 + PF_TILE) - 1;
+    const int p0 = pos[t0], nkeys = pos[t1] + 1;
+    const int kh = h / (nh / nkv), kvdim = nkv * HD;
+    const int* tab = tables + table_off[t0];
+    const int wr0 = wid * 16;                   // the warp's first row in the tile
+    const int wlast = min(wr0 + 15, t1 - t0);   // its last valid row (wr0 > t1 - t0: none)
+    const int pr[2] = {p0 + wr0 + g, p0 + wr0 + g + 8};
+    pdl_wait();
+
+    unsigned qh[KS][4], ql[KS][4];
+#pragma unroll
+    for (int s = 0; s < KS; s++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int row = wr0 + g + (i & 1) * 8, col = 16 * s + 2 * c + (i >> 1) * 8;
+            float v0 = 0.f, v1 = 0.f;
+            if (row <= t1 - t0) {
+                const float* qp = q + ((size_t)(t0 + row) * nh + h) * HD + col;
+                v0 = ldcg(qp) * scale;
+                v1 = ldcg(qp + 1) * scale;
+            }
+            qh[s][i] = pack_bf16(v0, v1);
+            ql[s][i] = pack_bf16(v0 - lo_bf16(qh[s][i]), v1 - hi_bf16(qh[s][i]));
+        }
+    float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f};
+    float o[ND][4];
+#pragma unroll
+    for (int n = 0; n < ND; n++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) o[n][i] = 0.f;
+
+    for (int kb = 0; kb < nkeys; kb += PF_KEYS) {
+        __syncthreads();  // the previous block's keys are used
+        for (int e = tid; e < PF_KEYS * CH; e += PF_THREADS) {
+            const int key = e / CH, part = e % CH, j = kb + key;
+            unsigned kw[4] = {0, 0, 0, 0}, vw[4] = {0, 0, 0, 0};
+            if (j < nkeys) {
+                const size_t off = (size_t)(tab[j / bs] * bs + j % bs) * kvdim + kh * HD + part * 8;
+                ldcg_u4(kcache + off, kw);
+                ldcg_u4(vcache + off, vw);
+            }
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                ksw[(key * RS + part * 8) / 2 + i] = kw[i];
+                vsw[(key * RS + part * 8) / 2 + i] = vw[i];
+            }
+        }
+        __syncthreads();
+        if (wr0 > t1 - t0 || kb > p0 + wlast) {
+            continue;  // no row of this warp reaches these keys
+        }
+        float sc[PF_KEYS / 8][4];
+#pragma unroll
+        for (int n = 0; n < PF_KEYS / 8; n++) {
+#pragma unroll
+            for (int i = 0; i < 4; i++) sc[n][i] = 0.f;
+            const bf16* kr = ks + (n * 8 + g) * RS + 2 * c;
+#pragma unroll
+            for (int s = 0; s < KS; s++) {
+                const unsigned b0 = *(const unsigned*)(kr + 16 * s);
+                const unsigned b1 = *(const unsigned*)(kr + 16 * s + 8);
+                mma_bf16(sc[n], qh[s][0], qh[s][1], qh[s][2], qh[s][3], b0, b1);
+                mma_bf16(sc[n], ql[s][0], ql[s][1], ql[s][2], ql[s][3], b0, b1);
+            }
+        }
+        // Mask, and the online softmax of rows g (r 0) and g + 8 (r 1).
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            float mx = NEG_INF;
+#pragma unroll
+            for (int n = 0; n < PF_KEYS / 8; n++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    const int j = kb + n * 8 + 2 * c + e;
+                    float& v = sc[n][2 * r + e];
+                    v = j <= pr[r] ? v : NEG_INF;
+                    mx = fmaxf(mx, v);
+                }
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            const float mn = fmaxf(m[r], mx);
+            // Key 0 is every row's, so mn is finite from the first block on.
+            const float corr = m[r] == NEG_INF ? 0.f : expf(m[r] - mn);
+            float sum = 0.f;
+#pragma unroll
+            for (int n = 0; n < PF_KEYS / 8; n++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    float& v = sc[n][2 * r + e];
+                    v = v == NEG_INF ? 0.f : expf(v - mn);
+                    sum += v;
+                }
+            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+            sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+            m[r] = mn;
+            l[r] = l[r] * corr + sum;
+#pragma unroll
+            for (int n = 0; n < ND; n++) {
+                o[n][2 * r] *= corr;
+                o[n][2 * r + 1] *= corr;
+            }
+        }
+        // O += P·V, 16 keys a step.
+#pragma unroll
+        for (int kk = 0; kk < PF_KEYS / 16; kk++) {
+            unsigned ph[4], pl[4];
+            const float pv[4][2] = {{sc[2 * kk][0], sc[2 * kk][1]},
+                                    {sc[2 * kk][2], sc[2 * kk][3]},
+                                    {sc[2 * kk + 1][0], sc[2 * kk + 1][1]},
+                                    {sc[2 * kk + 1][2], sc[2 * kk + 1][3]}};
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                ph[i] = pack_bf16(pv[i][0], pv[i][1]);
+                pl[i] = pack_bf16(pv[i][0] - lo_bf16(ph[i]), pv[i][1] - hi_bf16(ph[i]));
+            }
+            const bf16* v0 = vs + (16 * kk + 2 * c) * RS + g;
+#pragma unroll
+            for (int n = 0; n < ND; n++) {
+                const bf16* vp = v0 + n * 8;
+                const unsigned b0 = (unsigned)vp[0] | ((unsigned)vp[RS] << 16);
+                const unsigned b1 = (unsigned)vp[8 * RS] | ((unsigned)vp[9 * RS] << 16);
+                mma_bf16(o[n], ph[0], ph[1], ph[2], ph[3], b0, b1);
+                mma_bf16(o[n], pl[0], pl[1], pl[2], pl[3], b0, b1);
+            }
+        }
+    }
+    const size_t olo = (size_t)lo * nh * HD;
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int row = wr0 + g + 8 * r;
+        if (row > t1 - t0) {
+            continue;
+        }
+        const float inv = 1.f / l[r];
+        const size_t base = ((size_t)(t0 + row) * nh + h) * HD + 2 * c;
+#pragma unroll
+        for (int n = 0; n < ND; n++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const float v = o[n][2 * r + e] * inv;
+                const size_t idx = base + n * 8 + e;
+                if (out) {
+                    out[idx] = v;
+                }
+                if (out_bf) {
+                    put_split(out_bf, idx, olo, v);
+                }
+            }
+    }
+}
+
+#define PF_PARAMS                                                                                   \
+    const float *q, const bf16 *kcache, const bf16 *vcache, float *out, bf16 *out_bf, int lo,        \
+        const int *tables, const int *table_off, const int *pos, int bs, int nh, int nkv, float scale, \
+        int tokens
+#define PF_ARGS q, kcache, vcache, out, out_bf, lo, tables, table_off, pos, bs, nh, nkv, scale, tokens
+
+extern "C" __global__ void __launch_bounds__(PF_THREADS) attention_prefill_d64(PF_PARAMS) {
+    prefill_body<64>(PF_ARGS);
+}
+extern "C" __global__ void __launch_bounds__(PF_THREADS) attention_prefill_d128(PF_PARAMS) {
+    prefill_body<128>(PF_ARGS);
+}
