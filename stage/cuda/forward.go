@@ -241,8 +241,12 @@ func (s *Stage) finishLayer(i, T int) error {
 	if err := s.linear("gate_up", s.b.gateUp, s.b.normed, lw.gateUp, T+lo, H, 2*I); err != nil {
 		return fmt.Errorf("layer %d gate/up: %w", layer, err)
 	}
-	a := s.args.Reset().Ptr(s.b.gateUp).Ptr(s.b.act).Int32(int32(lo)).Int32(int32(I))
-	grid := gpu.Dim3{X: uint32((I + siluThreads - 1) / siluThreads), Y: uint32(T)}
+	vec := 1
+	if I%4 == 0 {
+		vec = 4
+	}
+	a := s.args.Reset().Ptr(s.b.gateUp).Ptr(s.b.act).Int32(int32(lo)).Int32(int32(I)).Int32(int32(vec))
+	grid := gpu.Dim3{X: uint32((I/vec + siluThreads - 1) / siluThreads), Y: uint32(T)}
 	if err := s.launch("silu", kSiluMul, grid, gpu.Dim3{X: siluThreads}, a); err != nil {
 		return err
 	}
@@ -292,20 +296,22 @@ func (s *Stage) attention(i int, sh shape) error {
 	if !s.sk.use(T) {
 		out, outB, lo = 0, s.b.attnB, s.remainders(T)
 	}
-	// Steps with a prefill chunk give its whole tiles to the tensor-core
-	// kernel.
+	// Steps with whole prefill tiles give them to the tensor-core kernel,
+	// the per-row one taking the other rows, if any.
 	whole := 0
 	if sh.prefill {
 		whole = 1
 	}
-	splits := s.at.splits(T)
+	at := s.at.launch(T)
 	a := s.args.Reset().Ptr(s.b.q).Ptr(kc).Ptr(vc).Ptr(out).Ptr(outB).Int32(int32(lo)).
 		Ptr(s.word(lay.tables())).Ptr(s.word(lay.tableOff())).Ptr(s.word(lay.pos())).Int32(int32(s.pl.kv.blockSize)).
 		Int32(int32(m.NumHeads)).Int32(int32(m.NumKVHeads)).Int32(int32(m.HeadDim)).Float32(scale).
-		Int32(int32(splits)).Ptr(s.b.part).Ptr(s.b.partML).Ptr(s.b.counts).Int32(int32(whole))
-	grid := gpu.Dim3{X: uint32(T), Y: uint32(s.at.nkv * s.at.groups), Z: uint32(splits)}
-	if err := s.launchDep("attention", attentionName(s.at.rmax), grid, gpu.Dim3{X: attentionThreads}, 0, a); err != nil || whole == 0 {
-		return err
+		Int32(int32(at.splits)).Int32(int32(at.minChunk)).Ptr(s.b.part).Ptr(s.b.partML).Ptr(s.b.counts).Int32(int32(whole))
+	grid := gpu.Dim3{X: uint32(T), Y: uint32(s.at.nkv * s.at.groups), Z: uint32(at.splits)}
+	if !sh.allTiles {
+		if err := s.launchDep("attention", at.name, grid, gpu.Dim3{X: uint32(at.threads)}, at.smem, a); err != nil || whole == 0 {
+			return err
+		}
 	}
 	a = s.args.Reset().Ptr(s.b.q).Ptr(kc).Ptr(vc).Ptr(out).Ptr(outB).Int32(int32(lo)).
 		Ptr(s.word(lay.tables())).Ptr(s.word(lay.tableOff())).Ptr(s.word(lay.pos())).Int32(int32(s.pl.kv.blockSize)).
@@ -313,10 +319,6 @@ func (s *Stage) attention(i int, sh shape) error {
 	grid = gpu.Dim3{X: uint32((T + prefillTile - 1) / prefillTile), Y: uint32(m.NumHeads)}
 	return s.launchDep("attention prefill", prefillName(m.HeadDim), grid, gpu.Dim3{X: prefillThreads}, 0, a)
 }
-
-// prefillMinTokens is the fewest rows of a Seq that can make a whole
-// prefill tile (pf_tile_whole in attention.cu: at least 16 rows).
-const prefillMinTokens = 16
 
 // head computes the logits rows of the step (the final norm of the
 // selected rows, the LM head in fp32) and samples: with the skinny LM head

@@ -51,10 +51,17 @@ var gemvVariants = []gemvVariant{
 }
 
 // attentionVariants are the query heads per block the attention kernel is
-// compiled for (attention_rN).
-var attentionVariants = []int{1, 2, 4, 8}
+// compiled for, attentionWarps its warps per block (attention_rN_wW).
+var (
+	attentionVariants = []int{1, 2, 4, 8}
+	attentionWarps    = []int{4, 16}
+)
 
-func attentionName(r int) string { return fmt.Sprintf("attention_r%d", r) }
+func attentionName(r, w int) string { return fmt.Sprintf("attention_r%d_w%d", r, w) }
+
+// attentionSmem is the dynamic shared memory of attention_rN_wW for head
+// dim hd: the warps' partial softmax states.
+func attentionSmem(r, w, hd int) int { return w * r * (hd + 2) * 4 }
 
 // prefillHeadDims are the head dims attention_prefill_d<HD> is compiled
 // for (attention_prefill.cu).
@@ -161,7 +168,9 @@ var optionalNames = func() []string {
 var kernelNames = func() []string {
 	n := []string{kEmbed, kRMSNorm, kResidualAdd, kRopeQKV, kSiluMul, kSample, kHandoff, kSpin}
 	for _, r := range attentionVariants {
-		n = append(n, attentionName(r))
+		for _, w := range attentionWarps {
+			n = append(n, attentionName(r, w))
+		}
 	}
 	for _, hd := range prefillHeadDims {
 		n = append(n, prefillName(hd))
@@ -186,22 +195,22 @@ const (
 	statusBadRow  = 2
 	statusWords   = 4
 
-	attentionThreads = 128  // ATT_THREADS in attention.cu
-	attentionHeads   = 8    // ATT_RMAX: query heads per block
-	prefillTile      = 64   // PF_TILE in attention.cu: token rows of a prefill attention block
-	prefillThreads   = 128  // PF_THREADS in attention_prefill.cu
-	maxHeadDim       = 256  // the row size of attention.cu's shared partials
-	sampleThreads    = 1024 // SAMPLE_THREADS in sample.cu
-	sampleParams     = 9    // SAMPLE_PARAMS in sample.cu
-	gemvThreads      = 256  // GEMV_THREADS in gemv.cu, GEMVF_THREADS in gemvf.cu
-	gemvWarps        = 8    // GEMV_WARPS
-	gemvMaxTokens    = 32   // 8 * the largest NT
-	normThreads      = 256
-	embedThreads     = 256
-	siluThreads      = 256
-	ropeThreads      = 256
-	addThreads       = 256
-	handoffThreads   = 256
+	attentionHeads = 8    // ATT_RMAX: query heads per block
+	prefillTile    = 64   // PF_TILE in attention.cu: token rows of a prefill attention block
+	prefillMinRows = 16   // PF_MIN_ROWS in attention.cu: the fewest rows of a whole tile
+	prefillThreads = 128  // PF_THREADS in attention_prefill.cu
+	maxHeadDim     = 256  // the widest rows attention.cu takes
+	sampleThreads  = 1024 // SAMPLE_THREADS in sample.cu
+	sampleParams   = 9    // SAMPLE_PARAMS in sample.cu
+	gemvThreads    = 256  // GEMV_THREADS in gemv.cu, GEMVF_THREADS in gemvf.cu
+	gemvWarps      = 8    // GEMV_WARPS
+	gemvMaxTokens  = 32   // 8 * the largest NT
+	normThreads    = 256
+	embedThreads   = 256
+	siluThreads    = 256
+	ropeThreads    = 256
+	addThreads     = 256
+	handoffThreads = 256
 	// MaxLogprobs is the most top alternatives one sampled token reports.
 	MaxLogprobs = stage.MaxLogprobs
 )

@@ -23,7 +23,7 @@ func TestKernelSource(t *testing.T) {
 		}
 	}
 	// The prefill attention's launch shape.
-	for _, d := range []string{fmt.Sprintf("#define PF_TILE %d\n", prefillTile), fmt.Sprintf("#define PF_WARPS %d\n", prefillThreads/32)} {
+	for _, d := range []string{fmt.Sprintf("#define PF_TILE %d\n", prefillTile), fmt.Sprintf("#define PF_WARPS %d\n", prefillThreads/32), fmt.Sprintf("#define PF_MIN_ROWS %d\n", prefillMinRows)} {
 		if !strings.Contains(src, d) {
 			t.Errorf("program lacks %q", d)
 		}
@@ -68,8 +68,6 @@ func TestKernelSource(t *testing.T) {
 	}
 	// The launch constants must agree with the sources.
 	for _, def := range []string{
-		fmt.Sprintf("#define ATT_THREADS %d\n", attentionThreads),
-		fmt.Sprintf("__shared__ float wacc[ATT_WARPS][ATT_RMAX][%d];", maxHeadDim),
 		fmt.Sprintf("#define ATT_RMAX %d\n", attentionHeads),
 		fmt.Sprintf("#define GEMV_THREADS %d\n", gemvThreads),
 		fmt.Sprintf("#define GEMV_WARPS %d\n", gemvWarps),

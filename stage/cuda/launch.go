@@ -112,7 +112,9 @@ func (s *Stage) startBatch(ctx context.Context, b *stage.Batch, own bool) (*flig
 		f.sh = s.pl.keyShape(step)
 		s.pl.pad(&f.p, f.sh)
 	}
-	f.sh.prefill = s.prefill && f.p.longest >= prefillMinTokens
+	if s.prefill {
+		f.sh.prefill, f.sh.allTiles = s.pl.lay.prefillTiles(f.p.words, f.sh.tokens)
+	}
 	if err := s.dev.Do(func() error { return s.run(f) }); err != nil {
 		return nil, fmt.Errorf("cuda stage [%d,%d): batch %d (%s): %w", s.lo, s.hi, b.ID, step, err)
 	}

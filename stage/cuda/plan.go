@@ -72,7 +72,6 @@ type plan struct {
 	tokens   int     // rows in the batch
 	rows     int     // logits rows to compute (last stage)
 	nSampled int
-	longest  int // most rows of one Seq
 	// tableWords is how many words of the block tables are in use, the
 	// scratch block's included.
 	tableWords int
@@ -89,7 +88,7 @@ func (p *plan) uploadWords(lay layout) int { return lay.tables() + p.tableWords 
 
 // reset empties p.
 func (p *plan) reset() {
-	p.tokens, p.rows, p.nSampled, p.tableWords, p.placeholders, p.longest = 0, 0, 0, 1, false, 0
+	p.tokens, p.rows, p.nSampled, p.tableWords, p.placeholders = 0, 0, 0, 1, false
 	p.logitStart, p.logitCount = p.logitStart[:0], p.logitCount[:0]
 }
 
@@ -117,7 +116,6 @@ func (pl *planner) build(b *stage.Batch, p *plan) error {
 			return fmt.Errorf("batch %d: seq %d appears twice", b.ID, s.ID)
 		}
 		pl.seen[s.ID] = true
-		p.longest = max(p.longest, len(s.Tokens))
 		if err := pl.addSeq(b, s, p); err != nil {
 			return fmt.Errorf("batch %d: seq %d: %w", b.ID, s.ID, err)
 		}
@@ -243,12 +241,30 @@ func (pl *planner) addOutputs(s *stage.Seq, p *plan) error {
 // shape is what a step's kernels are launched for: token rows, logits rows
 // and sampled sequences. An eager step has the batch's own; a replayed
 // graph has those it was captured for, which the batch's are padded to.
-// prefill says a Seq of the batch has prefillMinTokens rows or more, so
-// attention runs the prefill kernel beside the per-row one (eagerly: a
-// captured shape has it false).
+// prefill says some of the step's tiles are whole prefill tiles, so
+// attention runs the prefill kernel on those, and allTiles that every row
+// is in one, so the per-row kernel is not launched (eager steps only: a
+// captured shape has both false).
 type shape struct {
 	tokens, rows, sampled int
-	prefill               bool
+	prefill, allTiles     bool
+}
+
+// prefillTiles reports whether the first T rows of description w make a
+// whole prefill tile (some) and whether every row is in one (all): tiles of
+// prefillTile rows (the last may be shorter) of at least prefillMinRows
+// consecutive positions of one sequence. The host's copy of pf_tile_whole
+// in attention.cu, which the kernels apply on the device.
+func (l layout) prefillTiles(w []int32, T int) (some, all bool) {
+	off, pos := w[l.tableOff():], w[l.pos():]
+	all = T > 0
+	for t0 := 0; t0 < T; t0 += prefillTile {
+		t1 := min(T, t0+prefillTile) - 1
+		whole := t1-t0+1 >= prefillMinRows && off[t0] == off[t1] && int(pos[t1]-pos[t0]) == t1-t0
+		some = some || whole
+		all = all && whole
+	}
+	return some, all
 }
 
 // pad fills the description past the batch's own rows up to sh, so that

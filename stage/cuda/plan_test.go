@@ -245,3 +245,42 @@ func TestPlanRelease(t *testing.T) {
 		t.Errorf("cached lengths %v; want 1: 2, 3: 2", pl.kv.length)
 	}
 }
+
+// TestPrefillTiles: which steps' rows the prefill attention takes (tiles of
+// 64 rows, at least 16 consecutive positions of one sequence).
+func TestPrefillTiles(t *testing.T) {
+	lay := layout{maxTokens: 256, maxSeqs: 8, maxLogitRows: 8, maxBlocks: 8}
+	// seqs lays out sequences of (rows, first position) one after another,
+	// each with its own block table.
+	seqs := func(s ...[2]int) ([]int32, int) {
+		w := make([]int32, lay.words())
+		T := 0
+		for i, sq := range s {
+			for r := 0; r < sq[0]; r++ {
+				w[lay.pos()+T] = int32(sq[1] + r)
+				w[lay.tableOff()+T] = int32(1 + i*lay.maxBlocks)
+				T++
+			}
+		}
+		return w, T
+	}
+	for _, tc := range []struct {
+		name      string
+		seqs      [][2]int
+		some, all bool
+	}{
+		{"one prompt of 128", [][2]int{{128, 0}}, true, true},
+		{"mid-sequence chunk, short last tile", [][2]int{{80, 300}}, true, true},
+		{"last tile of 2 rows", [][2]int{{130, 0}}, true, false},
+		{"decodes", [][2]int{{1, 5}, {1, 9}, {1, 2}}, false, false},
+		{"two prompts in one tile", [][2]int{{48, 0}, {16, 0}}, false, false},
+		{"a prompt, then decodes", [][2]int{{64, 0}, {1, 7}, {1, 3}}, true, false},
+		{"a short prompt", [][2]int{{15, 0}}, false, false},
+		{"16 rows", [][2]int{{16, 0}}, true, true},
+	} {
+		w, T := seqs(tc.seqs...)
+		if some, all := lay.prefillTiles(w, T); some != tc.some || all != tc.all {
+			t.Errorf("%s: prefillTiles = %v, %v; want %v, %v", tc.name, some, all, tc.some, tc.all)
+		}
+	}
+}

@@ -385,15 +385,33 @@ func (c *gemvCall) args(a *gpu.KernelArgs, m *model.Config, w gpu.DevicePtr, t i
 	return a
 }
 
-// attnPlan is how attention splits the sequence (flash-decoding): about
-// attnBlocksPerSM blocks of (token, kv head, head group, split) per
-// multiprocessor (a block's time is mostly latency: many short parts cost
-// more in waves and merges than they gain), at most attnMaxSplits parts
-// (the kernel uses fewer for short sequences: parts of at least 32 keys).
+// attnPlan is how attention splits the sequence (flash-decoding) in a
+// step of t tokens (attnLaunch): blocks of (token, kv head, head group,
+// split), at most attnMaxSplits parts (the kernel uses fewer for short
+// sequences: parts of at least minChunk keys). A step of at most sms units
+// (token, kv head, group) has blocks of 16 warps, one per multiprocessor
+// aimed at, and parts of at least 2^20 / hd² keys (256 at head dim 64, 64
+// at 128); a larger one blocks of 4 warps, attnBlocksPerSM per
+// multiprocessor, parts of at least 64 keys. A block's time is mostly
+// latency: many short parts cost more in waves and merges than they gain.
+// Measured (TestSkinnyBandwidth, one H100, us): 1 token of 256 keys, 4
+// warps with 16 splits against 16 warps with the plan's parts: 8.9 -> 8.3
+// (1B), 14.0 -> 10.8 (8B); of 4,096 keys 21.6 -> 18.2 and 40.1 -> 24.3;
+// 32 tokens of 256 keys: 17.3 / 30.7 with 4 warps, 22.4 / 35.5 with 16.
 type attnPlan struct {
 	nkv, groups int
-	rmax        int // query heads per block: the kernel attention_r<rmax>
-	target      int // blocks aimed at
+	rmax        int // query heads per block: the kernel attention_r<rmax>_w<warps>
+	sms, hd     int
+	// warps and minChunk, when not 0, fix the block and least part (tests).
+	warps, minChunk int
+}
+
+// attnLaunch is attention's launch for a step: the kernel, its block,
+// dynamic shared memory, splits and least part.
+type attnLaunch struct {
+	name             string
+	threads, smem    int
+	splits, minChunk int
 }
 
 const (
@@ -420,14 +438,25 @@ func newAttnPlan(m *model.Config, sms int) attnPlan {
 			break
 		}
 	}
-	return attnPlan{nkv: m.NumKVHeads, groups: (r + rmax - 1) / rmax, rmax: rmax, target: max(1, sms) * attnBlocksPerSM}
+	return attnPlan{nkv: m.NumKVHeads, groups: (r + rmax - 1) / rmax, rmax: rmax, sms: max(1, sms), hd: m.HeadDim}
+}
+
+// launch is attention's launch for a step of t tokens.
+func (a attnPlan) launch(t int) attnLaunch {
+	units := t * a.nkv * a.groups
+	w, target, chunk := 4, a.sms*attnBlocksPerSM, 64
+	if units <= a.sms && attentionSmem(a.rmax, 16, a.hd) <= 48<<10 {
+		w, target, chunk = 16, a.sms, max(64, (1<<20)/(a.hd*a.hd))
+	}
+	if a.warps > 0 {
+		w, chunk = a.warps, a.minChunk
+	}
+	return attnLaunch{name: attentionName(a.rmax, w), threads: 32 * w, smem: attentionSmem(a.rmax, w, a.hd),
+		splits: max(1, min(attnMaxSplits, target/units)), minChunk: chunk}
 }
 
 // splits is how many parts a step of t tokens cuts each sequence into.
-func (a attnPlan) splits(t int) int {
-	units := t * a.nkv * a.groups
-	return max(1, min(attnMaxSplits, a.target/units))
-}
+func (a attnPlan) splits(t int) int { return a.launch(t).splits }
 
 // scratch is what steps of up to maxTokens tokens need: counters (one per
 // (token, kv head, group)) and partial results (one per counter and split).

@@ -674,9 +674,11 @@ func TestAttentionKernel(t *testing.T) {
 		{4, 2, 48, []int{40}, []int{1, 2}},
 	} {
 		for _, sp := range tc.splits {
-			t.Run(fmt.Sprintf("h%d-kv%d-d%d-s%d", tc.nh, tc.nkv, tc.hd, sp), func(t *testing.T) {
-				checkAttention(t, r, tc.nh, tc.nkv, tc.hd, decodeSeqs(tc.ctx), sp, false)
-			})
+			for _, v := range attnVariants {
+				t.Run(fmt.Sprintf("h%d-kv%d-d%d-s%d-w%d-c%d", tc.nh, tc.nkv, tc.hd, sp, v.warps, v.minChunk), func(t *testing.T) {
+					checkAttention(t, r, tc.nh, tc.nkv, tc.hd, decodeSeqs(tc.ctx), sp, false, v)
+				})
+			}
 		}
 	}
 	// Prefill chunks: the whole tiles on attention_prefill_d*, the rest
@@ -692,7 +694,7 @@ func TestAttentionKernel(t *testing.T) {
 		{14, 2, 64, []attnSeq{{100, 100}}},
 	} {
 		t.Run(fmt.Sprintf("prefill-h%d-kv%d-d%d", tc.nh, tc.nkv, tc.hd), func(t *testing.T) {
-			checkAttention(t, r, tc.nh, tc.nkv, tc.hd, tc.seqs, 1, true)
+			checkAttention(t, r, tc.nh, tc.nkv, tc.hd, tc.seqs, 1, true, attnVariants[0])
 		})
 	}
 }
@@ -708,6 +710,8 @@ type attnSetup struct {
 	// prefill: launch runs attention_prefill_d<hd> beside the per-row
 	// kernel, which leaves it the whole tiles.
 	prefill bool
+	// plan is the per-row kernel's: its warps and least part are varied.
+	plan attnPlan
 }
 
 // attnSeq is a sequence of an attention problem: keys positions cached
@@ -725,7 +729,7 @@ func decodeSeqs(ctx []int) []attnSeq {
 
 func newAttnSetup(t *testing.T, r *kernelRig, nh, nkv, hd int, seqs []attnSeq, maxSplits int) *attnSetup {
 	rng := rand.New(rand.NewPCG(uint64(nh*hd), uint64(len(seqs))))
-	a := &attnSetup{nh: nh, nkv: nkv, hd: hd, bs: 16}
+	a := &attnSetup{nh: nh, nkv: nkv, hd: hd, bs: 16, plan: newAttnPlan(&model.Config{NumHeads: nh, NumKVHeads: nkv, HeadDim: hd}, r.dev.Info().SMs)}
 	blocks := 0
 	for _, sq := range seqs {
 		blocks += (sq.keys + a.bs - 1) / a.bs
@@ -773,8 +777,9 @@ func newAttnSetup(t *testing.T, r *kernelRig, nh, nkv, hd int, seqs []attnSeq, m
 }
 
 func (a *attnSetup) launch(r *kernelRig, splits int, dep bool) error {
-	ap := newAttnPlan(&model.Config{NumHeads: a.nh, NumKVHeads: a.nkv}, smsEstimate)
+	ap := a.plan
 	groups := ap.groups
+	al := ap.launch(a.tok)
 	whole := 0
 	if a.prefill {
 		whole = 1
@@ -782,27 +787,35 @@ func (a *attnSetup) launch(r *kernelRig, splits int, dep bool) error {
 	scale := float32(1 / math.Sqrt(float64(a.hd)))
 	args := r.args.Reset().Ptr(a.q).Ptr(a.kc).Ptr(a.vc).Ptr(a.out).Ptr(a.outB).Int32(int32(a.tok)).
 		Ptr(a.tables).Ptr(a.tabOff).Ptr(a.pos).Int32(int32(a.bs)).Int32(int32(a.nh)).Int32(int32(a.nkv)).Int32(int32(a.hd)).
-		Float32(scale).Int32(int32(splits)).Ptr(a.part).Ptr(a.partML).Ptr(a.counts).Int32(int32(whole))
+		Float32(scale).Int32(int32(splits)).Int32(int32(al.minChunk)).Ptr(a.part).Ptr(a.partML).Ptr(a.counts).Int32(int32(whole))
 	grid := gpu.Dim3{X: uint32(a.tok), Y: uint32(a.nkv * groups), Z: uint32(splits)}
-	launch := func(f gpu.Function, grid, block gpu.Dim3, args *gpu.KernelArgs) error {
+	launch := func(f gpu.Function, grid, block gpu.Dim3, smem int, args *gpu.KernelArgs) error {
 		if dep {
-			return f.LaunchDependent(grid, block, 0, r.st, args)
+			return f.LaunchDependent(grid, block, smem, r.st, args)
 		}
-		return f.Launch(grid, block, 0, r.st, args)
+		return f.Launch(grid, block, smem, r.st, args)
 	}
-	if err := launch(r.fn[attentionName(ap.rmax)], grid, gpu.Dim3{X: attentionThreads}, args); err != nil || !a.prefill {
+	if err := launch(r.fn[al.name], grid, gpu.Dim3{X: uint32(al.threads)}, al.smem, args); err != nil || !a.prefill {
 		return err
 	}
 	args = r.args.Reset().Ptr(a.q).Ptr(a.kc).Ptr(a.vc).Ptr(a.out).Ptr(a.outB).Int32(int32(a.tok)).
 		Ptr(a.tables).Ptr(a.tabOff).Ptr(a.pos).Int32(int32(a.bs)).Int32(int32(a.nh)).Int32(int32(a.nkv)).
 		Float32(scale).Int32(int32(a.tok))
 	grid = gpu.Dim3{X: uint32((a.tok + prefillTile - 1) / prefillTile), Y: uint32(a.nh)}
-	return launch(r.fn[prefillName(a.hd)], grid, gpu.Dim3{X: prefillThreads}, args)
+	return launch(r.fn[prefillName(a.hd)], grid, gpu.Dim3{X: prefillThreads}, 0, args)
 }
 
-func checkAttention(t *testing.T, r *kernelRig, nh, nkv, hd int, seqs []attnSeq, splits int, prefill bool) {
+// attnVariant is a block size and least part of the per-row kernel.
+type attnVariant struct{ warps, minChunk int }
+
+// attnVariants are those the tests try: the plan's own choice ({0, 0})
+// first.
+var attnVariants = []attnVariant{{0, 0}, {4, 64}, {16, 64}, {16, 256}}
+
+func checkAttention(t *testing.T, r *kernelRig, nh, nkv, hd int, seqs []attnSeq, splits int, prefill bool, v attnVariant) {
 	a := newAttnSetup(t, r, nh, nkv, hd, seqs, splits)
 	a.prefill = prefill
+	a.plan.warps, a.plan.minChunk = v.warps, v.minChunk
 	r.poison(t, a.out, a.tok*nh*hd*4)
 	r.poison(t, a.outB, 2*a.tok*nh*hd*2)
 	// Twice: the counters must be back at 0 after the first run.
@@ -968,7 +981,7 @@ func TestSkinnyBandwidth(t *testing.T) {
 			for i := range ctx {
 				ctx[i] = sz.ctx
 			}
-			sp := newAttnPlan(&model.Config{NumHeads: tc.nh, NumKVHeads: tc.nkv}, r.dev.Info().SMs).splits(sz.tok)
+			sp := newAttnPlan(&model.Config{NumHeads: tc.nh, NumKVHeads: tc.nkv, HeadDim: tc.hd}, r.dev.Info().SMs).splits(sz.tok)
 			// The plan's splits, and the others beside it.
 			tries := []int{sp}
 			for _, o := range []int{1, 2, 4, 8, 16} {
@@ -977,17 +990,24 @@ func TestSkinnyBandwidth(t *testing.T) {
 				}
 			}
 			a := newAttnSetup(t, r, tc.nh, tc.nkv, tc.hd, decodeSeqs(ctx), 16)
-			for i, n := range tries {
-				d := r.timeGraph(t, 20, func(int) error { return a.launch(r, n, r.dependents) })
-				label := fmt.Sprintf("splits %d", n)
-				if i == 0 {
-					label += " (plan)"
-					res[fmt.Sprintf("%s/attention/t%d/ctx%d", tc.name, sz.tok, sz.ctx)] = us(d)
-				} else {
-					res[fmt.Sprintf("%s/attention/t%d/ctx%d/splits%d", tc.name, sz.tok, sz.ctx, n)] = us(d)
+			plan := a.plan
+			for vi, v := range attnVariants {
+				a.plan.warps, a.plan.minChunk = v.warps, v.minChunk
+				for i, n := range tries {
+					d := r.timeGraph(t, 20, func(int) error { return a.launch(r, n, r.dependents) })
+					al := a.plan.launch(sz.tok)
+					label := fmt.Sprintf("w%d c%d s%d", al.threads/32, al.minChunk, n)
+					key := fmt.Sprintf("%s/attention/t%d/ctx%d", tc.name, sz.tok, sz.ctx)
+					if vi == 0 && i == 0 {
+						label += " (plan)"
+						res[key] = us(d)
+					} else {
+						res[fmt.Sprintf("%s/w%d/c%d/splits%d", key, v.warps, v.minChunk, n)] = us(d)
+					}
+					fmt.Fprintf(&table, "%-8s %-18s %4d %9d %9.2f\n", tc.name, label, sz.tok, sz.ctx, us(d))
 				}
-				fmt.Fprintf(&table, "%-8s %-18s %4d %9d %9.2f\n", tc.name, label, sz.tok, sz.ctx, us(d))
 			}
+			a.plan = plan
 		}
 		// A prefill of 4 sequences of 512 tokens: per row, and with the
 		// tensor-core kernel taking the whole tiles.

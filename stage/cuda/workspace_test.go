@@ -144,10 +144,24 @@ func TestPlanGemvt(t *testing.T) {
 	if gemvtSmem(1)*gemvtBlocksPerSM(1) > 227<<10 || gemvtSmem(2)*gemvtBlocksPerSM(2) > 227<<10 || gemvtSmem(4) > 227<<10 {
 		t.Errorf("gemvt shared memory %d, %d, %d does not fit the blocks compiled for", gemvtSmem(1), gemvtSmem(2), gemvtSmem(4))
 	}
-	// Attention on 132 multiprocessors: 4 blocks per multiprocessor.
+	// Attention on 132 multiprocessors: up to 132 (token, kv head) units
+	// one block of 16 warps per multiprocessor, parts of 256 keys or more
+	// (head dim 64); past that 4 blocks of 4 warps, parts of 64 or more.
 	at := newAttnPlan(&m, 132)
-	if at.splits(1) != 16 || at.splits(32) != 2 || at.splits(8) != 8 {
-		t.Errorf("attention splits %d, %d, %d at 1, 8, 32 tokens", at.splits(1), at.splits(8), at.splits(32))
+	for _, tc := range []struct {
+		t    int
+		want attnLaunch
+	}{
+		{1, attnLaunch{name: "attention_r4_w16", threads: 512, smem: attentionSmem(4, 16, 64), splits: 16, minChunk: 256}},
+		{8, attnLaunch{name: "attention_r4_w16", threads: 512, smem: attentionSmem(4, 16, 64), splits: 2, minChunk: 256}},
+		{32, attnLaunch{name: "attention_r4_w4", threads: 128, smem: attentionSmem(4, 4, 64), splits: 2, minChunk: 64}},
+	} {
+		if got := at.launch(tc.t); got != tc.want || at.splits(tc.t) != tc.want.splits {
+			t.Errorf("attention at %d tokens: %+v, want %+v", tc.t, got, tc.want)
+		}
+	}
+	if l := newAttnPlan(llama8B(), 132).launch(1); l.minChunk != 64 || l.threads != 512 {
+		t.Errorf("8B attention at 1 token: %+v, want 16 warps, parts of 64 keys or more", l)
 	}
 }
 

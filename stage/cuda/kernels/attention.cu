@@ -7,7 +7,7 @@
 // One block per (token, kv head, group of up to ATT_RMAX of its query heads,
 // split): the block reads each key and value row of its part of the
 // sequence once for all of its query heads. The n = pos[t] + 1 positions are
-// cut into parts of max(ceil(n / splits), ATT_MIN_CHUNK) keys, so a short
+// cut into parts of max(ceil(n / splits), min_chunk) keys, so a short
 // sequence uses fewer parts (blocks past the last part return at once).
 // Within a block every group of hd/8 lanes (rounded up to a power of two)
 // takes one key at a time, each lane 8 elements of it (16-byte loads of the
@@ -27,25 +27,25 @@
 // With whole set, the rows of whole prefill tiles (pf_tile_whole) are left
 // to attention_prefill_d*, launched beside this kernel.
 // Grid: (tokens, nkv * groups, splits), groups = ceil((nh / nkv) / N).
-// Block: ATT_THREADS. hd: a multiple of 8, at most 256.
-#define ATT_THREADS 128
-#define ATT_WARPS 4
+// Block: W * 32 threads (attention_rN_wW: W warps, 4 or 16); dynamic
+// shared memory W * N * (hd + 2) floats (the warps' partial softmax
+// states). hd: a multiple of 8, at most 256.
 #define ATT_RMAX 8
-#define ATT_MIN_CHUNK 64
 #define ATT_U 2  // keys a lane has in flight (4 was slower: NOTES.md)
 #define PF_TILE 64
+#define PF_MIN_ROWS 16
 
 // pf_tile_whole reports whether the tile of PF_TILE token rows holding row
-// t (the step's last tile may be shorter) is at least 16 consecutive
-// positions of one sequence, a prefill chunk's: the rows
+// t (the step's last tile may be shorter) is at least PF_MIN_ROWS
+// consecutive positions of one sequence, a prefill chunk's: the rows
 // attention_prefill_d* (attention_prefill.cu) takes, and attention_r*
-// leaves, when both run. A sequence's rows are consecutive in a step, so
-// the same block table at both ends of the tile means one sequence
-// throughout.
+// leaves, when both run (the host applies the same rule: prefillTiles in
+// plan.go). A sequence's rows are consecutive in a step, so the same block
+// table at both ends of the tile means one sequence throughout.
 __device__ __forceinline__ bool pf_tile_whole(int t, int tokens, const int* table_off, const int* pos) {
     const int t0 = t / PF_TILE * PF_TILE;
     const int t1 = min(tokens, t0 + PF_TILE) - 1;
-    return t1 - t0 >= 15 && table_off[t0] == table_off[t1] && pos[t1] - pos[t0] == t1 - t0;
+    return t1 - t0 + 1 >= PF_MIN_ROWS && table_off[t0] == table_off[t1] && pos[t1] - pos[t0] == t1 - t0;
 }
 
 // att_merge folds the running softmax state (m2, l2, a2) into (m, l, a).
@@ -63,15 +63,17 @@ __device__ __forceinline__ void att_merge(float& m, float& l, float* a, float m2
 #define ATT_PARAMS                                                                          \
     const float *q, const bf16 *kcache, const bf16 *vcache, float *out, bf16 *out_bf, int lo, \
         const int *tables, const int *table_off, const int *pos, int bs, int nh, int nkv,     \
-        int hd, float scale, int splits, float *part, float *part_ml, int *counters, int whole
+        int hd, float scale, int splits, int min_chunk, float *part, float *part_ml, int *counters, int whole
 #define ATT_ARGS \
     q, kcache, vcache, out, out_bf, lo, tables, table_off, pos, bs, nh, nkv, hd, scale, splits, \
-        part, part_ml, counters, whole
+        min_chunk, part, part_ml, counters, whole
 
-template <int RM>
+template <int RM, int W>
 __device__ __forceinline__ void attention_body(ATT_PARAMS) {
-    __shared__ float wm[ATT_WARPS][ATT_RMAX], wl[ATT_WARPS][ATT_RMAX];
-    __shared__ float wacc[ATT_WARPS][ATT_RMAX][256];
+    extern __shared__ float att_sm[];  // [W][RM] maxima, [W][RM] sums, [W][RM][hd] weighted values
+    float* wm = att_sm;
+    float* wl = wm + W * RM;
+    float* wacc = wl + W * RM;
     __shared__ int last;
     pdl_trigger();
     const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
@@ -85,7 +87,7 @@ __device__ __forceinline__ void attention_body(ATT_PARAMS) {
     // The batch description and the keys of earlier steps are there before
     // the kernels this one depends on end: read them first.
     const int n = pos[t] + 1;
-    const int chunk = max((n + splits - 1) / splits, ATT_MIN_CHUNK);
+    const int chunk = max((n + splits - 1) / splits, min_chunk);
     const int parts = (n + chunk - 1) / chunk;
     if (sp >= parts || (whole && pf_tile_whole(t, gridDim.x, table_off, pos))) {
         pdl_wait();
@@ -106,10 +108,10 @@ __device__ __forceinline__ void attention_body(ATT_PARAMS) {
     const int kslot = lane / gp;
     const int kpw = 32 / gp;  // keys a warp takes at once
     const bool active = c < G;
-    // Keys jb + wid*kpw + kslot + ATT_WARPS*kpw*i, ATT_U at a time, the
+    // Keys jb + wid*kpw + kslot + W*kpw*i, ATT_U at a time, the
     // next ATT_U loading while the current ones are used; the loop is
     // uniform across the warp (its shuffles need every lane).
-    const int stride = ATT_WARPS * kpw;
+    const int stride = W * kpw;
     unsigned nk[ATT_U][4], nv[ATT_U][4];
     bool loaded[ATT_U];
     auto load = [&](int j0, bool early) {
@@ -223,11 +225,11 @@ __device__ __forceinline__ void attention_body(ATT_PARAMS) {
 #pragma unroll
         for (int r = 0; r < RM; r++) {
             if (c == 0) {
-                wm[wid][r] = m[r];
-                wl[wid][r] = l[r];
+                wm[wid * RM + r] = m[r];
+                wl[wid * RM + r] = l[r];
             }
 #pragma unroll
-            for (int i = 0; i < 8; i++) wacc[wid][r][8 * c + i] = acc[r][i];
+            for (int i = 0; i < 8; i++) wacc[(wid * RM + r) * hd + 8 * c + i] = acc[r][i];
         }
     }
     __syncthreads();
@@ -236,17 +238,17 @@ __device__ __forceinline__ void attention_body(ATT_PARAMS) {
     const size_t unit = (size_t)t * gridDim.y + blockIdx.y;  // (token, kv head, group)
     float* pp = part + (unit * splits + sp) * ATT_RMAX * hd;
     float* pm = part_ml + (unit * splits + sp) * ATT_RMAX * 2;
-    for (int e = tid; e < nr * hd; e += ATT_THREADS) {
+    for (int e = tid; e < nr * hd; e += W * 32) {
         int r = e / hd, d = e % hd;
         float M = NEG_INF;
 #pragma unroll
-        for (int w = 0; w < ATT_WARPS; w++) M = fmaxf(M, wm[w][r]);
+        for (int w = 0; w < W; w++) M = fmaxf(M, wm[w * RM + r]);
         float L = 0.f, O = 0.f;
 #pragma unroll
-        for (int w = 0; w < ATT_WARPS; w++) {
-            float f = wm[w][r] == NEG_INF ? 0.f : expf(wm[w][r] - M);
-            L += wl[w][r] * f;
-            O += wacc[w][r][d] * f;
+        for (int w = 0; w < W; w++) {
+            float f = wm[w * RM + r] == NEG_INF ? 0.f : expf(wm[w * RM + r] - M);
+            L += wl[w * RM + r] * f;
+            O += wacc[(w * RM + r) * hd + d] * f;
         }
         if (parts == 1) {
             float v = O / L;
@@ -280,7 +282,7 @@ __device__ __forceinline__ void attention_body(ATT_PARAMS) {
     __threadfence();
     const float* p0 = part + unit * splits * ATT_RMAX * hd;
     const float* m0 = part_ml + unit * splits * ATT_RMAX * 2;
-    for (int e = tid; e < nr * hd; e += ATT_THREADS) {
+    for (int e = tid; e < nr * hd; e += W * 32) {
         int r = e / hd, d = e % hd;
         float M = NEG_INF;
         for (int s2 = 0; s2 < parts; s2++) M = fmaxf(M, ldcg(m0 + (s2 * ATT_RMAX + r) * 2));
@@ -305,7 +307,11 @@ __device__ __forceinline__ void attention_body(ATT_PARAMS) {
     }
 }
 
-extern "C" __global__ void __launch_bounds__(ATT_THREADS) attention_r1(ATT_PARAMS) { attention_body<1>(ATT_ARGS); }
-extern "C" __global__ void __launch_bounds__(ATT_THREADS) attention_r2(ATT_PARAMS) { attention_body<2>(ATT_ARGS); }
-extern "C" __global__ void __launch_bounds__(ATT_THREADS) attention_r4(ATT_PARAMS) { attention_body<4>(ATT_ARGS); }
-extern "C" __global__ void __launch_bounds__(ATT_THREADS) attention_r8(ATT_PARAMS) { attention_body<8>(ATT_ARGS); }
+extern "C" __global__ void __launch_bounds__(128) attention_r1_w4(ATT_PARAMS) { attention_body<1, 4>(ATT_ARGS); }
+extern "C" __global__ void __launch_bounds__(128) attention_r2_w4(ATT_PARAMS) { attention_body<2, 4>(ATT_ARGS); }
+extern "C" __global__ void __launch_bounds__(128) attention_r4_w4(ATT_PARAMS) { attention_body<4, 4>(ATT_ARGS); }
+extern "C" __global__ void __launch_bounds__(128) attention_r8_w4(ATT_PARAMS) { attention_body<8, 4>(ATT_ARGS); }
+extern "C" __global__ void __launch_bounds__(512) attention_r1_w16(ATT_PARAMS) { attention_body<1, 16>(ATT_ARGS); }
+extern "C" __global__ void __launch_bounds__(512) attention_r2_w16(ATT_PARAMS) { attention_body<2, 16>(ATT_ARGS); }
+extern "C" __global__ void __launch_bounds__(512) attention_r4_w16(ATT_PARAMS) { attention_body<4, 16>(ATT_ARGS); }
+extern "C" __global__ void __launch_bounds__(512) attention_r8_w16(ATT_PARAMS) { attention_body<8, 16>(ATT_ARGS); }
