@@ -69,6 +69,16 @@ var prefillHeadDims = []int{64, 128}
 
 func prefillName(hd int) string { return fmt.Sprintf("attention_prefill_d%d", hd) }
 
+// gqaName is attention_gqa_d<hd>_w<w> (attention_gqa.cu), compiled for
+// the prefillHeadDims and gqaWarps.
+func gqaName(hd, w int) string { return fmt.Sprintf("attention_gqa_d%d_w%d", hd, w) }
+
+var gqaWarps = []int{4, 8}
+
+// gqaSmem is the dynamic shared memory of attention_gqa_d<hd>_w<w>: key
+// and value tiles of 16 w rows of hd + 8 bf16.
+func gqaSmem(hd, w int) int { return 2 * 16 * w * (hd + 8) * 2 }
+
 // gemvfVariants are the epilogues of the GEMVF_ENTRY instances of
 // gemvf.cu, each compiled for gemvfTokens token rows.
 var (
@@ -174,6 +184,9 @@ var kernelNames = func() []string {
 	}
 	for _, hd := range prefillHeadDims {
 		n = append(n, prefillName(hd))
+		for _, w := range gqaWarps {
+			n = append(n, gqaName(hd, w))
+		}
 	}
 	for _, v := range gemvVariants {
 		for _, nt := range gemvNT {

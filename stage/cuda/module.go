@@ -145,7 +145,8 @@ func (s *Stage) loadModule(img []byte, optional bool, dir string) error {
 // lookupKernels finds every kernel of the program in mod (the optional ones
 // too when it has them) and raises the shared memory limit of those that
 // need more than the default 48 KiB (the gemvf kernels: the device's whole
-// limit, as their need depends on the model). Device goroutine only.
+// limit, as their need depends on the model; attention_gqa_d128_w8).
+// Device goroutine only.
 func lookupKernels(mod gpu.Module, info gpu.DeviceInfo, optional bool) (map[string]gpu.Function, error) {
 	names := kernelNames
 	if optional {
@@ -172,6 +173,15 @@ func lookupKernels(mod gpu.Module, info gpu.DeviceInfo, optional bool) (map[stri
 		for _, nt := range gemvNT {
 			if n := gemvSmem(v.mt, nt); n > 48<<10 {
 				if err := fn[gemvName(v, nt)].SetMaxDynamicSharedMem(n); err != nil {
+					return nil, err
+				}
+			}
+		}
+	}
+	for _, hd := range prefillHeadDims {
+		for _, w := range gqaWarps {
+			if n := gqaSmem(hd, w); n > 48<<10 && n <= info.MaxSharedPerBlockOptin {
+				if err := fn[gqaName(hd, w)].SetMaxDynamicSharedMem(n); err != nil {
 					return nil, err
 				}
 			}

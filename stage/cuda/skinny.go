@@ -398,11 +398,24 @@ func (c *gemvCall) args(a *gpu.KernelArgs, m *model.Config, w gpu.DevicePtr, t i
 // warps with 16 splits against 16 warps with the plan's parts: 8.9 -> 8.3
 // (1B), 14.0 -> 10.8 (8B); of 4,096 keys 21.6 -> 18.2 and 40.1 -> 24.3;
 // 32 tokens of 256 keys: 17.3 / 30.7 with 4 warps, 22.4 / 35.5 with 16.
+// Where the tensor-core kernel can serve (gqa) it serves every step:
+// measured on one H200 (us, 1B / 8B shapes), 1 token of 256 keys 8.5 /
+// 13.8 -> 6.3 / 10.1 (8 warps, 16 splits), of 4,096 keys 16.7 / 23.3 ->
+// 11.2 / 19.3; 32 tokens of 256 keys 17.1 / 29.9 -> 12.9 / 21.9 (4 warps,
+// 1 split), of 1,024 keys 40.4 / 77.9 -> 45.7 / 76.9 (the one loss).
 type attnPlan struct {
 	nkv, groups int
 	rmax        int // query heads per block: the kernel attention_r<rmax>_w<warps>
 	sms, hd     int
-	// warps and minChunk, when not 0, fix the block and least part (tests).
+	// gqa says attention_gqa_d<hd>_w<w> can serve the model (tensor
+	// cores, a head dim it is compiled for, at most 8 query heads a kv
+	// head: one group); then every step uses it, with 8 warps a block
+	// while the step has at most sms units, else 4 (gqaWarps, when not 0,
+	// fixes it: tests), and about sms blocks.
+	gqa      bool
+	gqaWarps int
+	// warps and minChunk, when not 0, fix the per-row kernel's block and
+	// least part (tests).
 	warps, minChunk int
 }
 
@@ -444,6 +457,17 @@ func newAttnPlan(m *model.Config, sms int) attnPlan {
 // launch is attention's launch for a step of t tokens.
 func (a attnPlan) launch(t int) attnLaunch {
 	units := t * a.nkv * a.groups
+	if a.gqa {
+		w := 4
+		if units <= a.sms {
+			w = 8
+		}
+		if a.gqaWarps > 0 {
+			w = a.gqaWarps
+		}
+		return attnLaunch{name: gqaName(a.hd, w), threads: 32 * w, smem: gqaSmem(a.hd, w),
+			splits: max(1, min(attnMaxSplits, a.sms/units)), minChunk: 64}
+	}
 	w, target, chunk := 4, a.sms*attnBlocksPerSM, 64
 	if units <= a.sms && attentionSmem(a.rmax, 16, a.hd) <= 48<<10 {
 		w, target, chunk = 16, a.sms, max(64, (1<<20)/(a.hd*a.hd))

@@ -675,7 +675,7 @@ func TestAttentionKernel(t *testing.T) {
 	} {
 		for _, sp := range tc.splits {
 			for _, v := range attnVariants {
-				t.Run(fmt.Sprintf("h%d-kv%d-d%d-s%d-w%d-c%d", tc.nh, tc.nkv, tc.hd, sp, v.warps, v.minChunk), func(t *testing.T) {
+				t.Run(fmt.Sprintf("h%d-kv%d-d%d-s%d-w%d-c%d-gqa%v", tc.nh, tc.nkv, tc.hd, sp, v.warps, v.minChunk, v.gqa), func(t *testing.T) {
 					checkAttention(t, r, tc.nh, tc.nkv, tc.hd, decodeSeqs(tc.ctx), sp, false, v)
 				})
 			}
@@ -805,17 +805,36 @@ func (a *attnSetup) launch(r *kernelRig, splits int, dep bool) error {
 	return launch(r.fn[prefillName(a.hd)], grid, gpu.Dim3{X: prefillThreads}, 0, args)
 }
 
-// attnVariant is a block size and least part of the per-row kernel.
-type attnVariant struct{ warps, minChunk int }
+// attnVariant is a block size and least part of the per-row kernel, or
+// the tensor-core kernel (gqa).
+type attnVariant struct {
+	warps, minChunk int
+	gqa             bool
+}
 
-// attnVariants are those the tests try: the plan's own choice ({0, 0})
-// first.
-var attnVariants = []attnVariant{{0, 0}, {4, 64}, {16, 64}, {16, 256}}
+// attnVariants are those the tests try: the plan's own choice first.
+var attnVariants = []attnVariant{{}, {4, 64, false}, {16, 64, false}, {16, 256, false}, {4, 0, true}, {8, 0, true}}
+
+// set makes a's launches v's, reporting whether v applies to a.
+func (v attnVariant) set(a *attnSetup) bool {
+	a.plan.warps, a.plan.minChunk, a.plan.gqaWarps = v.warps, v.minChunk, 0
+	// The plan's own choice: the stage's (gqa where it serves).
+	a.plan.gqa = v == attnVariant{} && a.plan.groups == 1 && slices.Contains(prefillHeadDims, a.hd)
+	if v.gqa {
+		if a.plan.groups != 1 || !slices.Contains(prefillHeadDims, a.hd) {
+			return false
+		}
+		a.plan.warps, a.plan.gqa, a.plan.gqaWarps = 0, true, v.warps
+	}
+	return true
+}
 
 func checkAttention(t *testing.T, r *kernelRig, nh, nkv, hd int, seqs []attnSeq, splits int, prefill bool, v attnVariant) {
 	a := newAttnSetup(t, r, nh, nkv, hd, seqs, splits)
 	a.prefill = prefill
-	a.plan.warps, a.plan.minChunk = v.warps, v.minChunk
+	if !v.set(a) {
+		t.Skipf("%+v does not take this shape", v)
+	}
 	r.poison(t, a.out, a.tok*nh*hd*4)
 	r.poison(t, a.outB, 2*a.tok*nh*hd*2)
 	// Twice: the counters must be back at 0 after the first run.
@@ -981,28 +1000,31 @@ func TestSkinnyBandwidth(t *testing.T) {
 			for i := range ctx {
 				ctx[i] = sz.ctx
 			}
-			sp := newAttnPlan(&model.Config{NumHeads: tc.nh, NumKVHeads: tc.nkv, HeadDim: tc.hd}, r.dev.Info().SMs).splits(sz.tok)
-			// The plan's splits, and the others beside it.
-			tries := []int{sp}
-			for _, o := range []int{1, 2, 4, 8, 16} {
-				if o != sp {
-					tries = append(tries, o)
-				}
-			}
 			a := newAttnSetup(t, r, tc.nh, tc.nkv, tc.hd, decodeSeqs(ctx), 16)
 			plan := a.plan
 			for vi, v := range attnVariants {
-				a.plan.warps, a.plan.minChunk = v.warps, v.minChunk
+				if !v.set(a) {
+					continue
+				}
+				// The variant's own splits (the plan's, first: the stage's
+				// choice), and the others beside them.
+				sp := a.plan.splits(sz.tok)
+				tries := []int{sp}
+				for _, o := range []int{1, 2, 4, 8, 16} {
+					if o != sp {
+						tries = append(tries, o)
+					}
+				}
 				for i, n := range tries {
 					d := r.timeGraph(t, 20, func(int) error { return a.launch(r, n, r.dependents) })
 					al := a.plan.launch(sz.tok)
-					label := fmt.Sprintf("w%d c%d s%d", al.threads/32, al.minChunk, n)
+					label := fmt.Sprintf("%s c%d s%d", strings.TrimPrefix(al.name, "attention_"), al.minChunk, n)
 					key := fmt.Sprintf("%s/attention/t%d/ctx%d", tc.name, sz.tok, sz.ctx)
 					if vi == 0 && i == 0 {
 						label += " (plan)"
 						res[key] = us(d)
 					} else {
-						res[fmt.Sprintf("%s/w%d/c%d/splits%d", key, v.warps, v.minChunk, n)] = us(d)
+						res[fmt.Sprintf("%s/w%d/c%d/gqa%v/splits%d", key, v.warps, v.minChunk, v.gqa, n)] = us(d)
 					}
 					fmt.Fprintf(&table, "%-8s %-18s %4d %9d %9.2f\n", tc.name, label, sz.tok, sz.ctx, us(d))
 				}

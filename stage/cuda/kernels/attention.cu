@@ -60,6 +60,52 @@ __device__ __forceinline__ void att_merge(float& m, float& l, float* a, float m2
     for (int i = 0; i < 8; i++) a[i] = a[i] * f1 + a2[i] * f2;
 }
 
+// att_merge_parts ends a block of a unit (token, kv head, group) whose
+// sequence was cut into parts > 1, once the block has written its part's
+// partial: the last block of the unit to finish (counted in counters,
+// which it resets to 0) merges the parts' partials in part order into the
+// output. Every thread of the block calls it; last is a shared flag.
+__device__ void att_merge_parts(const float* part, const float* part_ml, int* counters, size_t unit, int splits,
+                                int parts, int nr, int hd, int t, int nh, int h0, float* out, bf16* out_bf,
+                                size_t olo, int* last) {
+    const int tid = threadIdx.x;
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) {
+        *last = atomicAdd(&counters[unit], 1) == parts - 1;
+    }
+    __syncthreads();
+    if (!*last) {
+        return;
+    }
+    __threadfence();
+    const float* p0 = part + unit * splits * ATT_RMAX * hd;
+    const float* m0 = part_ml + unit * splits * ATT_RMAX * 2;
+    for (int e = tid; e < nr * hd; e += blockDim.x) {
+        int r = e / hd, d = e % hd;
+        float M = NEG_INF;
+        for (int s2 = 0; s2 < parts; s2++) M = fmaxf(M, ldcg(m0 + (s2 * ATT_RMAX + r) * 2));
+        float L = 0.f, O = 0.f;
+        for (int s2 = 0; s2 < parts; s2++) {
+            float mv = ldcg(m0 + (s2 * ATT_RMAX + r) * 2);
+            float f = mv == NEG_INF ? 0.f : expf(mv - M);
+            L += ldcg(m0 + (s2 * ATT_RMAX + r) * 2 + 1) * f;
+            O += ldcg(p0 + (size_t)s2 * ATT_RMAX * hd + e) * f;
+        }
+        float v = O / L;
+        size_t o = ((size_t)t * nh + h0 + r) * hd + d;
+        if (out) {
+            out[o] = v;
+        }
+        if (out_bf) {
+            put_split(out_bf, o, olo, v);
+        }
+    }
+    if (tid == 0) {
+        counters[unit] = 0;
+    }
+}
+
 #define ATT_PARAMS                                                                          \
     const float *q, const bf16 *kcache, const bf16 *vcache, float *out, bf16 *out_bf, int lo, \
         const int *tables, const int *table_off, const int *pos, int bs, int nh, int nkv,     \
@@ -267,43 +313,8 @@ __device__ __forceinline__ void attention_body(ATT_PARAMS) {
             }
         }
     }
-    if (parts == 1) {
-        return;
-    }
-    __threadfence();
-    __syncthreads();
-    if (tid == 0) {
-        last = atomicAdd(&counters[unit], 1) == parts - 1;
-    }
-    __syncthreads();
-    if (!last) {
-        return;
-    }
-    __threadfence();
-    const float* p0 = part + unit * splits * ATT_RMAX * hd;
-    const float* m0 = part_ml + unit * splits * ATT_RMAX * 2;
-    for (int e = tid; e < nr * hd; e += W * 32) {
-        int r = e / hd, d = e % hd;
-        float M = NEG_INF;
-        for (int s2 = 0; s2 < parts; s2++) M = fmaxf(M, ldcg(m0 + (s2 * ATT_RMAX + r) * 2));
-        float L = 0.f, O = 0.f;
-        for (int s2 = 0; s2 < parts; s2++) {
-            float mv = ldcg(m0 + (s2 * ATT_RMAX + r) * 2);
-            float f = mv == NEG_INF ? 0.f : expf(mv - M);
-            L += ldcg(m0 + (s2 * ATT_RMAX + r) * 2 + 1) * f;
-            O += ldcg(p0 + (size_t)s2 * ATT_RMAX * hd + e) * f;
-        }
-        float v = O / L;
-        size_t o = ((size_t)t * nh + h0 + r) * hd + d;
-        if (out) {
-            out[o] = v;
-        }
-        if (out_bf) {
-            put_split(out_bf, o, olo, v);
-        }
-    }
-    if (tid == 0) {
-        counters[unit] = 0;
+    if (parts > 1) {
+        att_merge_parts(part, part_ml, counters, unit, splits, parts, nr, hd, t, nh, h0, out, out_bf, olo, &last);
     }
 }
 

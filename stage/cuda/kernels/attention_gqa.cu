@@ -1,0 +1,246 @@
+// attention_gqa_d<HD>: attention_r*'s work (each token row at its own
+// position, split along the sequence) on the tensor cores: a block takes
+// the R = nh / nkv query heads of one kv head (R at most 8: the mma's rows
+// 0..R-1, the others zero) of one token row, over one part of its keys
+// (parts of max(ceil(n / splits), min_chunk) keys, as attention_r*). The
+// keys go in tiles of 16 W (W warps), staged in shared memory, the next
+// tile's loads in flight in registers while the current one is used; warp
+// w takes keys 16w..16w+15 of each tile: S = q·Kᵀ with q as a bf16 value and
+// remainder pair (two mma per fragment), an fp32 online softmax per row,
+// O += P·V with P as a pair too. The warps' states merge through shared
+// memory; then, with one part, the block writes the output (as
+// attention_r*: fp32 rows to out, or the bf16 pair to out_bf), else its
+// partial, and the last block of the (token, kv head) merges the parts
+// (att_merge_parts; unit t * nkv + kv head, as attention_r* with one
+// group). With whole set, the rows of whole prefill tiles are left to
+// attention_prefill_d*.
+// attention_gqa_d<HD>_w<W>: grid (tokens, nkv, splits), block W * 32
+// threads, dynamic shared memory 2 * 16 W * (HD + 8) bf16 (gqaSmem: the K
+// and V tiles, then the warps' states). Parameters: ATT_PARAMS (hd must be
+// HD). Needs sm_80 (the host launches it only there).
+template <int HD, int W>
+__device__ __forceinline__ void gqa_body(ATT_PARAMS) {
+    constexpr int KS = HD / 16;     // k-steps of q·Kᵀ
+    constexpr int ND = HD / 8;      // column tiles of the output
+    constexpr int RS = HD + 8;      // shared row stride in bf16
+    constexpr int CH = HD / 8;      // 16-byte chunks of a key row
+    constexpr int KEYS = 16 * W;    // keys of a tile
+    constexpr int NT = 32 * W;      // threads
+    constexpr int LD = KEYS * CH / NT;  // chunks of K (and of V) a thread loads a tile
+    extern __shared__ unsigned gqa_sm[];
+    unsigned* ksw = gqa_sm;             // [KEYS][RS] bf16
+    unsigned* vsw = gqa_sm + KEYS * RS / 2;
+    __shared__ int last;
+    pdl_trigger();
+    const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
+    const int g = lane >> 2, c = lane & 3;
+    const int t = blockIdx.x, kh = blockIdx.y, sp = blockIdx.z;
+    const int R = nh / nkv;
+    // The batch description and the keys of earlier steps are there before
+    // the kernels this one depends on end: read them first.
+    const int n = pos[t] + 1;
+    const int chunk = max((n + splits - 1) / splits, min_chunk);
+    const int parts = (n + chunk - 1) / chunk;
+    if (sp >= parts || (whole && pf_tile_whole(t, gridDim.x, table_off, pos))) {
+        pdl_wait();
+        return;
+    }
+    const int jb = sp * chunk, je = min(n, jb + chunk);
+    const int fresh = n - (int)gridDim.x;  // keys this step may write: from here on
+    const int* tab = tables + table_off[t];
+    const int kvdim = nkv * HD;
+
+    unsigned kr[LD][4], vr[LD][4];
+    // load fills the registers with keys [j0, j1) of the tile at kb (16-byte
+    // chunk e = tid + i * NT: key e / CH, chunk e % CH).
+    auto load = [&](int kb, int j0, int j1) {
+#pragma unroll
+        for (int i = 0; i < LD; i++) {
+            const int e = tid + i * NT, j = kb + e / CH;
+            if (j >= j0 && j < j1) {
+                const size_t off = (size_t)(tab[j / bs] * bs + j % bs) * kvdim + kh * HD + (e % CH) * 8;
+                ldcg_u4(kcache + off, kr[i]);
+                ldcg_u4(vcache + off, vr[i]);
+            }
+        }
+    };
+    auto clear = [&]() {
+#pragma unroll
+        for (int i = 0; i < LD; i++)
+#pragma unroll
+            for (int x = 0; x < 4; x++) kr[i][x] = vr[i][x] = 0u;
+    };
+    clear();
+    load(jb, jb, min(je, fresh));
+    pdl_wait();
+    load(jb, max(jb, fresh), je);
+
+    unsigned qh[KS][4], ql[KS][4];
+#pragma unroll
+    for (int s = 0; s < KS; s++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int row = g + (i & 1) * 8, col = 16 * s + 2 * c + (i >> 1) * 8;
+            float v0 = 0.f, v1 = 0.f;
+            if (row < R) {
+                const float* qp = q + ((size_t)t * nh + kh * R + row) * HD + col;
+                v0 = ldcg(qp) * scale;
+                v1 = ldcg(qp + 1) * scale;
+            }
+            qh[s][i] = pack_bf16(v0, v1);
+            ql[s][i] = pack_bf16(v0 - lo_bf16(qh[s][i]), v1 - hi_bf16(qh[s][i]));
+        }
+    // Rows g (r 0) and g + 8 (r 1, always past R: zero q, never written).
+    float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f};
+    float o[ND][4];
+#pragma unroll
+    for (int nd = 0; nd < ND; nd++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) o[nd][i] = 0.f;
+    const bf16* ks = (const bf16*)ksw;
+    const bf16* vs = (const bf16*)vsw;
+    for (int kb = jb; kb < je; kb += KEYS) {
+        __syncthreads();  // the previous tile is used
+#pragma unroll
+        for (int i = 0; i < LD; i++) {
+            const int e = tid + i * NT, w = ((e / CH) * RS + (e % CH) * 8) / 2;
+#pragma unroll
+            for (int x = 0; x < 4; x++) {
+                ksw[w + x] = kr[i][x];
+                vsw[w + x] = vr[i][x];
+            }
+        }
+        __syncthreads();
+        if (kb + KEYS < je) {
+            clear();
+            load(kb + KEYS, kb + KEYS, je);
+        }
+        const int k0 = wid * 16;  // this warp's keys of the tile
+        if (kb + k0 >= je) {
+            continue;
+        }
+        float sc[2][4];
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++) {
+#pragma unroll
+            for (int i = 0; i < 4; i++) sc[nt][i] = 0.f;
+            const bf16* kp = ks + (k0 + nt * 8 + g) * RS + 2 * c;
+#pragma unroll
+            for (int s = 0; s < KS; s++) {
+                const unsigned b0 = *(const unsigned*)(kp + 16 * s);
+                const unsigned b1 = *(const unsigned*)(kp + 16 * s + 8);
+                mma_bf16(sc[nt], qh[s][0], qh[s][1], qh[s][2], qh[s][3], b0, b1);
+                mma_bf16(sc[nt], ql[s][0], ql[s][1], ql[s][2], ql[s][3], b0, b1);
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            float mx = NEG_INF;
+#pragma unroll
+            for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    float& v = sc[nt][2 * r + e];
+                    v = kb + k0 + nt * 8 + 2 * c + e < je ? v : NEG_INF;
+                    mx = fmaxf(mx, v);
+                }
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            // The warp's first key is in the part, so mn is finite.
+            const float mn = fmaxf(m[r], mx);
+            const float corr = m[r] == NEG_INF ? 0.f : expf(m[r] - mn);
+            float sum = 0.f;
+#pragma unroll
+            for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    float& v = sc[nt][2 * r + e];
+                    v = v == NEG_INF ? 0.f : expf(v - mn);
+                    sum += v;
+                }
+            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+            sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+            m[r] = mn;
+            l[r] = l[r] * corr + sum;
+#pragma unroll
+            for (int nd = 0; nd < ND; nd++) {
+                o[nd][2 * r] *= corr;
+                o[nd][2 * r + 1] *= corr;
+            }
+        }
+        unsigned ph[4], pl[4];
+        const float pv[4][2] = {{sc[0][0], sc[0][1]}, {sc[0][2], sc[0][3]}, {sc[1][0], sc[1][1]}, {sc[1][2], sc[1][3]}};
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            ph[i] = pack_bf16(pv[i][0], pv[i][1]);
+            pl[i] = pack_bf16(pv[i][0] - lo_bf16(ph[i]), pv[i][1] - hi_bf16(ph[i]));
+        }
+        const bf16* v0 = vs + (k0 + 2 * c) * RS + g;
+#pragma unroll
+        for (int nd = 0; nd < ND; nd++) {
+            const bf16* vp = v0 + nd * 8;
+            const unsigned b0 = (unsigned)vp[0] | ((unsigned)vp[RS] << 16);
+            const unsigned b1 = (unsigned)vp[8 * RS] | ((unsigned)vp[9 * RS] << 16);
+            mma_bf16(o[nd], ph[0], ph[1], ph[2], ph[3], b0, b1);
+            mma_bf16(o[nd], pl[0], pl[1], pl[2], pl[3], b0, b1);
+        }
+    }
+    // The warps' states through shared memory (the key tile's): rows 0..7.
+    __syncthreads();
+    float* wo = (float*)ksw;  // [W warps][8 rows][HD]
+    float* wm = (float*)vsw;  // [W][8] maxima, then [W][8] sums
+    float* wl = wm + 8 * W;
+    if (g < R) {
+#pragma unroll
+        for (int nd = 0; nd < ND; nd++) {
+            wo[(wid * 8 + g) * HD + nd * 8 + 2 * c] = o[nd][0];
+            wo[(wid * 8 + g) * HD + nd * 8 + 2 * c + 1] = o[nd][1];
+        }
+        if (c == 0) {
+            wm[wid * 8 + g] = m[0];
+            wl[wid * 8 + g] = l[0];
+        }
+    }
+    __syncthreads();
+    const size_t olo = (size_t)lo * nh * HD;
+    const size_t unit = (size_t)t * gridDim.y + kh;
+    float* pp = part + (unit * splits + sp) * ATT_RMAX * HD;
+    float* pm = part_ml + (unit * splits + sp) * ATT_RMAX * 2;
+    for (int e = tid; e < R * HD; e += NT) {
+        const int r = e / HD, d = e % HD;
+        float M = NEG_INF;
+#pragma unroll
+        for (int w = 0; w < W; w++) M = fmaxf(M, wm[w * 8 + r]);
+        float L = 0.f, O = 0.f;
+#pragma unroll
+        for (int w = 0; w < W; w++) {
+            const float f = wm[w * 8 + r] == NEG_INF ? 0.f : expf(wm[w * 8 + r] - M);
+            L += wl[w * 8 + r] * f;
+            O += wo[(w * 8 + r) * HD + d] * f;
+        }
+        if (parts == 1) {
+            const float v = O / L;
+            const size_t oi = ((size_t)t * nh + kh * R + r) * HD + d;
+            if (out) {
+                out[oi] = v;
+            }
+            if (out_bf) {
+                put_split(out_bf, oi, olo, v);
+            }
+        } else {
+            pp[e] = O;
+            if (d == 0) {
+                pm[2 * r] = M;
+                pm[2 * r + 1] = L;
+            }
+        }
+    }
+    if (parts > 1) {
+        att_merge_parts(part, part_ml, counters, unit, splits, parts, R, HD, t, nh, kh * R, out, out_bf, olo, &last);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(128) attention_gqa_d64_w4(ATT_PARAMS) { gqa_body<64, 4>(ATT_ARGS); }
+extern "C" __global__ void __launch_bounds__(256) attention_gqa_d64_w8(ATT_PARAMS) { gqa_body<64, 8>(ATT_ARGS); }
+extern "C" __global__ void __launch_bounds__(128) attention_gqa_d128_w4(ATT_PARAMS) { gqa_body<128, 4>(ATT_ARGS); }
+extern "C" __global__ void __launch_bounds__(256) attention_gqa_d128_w8(ATT_PARAMS) { gqa_body<128, 8>(ATT_ARGS); }
