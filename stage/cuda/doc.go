@@ -1,6 +1,7 @@
 // Package cuda is the CUDA backend of a pipeline stage: it runs the forward
 // pass of layers [Lo, Hi) of a Llama-family model (Llama, Mistral, Qwen2) on
-// one GPU with bf16 weights, compensated bf16 GEMM inputs, fp32 accumulation,
+// one GPU with bf16 weights, compensated bf16 GEMM inputs (long prefills
+// excepted), fp32 accumulation,
 // an fp32 residual stream, and on the last stage samples on the device; it
 // captures and replays CUDA graphs of its steps.
 //
@@ -71,24 +72,33 @@
 // GEMM; SiLU-and-multiply into bf16; the down GEMM, added into the residual
 // stream by the next norm or, at the stage's end, by residual_add.
 //
-// Attention (attention.cu, every path) is causal grouped-query attention
-// over the paged KV cache, one block per (token, kv head, group of its
-// query heads, part of the sequence): the sequence is cut into up to 16
-// parts of at least 32 keys (flash-decoding), about four blocks per
-// multiprocessor, so that a decode step's few tokens keep the device busy
-// and many tokens do not pay for many short parts, each block runs an fp32
-// online softmax, and
-// the last block of a (token, head group) to finish merges the parts in a
-// fixed order. Keys written by earlier steps are read before waiting for
-// the q|k|v kernel.
+// Attention (every path) is causal grouped-query attention over the paged
+// KV cache, one block per (token, kv head, group of its query heads, part
+// of the sequence): the sequence is cut into up to 16 parts (flash-
+// decoding; attnPlan sizes blocks and parts by the step's token count), so
+// that a decode step's few tokens keep the device busy and many tokens do
+// not pay for many short parts; the last block of a (token, head group) to
+// finish merges the parts in a fixed order. Where the tensor cores and the
+// head dim allow (64 or 128, at most 8 query heads a kv head),
+// attention_gqa.cu serves these rows: the query heads of a kv head are the
+// mma's rows, the keys go through shared memory in tiles, q and the
+// probabilities are bf16 value and remainder pairs, the softmax fp32;
+// elsewhere attention.cu's per-row kernel, fp32 throughout. The whole
+// 64-row tiles of a prefill chunk (consecutive positions of one sequence)
+// go to attention_prefill.cu, a flash-attention kernel on the tensor cores
+// (64 rows a block, the same pairs); the other kernel leaves them. Keys
+// written by earlier steps are read before waiting for the q|k|v kernel.
 //
 // The GEMM inputs are compensated: each bf16 input holds a value's bf16
 // rounding and the bf16 rounding of the remainder (on the cuBLAS path T
 // rows further: one GEMM of 2T rows against the same weights, read once;
 // on the tensor-core skinny path two products into one accumulator), so
 // x·Wᵀ is computed as if x had about 16 significant bits; the fp32 skinny
-// path multiplies the fp32 activations themselves. What is still rounded
-// to bf16: the KV cache, and on the cuBLAS path the LM head's input.
+// path multiplies the fp32 activations themselves. Steps of more than
+// Config.CompensatedTokens rows (64: long prefills, where the GEMMs are
+// bound by the tensor cores, not the weights) take the rounded values
+// alone, as transformers' bf16 model does. What is still rounded to bf16:
+// the KV cache, and on the cuBLAS path the LM head's input.
 // Against transformers' float32 forward on the same bf16 weights the
 // logits stray about a quarter as far as transformers' own bf16 forward
 // (scripts/gpu-check.sh measures both; NOTES.md).
