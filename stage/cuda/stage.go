@@ -305,7 +305,7 @@ func (s *Stage) init(cfg *Config) error {
 		s.compTokens = DefaultCompensatedTokens
 	}
 	s.at = newAttnPlan(m, info.SMs)
-	s.at.gqa = s.prefill && s.at.groups == 1
+	s.at.gqa = s.prefill && s.at.groups == 1 && gqaSmem(m.HeadDim, 8) <= info.MaxSharedPerBlockOptin
 	s.pdl = !cfg.NoDependentLaunch && info.Major >= 9 && gpu.LaunchDependentAvailable()
 	s.pl = planner{lay: lay, first: s.first, last: s.last, vocab: m.VocabSize, maxPos: m.MaxPositions,
 		kv: newPagedKV(cfg.NumBlocks, cfg.BlockSize, cfg.MaxSeqLen)}
