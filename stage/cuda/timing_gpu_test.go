@@ -254,12 +254,7 @@ func timeDecode(t *testing.T, dev *gpu.Device, bw float64, bm benchModel) {
 		}
 		release(ids)
 		var prof strings.Builder
-		kernels := map[string]any{}
-		for _, k := range p.Kernels {
-			kernels[k.Label] = map[string]any{"count": k.Count, "ms": float64(k.Time) / 1e6}
-			fmt.Fprintf(&prof, "  %-22s %4d %9.3f ms %5.1f%%\n", k.Label, k.Count, float64(k.Time)/1e6, 100*float64(k.Time)/float64(p.Sum))
-		}
-		res["profile_prefill_2048"] = map[string]any{"sum_ms": float64(p.Sum) / 1e6, "step_ms": float64(p.Step) / 1e6, "kernels": kernels}
+		res["profile_prefill_2048"] = profileResult(p, &prof)
 		t.Logf("%s prefill of 4 x 512 tokens: kernels %.3f ms (step %.3f ms eager, events between kernels)\n%s", bm.name,
 			float64(p.Sum)/1e6, float64(p.Step)/1e6, prof.String())
 	}
@@ -348,14 +343,9 @@ func timeDecode(t *testing.T, dev *gpu.Device, bw float64, bm benchModel) {
 				}
 				st.sk.maxTokens, st.pdl = sk, pdl
 				key := fmt.Sprintf("profile_batch_%d_%s", batch, path)
-				kernels := map[string]any{}
 				fmt.Fprintf(&prof, "%s batch %d, %s path: kernels %.3f ms (step %.3f ms eager, events between kernels)\n", bm.name, batch, path,
 					float64(p.Sum)/1e6, float64(p.Step)/1e6)
-				for _, k := range p.Kernels {
-					kernels[k.Label] = map[string]any{"count": k.Count, "ms": float64(k.Time) / 1e6}
-					fmt.Fprintf(&prof, "  %-22s %4d %9.3f ms %5.1f%%\n", k.Label, k.Count, float64(k.Time)/1e6, 100*float64(k.Time)/float64(p.Sum))
-				}
-				res[key] = map[string]any{"sum_ms": float64(p.Sum) / 1e6, "step_ms": float64(p.Step) / 1e6, "kernels": kernels}
+				res[key] = profileResult(p, &prof)
 			}
 		}
 		release(ids)
@@ -432,4 +422,15 @@ func copyBandwidth(t *testing.T, dev *gpu.Device) float64 {
 		t.Fatalf("copy bandwidth: %v", err)
 	}
 	return 2 * n / median(times)
+}
+
+// profileResult writes p's kernels to table, a line each, and returns them
+// for the results file.
+func profileResult(p *StepProfile, table *strings.Builder) map[string]any {
+	kernels := map[string]any{}
+	for _, k := range p.Kernels {
+		kernels[k.Label] = map[string]any{"count": k.Count, "ms": float64(k.Time) / 1e6}
+		fmt.Fprintf(table, "  %-22s %4d %9.3f ms %5.1f%%\n", k.Label, k.Count, float64(k.Time)/1e6, 100*float64(k.Time)/float64(p.Sum))
+	}
+	return map[string]any{"sum_ms": float64(p.Sum) / 1e6, "step_ms": float64(p.Step) / 1e6, "kernels": kernels}
 }
