@@ -323,7 +323,8 @@ func (s *Stage) attention(i int, sh shape) error {
 // head computes the logits rows of the step (the final norm of the
 // selected rows, the LM head in fp32) and samples: with the skinny LM head
 // when the rows are few (the norm folded in, its blocks' softmax partials
-// handed to the sampler), else a norm kernel and cuBLAS.
+// handed to the sampler), else a norm kernel, cuBLAS and logit_stats for
+// the partials.
 func (s *Stage) head(sh shape) error {
 	m := &s.m
 	lay := s.pl.lay
@@ -344,6 +345,14 @@ func (s *Stage) head(sh shape) error {
 		}
 		if err := s.linear("lm_head", s.b.logits, s.b.normed, s.weights.lmHead, sh.rows, m.HiddenSize, m.VocabSize); err != nil {
 			return fmt.Errorf("LM head: %w", err)
+		}
+		if sh.sampled > 0 {
+			stats, nstat = s.b.stats, logitStatsPartials(m.VocabSize)
+			a := s.args.Reset().Ptr(s.b.logits).Int32(int32(m.VocabSize)).Ptr(stats)
+			grid := gpu.Dim3{X: uint32(sh.rows), Y: uint32(logitStatsParts(m.VocabSize))}
+			if err := s.launch("logit_stats", kLogitStats, grid, gpu.Dim3{X: statsThreads}, a); err != nil {
+				return err
+			}
 		}
 	}
 	if sh.sampled == 0 {

@@ -23,6 +23,7 @@ const (
 	kRopeQKV     = "rope_qkv"
 	kSiluMul     = "silu_mul"
 	kSample      = "sample"
+	kLogitStats  = "logit_stats"
 	kHandoff     = "handoff_apply"
 	kSpin        = "spin"
 )
@@ -176,7 +177,7 @@ var optionalNames = func() []string {
 
 // kernelNames lists every entry point New looks up.
 var kernelNames = func() []string {
-	n := []string{kEmbed, kRMSNorm, kResidualAdd, kRopeQKV, kSiluMul, kSample, kHandoff, kSpin}
+	n := []string{kEmbed, kRMSNorm, kResidualAdd, kRopeQKV, kSiluMul, kSample, kLogitStats, kHandoff, kSpin}
 	for _, r := range attentionVariants {
 		for _, w := range attentionWarps {
 			n = append(n, attentionName(r, w))
@@ -215,10 +216,12 @@ const (
 	maxHeadDim     = 256  // the widest rows attention.cu takes
 	sampleThreads  = 1024 // SAMPLE_THREADS in sample.cu
 	sampleParams   = 9    // SAMPLE_PARAMS in sample.cu
+	statsChunk     = 8192 // LS_CHUNK in sample.cu: logits of a logit_stats block
+	statsThreads   = 256  // LS_THREADS
 	gemvThreads    = 256  // GEMV_THREADS in gemv.cu, GEMVF_THREADS in gemvf.cu
 	gemvWarps      = 8    // GEMV_WARPS
 	gemvMaxTokens  = 32   // 8 * the largest NT
-	normThreads    = 256
+	normThreads    = 1024 // NORM_THREADS in norm.cu
 	embedThreads   = 256
 	siluThreads    = 256
 	ropeThreads    = 256
@@ -252,3 +255,10 @@ func kernelSource(optional bool) (string, error) {
 	}
 	return b.String(), nil
 }
+
+// logitStatsParts is the logit_stats blocks of a row of vocab logits; each
+// writes one softmax partial per warp.
+func logitStatsParts(vocab int) int { return (vocab + statsChunk - 1) / statsChunk }
+
+// logitStatsPartials is the softmax partials logit_stats writes per row.
+func logitStatsPartials(vocab int) int { return logitStatsParts(vocab) * statsThreads / 32 }

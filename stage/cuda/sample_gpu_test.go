@@ -22,6 +22,17 @@ type sampleReq struct {
 	logprobs    int
 }
 
+// statsFrom is where the sample kernel's softmax partials come from in
+// runSampleKernel: none (its own passes over each row), blocks of 64
+// logits computed here as the skinny LM head makes them, or logit_stats.
+type statsFrom int
+
+const (
+	statsNone statsFrom = iota
+	statsHost
+	statsKernel
+)
+
 // sampleResult is the kernel's output for one request.
 type sampleResult struct {
 	token   int32
@@ -32,10 +43,8 @@ type sampleResult struct {
 
 // runSampleKernel runs the sample kernel over logits rows (all of one
 // vocabulary size) for reqs, request i in hand-off slot 7+i, and checks
-// the hand-off rows it reports. With withStats it also hands the kernel the
-// softmax partials of blocks of 64 logits, as the skinny LM head makes
-// them (computed here).
-func runSampleKernel(t *testing.T, logits [][]float32, reqs []sampleReq, withStats bool) []sampleResult {
+// the hand-off rows it reports, handing it the softmax partials stats says.
+func runSampleKernel(t *testing.T, logits [][]float32, reqs []sampleReq, stats statsFrom) []sampleResult {
 	t.Helper()
 	dev := device(t)
 	s := &Stage{dev: dev, log: slog.Default()}
@@ -94,7 +103,22 @@ func runSampleKernel(t *testing.T, logits [][]float32, reqs []sampleReq, withSta
 		}
 		var sp gpu.DevicePtr
 		nstat := 0
-		if withStats {
+		switch stats {
+		case statsKernel:
+			nstat = logitStatsPartials(vocab)
+			m, err := gpu.Alloc(len(logits) * nstat * 4 * 4)
+			if err != nil {
+				return err
+			}
+			mems = append(mems, m)
+			sp = m.Ptr()
+			var a gpu.KernelArgs
+			a.Ptr(lp).Int32(int32(vocab)).Ptr(sp)
+			grid := gpu.Dim3{X: uint32(len(logits)), Y: uint32(logitStatsParts(vocab))}
+			if err := s.fn[kLogitStats].Launch(grid, gpu.Dim3{X: statsThreads}, 0, 0, &a); err != nil {
+				return err
+			}
+		case statsHost:
 			nstat = (vocab + 63) / 64
 			st := make([]float32, 0, len(logits)*nstat*4)
 			for _, row := range logits {
@@ -201,8 +225,8 @@ func TestSampleKernelGreedyAndLogprobs(t *testing.T) {
 		{row: 0, temperature: 1, topK: 1, seed: 9},      // top-k 1 is greedy
 		{row: 1, temperature: 0.7, topP: 1e-6, seed: 9}, // a tiny nucleus is greedy
 	}
-	for _, withStats := range []bool{false, true} {
-		checkGreedy(t, rows, reqs, runSampleKernel(t, rows, reqs, withStats))
+	for _, stats := range []statsFrom{statsNone, statsHost, statsKernel} {
+		checkGreedy(t, rows, reqs, runSampleKernel(t, rows, reqs, stats))
 	}
 }
 
@@ -252,8 +276,8 @@ func TestSampleKernelNonFinite(t *testing.T) {
 			reqs = append(reqs, q)
 		}
 	}
-	for _, withStats := range []bool{false, true} {
-		checkNonFinite(t, reqs, runSampleKernel(t, rows, reqs, withStats))
+	for _, stats := range []statsFrom{statsNone, statsHost, statsKernel} {
+		checkNonFinite(t, reqs, runSampleKernel(t, rows, reqs, stats))
 	}
 }
 
@@ -313,7 +337,7 @@ func TestSampleKernelDistribution(t *testing.T) {
 				reqs[i] = tc.q
 				reqs[i].index = i
 			}
-			res := runSampleKernel(t, [][]float32{row}, reqs, false)
+			res := runSampleKernel(t, [][]float32{row}, reqs, statsNone)
 			counts := make([]float64, len(probs))
 			for _, r := range res {
 				counts[r.token]++
@@ -327,7 +351,7 @@ func TestSampleKernelDistribution(t *testing.T) {
 				}
 			}
 			// The same seed and index give the same token.
-			again := runSampleKernel(t, [][]float32{row}, reqs[:200], false)
+			again := runSampleKernel(t, [][]float32{row}, reqs[:200], statsNone)
 			for i := range again {
 				if again[i].token != res[i].token {
 					t.Fatalf("index %d: token %d, then %d with the same seed", i, res[i].token, again[i].token)
@@ -368,7 +392,7 @@ func TestSampleKernelLargeVocabFilters(t *testing.T) {
 	for i := 0; i < n; i++ {
 		reqs = append(reqs, sampleReq{temperature: 0.8, topP: 0.5, seed: 6, index: i})
 	}
-	res := runSampleKernel(t, [][]float32{row}, reqs, false)
+	res := runSampleKernel(t, [][]float32{row}, reqs, statsNone)
 	seen := map[int32]bool{}
 	for i, r := range res {
 		limit, what := 50, "top-k 50"

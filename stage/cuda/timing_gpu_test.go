@@ -9,6 +9,7 @@ import (
 	"os"
 	"runtime"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -141,9 +142,17 @@ const peakTFLOPS = 790
 func timeDecode(t *testing.T, dev *gpu.Device, bw float64, bm benchModel) {
 	cfg := bm.cfg
 	const maxTokens, captureTokens, maxSeqs, prompt, steps = 2048, 512, 32, 64, 128
+	// TANDEM_BENCH_COMPENSATED sets Config.CompensatedTokens.
+	comp := 0
+	if v := os.Getenv("TANDEM_BENCH_COMPENSATED"); v != "" {
+		var err error
+		if comp, err = strconv.Atoi(v); err != nil {
+			t.Fatalf("TANDEM_BENCH_COMPENSATED: %v", err)
+		}
+	}
 	loadStart := time.Now()
 	st := openTestStage(t, Config{Model: cfg, Lo: 0, Hi: cfg.NumLayers, Weights: bm.weights, MaxTokens: maxTokens, MaxSeqs: maxSeqs,
-		MaxSeqLen: 4 * 512, MaxLogitRows: 256})
+		MaxSeqLen: 4 * 512, MaxLogitRows: 256, CompensatedTokens: comp})
 	loadTime := time.Since(loadStart)
 	choice := st.Skinny()
 	var tried []map[string]any
@@ -350,7 +359,7 @@ func timeDecode(t *testing.T, dev *gpu.Device, bw float64, bm benchModel) {
 		}
 		release(ids)
 	}
-	t.Logf("%s: decode step, floor %.3f ms\n%s\n%s", bm.name, floor*1e3, table.String(), prof.String())
+	t.Logf("%s: decode step, floor %.3f ms (GEMMs compensated up to %d rows)\n%s\n%s", bm.name, floor*1e3, st.compTokens, table.String(), prof.String())
 	writeResult(t, "decode_"+bm.name, res)
 }
 

@@ -79,12 +79,14 @@ func planWorkspace(m *model.Config, lay layout, first, last bool, sk *skinnyPlan
 	}
 	if last {
 		w.logits = a.take(lay.maxLogitRows * m.VocabSize * f32)
+		// Softmax partials: of logit_stats for every row the LM head may
+		// have on cuBLAS, else one per unit (gemv) or per warp, at most one
+		// per warp unit (gemvf).
+		n := lay.maxLogitRows * logitStatsPartials(m.VocabSize)
 		if sk.maxTokens > 0 {
-			// Softmax partials: one per unit (gemv) or per warp, at most
-			// one per warp unit (gemvf).
-			n := max(min(lay.maxLogitRows, sk.maxTokens)*sk.head.mma.grid, sk.fmaTokens*(sk.head.fma.grid+8))
-			w.stats = a.take(n * 4 * f32)
+			n = max(n, min(lay.maxLogitRows, sk.maxTokens)*sk.head.mma.grid, sk.fmaTokens*(sk.head.fma.grid+8))
 		}
+		w.stats = a.take(n * 4 * f32)
 		w.sampleOut = a.take(lay.maxSeqs * (2 + 2*MaxLogprobs) * i32)
 		w.hoOut = a.take(lay.maxSeqs * stage.HandoffCols * i32)
 	}

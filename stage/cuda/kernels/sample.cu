@@ -14,7 +14,8 @@
 // a row that could not be sampled, so that the first stage accepts the
 // message (the leader fails that sequence's request).
 // stats (null: none) holds, per logits row, nstat partial softmax statistics
-// of the LM head's blocks (GEMV_HEAD in gemv.cu): with them, the maximum,
+// of the LM head's blocks (GEMV_HEAD in gemv.cu, gemvf.cu) or of
+// logit_stats (below): with them, the maximum,
 // the greedy token and the log partition function come from the partials
 // instead of two passes over the row, unless a partial saw a non-finite
 // logit (then the pass over the row counts them, as above).
@@ -72,6 +73,58 @@ __device__ float mass_at_least(const float* l, int vocab, unsigned k, float m, f
         }
     }
     return block_sum(s, sh);
+}
+
+// logit_stats computes, for an LM head on cuBLAS, the softmax partials the
+// skinny LM head hands sample (stats): block (r, c) reads logits
+// [c * LS_CHUNK, (c + 1) * LS_CHUNK) of row r, each thread every
+// LS_THREADS-th from its own (independent loads, many in flight: sample's
+// own passes over a row, one block a row, take about 2 us per 10,000
+// logits), and each warp writes the maximum, its lowest index, the sum of
+// exp(v - maximum) and whether a value was NaN or infinite, over its lanes'
+// values, to stats[((r * gridDim.y + c) * LS_WARPS + warp) * 4]. The chunks
+// are fixed, so a row's partials never depend on the step's other rows.
+// Grid: (rows, ceil(vocab / LS_CHUNK)). Block: LS_THREADS.
+#define LS_CHUNK 8192
+#define LS_THREADS 256
+#define LS_WARPS (LS_THREADS / 32)
+extern "C" __global__ void __launch_bounds__(LS_THREADS) logit_stats(const float* logits, int vocab, float* stats) {
+    pdl_start();
+    const int r = blockIdx.x, c = blockIdx.y;
+    const float* l = logits + (size_t)r * vocab;
+    const int e = min(vocab, (c + 1) * LS_CHUNK);
+    float m = NEG_INF, s = 0.f;
+    int mi = 0x7fffffff, bad = 0;
+#pragma unroll 8
+    for (int i = c * LS_CHUNK + (int)threadIdx.x; i < e; i += LS_THREADS) {
+        const float v = l[i];
+        bad |= (__float_as_uint(v) & 0x7f800000u) == 0x7f800000u;
+        if (better(v, i, m, mi)) {
+            s = m == NEG_INF ? 0.f : s * expf(m - v);
+            m = v;
+            mi = i;
+        }
+        s += expf(v - m);
+    }
+    // The warp's partial: pairs merged in a fixed order, the same in every
+    // lane (the sums commute).
+    for (int o = 16; o > 0; o >>= 1) {
+        const float om = __shfl_xor_sync(0xffffffffu, m, o), os = __shfl_xor_sync(0xffffffffu, s, o);
+        const int oi = __shfl_xor_sync(0xffffffffu, mi, o);
+        bad |= __shfl_xor_sync(0xffffffffu, bad, o);
+        const bool take = better(om, oi, m, mi);
+        const float nm = take ? om : m;
+        s = (m == NEG_INF ? 0.f : s * expf(m - nm)) + (om == NEG_INF ? 0.f : os * expf(om - nm));
+        m = nm;
+        mi = take ? oi : mi;
+    }
+    if ((threadIdx.x & 31) == 0) {
+        float* st = stats + (((size_t)r * gridDim.y + c) * LS_WARPS + (threadIdx.x >> 5)) * 4;
+        st[0] = m;
+        st[1] = __int_as_float(mi);
+        st[2] = s;
+        st[3] = __int_as_float(bad);
+    }
 }
 
 extern "C" __global__ void sample(const float* logits, int vocab, const int* params, int* out,
