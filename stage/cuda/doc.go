@@ -41,9 +41,10 @@
 // gemvt.cu is the optional part of the program: where NVRTC cannot
 // compile it (or TANDEM_CUDA_OPTIONAL=off), the stage says so and steps of
 // more than 8 tokens run on cuBLAS. With Config.SkinnyTokens 0, New times
-// a pass of 16 and of 32 padding rows on the skinny kernels and on cuBLAS
-// (Stage.Skinny) and keeps the skinny kernels up to the largest size at
-// which they were faster and agreed with cuBLAS, at least 8.
+// a pass of 4, 8 (and with gemvt.cu 16 and 32) padding rows on the skinny
+// kernels and on cuBLAS (Stage.Skinny) and keeps the skinny kernels up to
+// the largest size at which they were faster and agreed with cuBLAS; steps
+// of 1 or 2 rows always run on the fp32 ones.
 //
 // On the two skinny paths a layer is four product kernels and attention:
 // the q|k|v product with the input RMSNorm folded into it (the norm's sum

@@ -9,9 +9,9 @@ import (
 
 // DefaultSkinnyTokens is the most token rows a step may have for its
 // products to run on the skinny kernels rather than cuBLAS, when
-// Config.SkinnyTokens is 0 and the gemvt kernels are not there to be
-// measured (or lose): past it cuBLAS's wide tiles read the weights faster
-// than gemv.cu's tensor-core kernels, fusion included (NOTES.md).
+// Config.SkinnyTokens is 0, before the stage measures where they win
+// (tuneSkinny): past it cuBLAS's wide tiles read the weights faster than
+// gemv.cu's tensor-core kernels, fusion included (NOTES.md).
 const DefaultSkinnyTokens = 8
 
 // skinnyPlan is how a stage runs its products in steps of at most
@@ -68,6 +68,7 @@ const smemOptinDefault = 227 << 10
 // activations of their steps in shared memory. A plan with maxTokens 0
 // runs every product on cuBLAS.
 func planSkinny(m *model.Config, limit int, tensorCores bool, smemOptin int) skinnyPlan {
+	choose := limit == 0
 	switch {
 	case limit == 0:
 		limit = DefaultSkinnyTokens
@@ -117,6 +118,8 @@ func planSkinny(m *model.Config, limit int, tensorCores bool, smemOptin int) ski
 	p.down.mma = plain(gemvVariant{epiResid, 1}, I, H)
 	p.head.mma = plain(gemvVariant{epiHead, 4}, H, m.VocabSize)
 	p.maxTokens = max(p.fmaTokens, min(limit, gemvMaxTokens))
+	// Whether the tensor-core kernels beat cuBLAS at all is measured too.
+	p.tune = choose && p.maxTokens > p.fmaTokens
 	return p
 }
 

@@ -73,12 +73,12 @@ type Config struct {
 	// SkinnyTokens is the most token rows of a step whose products run on
 	// the stage's own skinny kernels, with the norms and the rest of the
 	// layer fused into them, rather than on cuBLAS (at most 32; negative:
-	// never). 0 lets the stage choose: where the gemvt kernels compiled,
-	// New times a step of 16 and of 32 rows both ways and keeps the
-	// skinny kernels up to the largest size where they were faster (and
-	// agreed with cuBLAS), at least DefaultSkinnyTokens; else
-	// DefaultSkinnyTokens. Stages that must give bit-identical results
-	// (tests comparing two stages) set it.
+	// never). 0 lets the stage choose: on a device with tensor cores New
+	// times steps of 4, 8 and (where the gemvt kernels compiled) 16 and 32
+	// rows both ways and keeps the skinny kernels up to the largest size
+	// where they were faster (and agreed with cuBLAS); steps of 1 or 2
+	// rows always run on them. Stages that must give bit-identical
+	// results (tests comparing two stages) set it.
 	SkinnyTokens int
 	// CompensatedTokens is the most token rows of a step whose cuBLAS
 	// GEMMs are compensated: they multiply each bf16-rounded activation

@@ -10,7 +10,7 @@ import (
 )
 
 // SkinnyChoice is what a stage measured when it chose how many token rows
-// its skinny kernels take (Config.SkinnyTokens 0, gemvt.cu compiled): per
+// its skinny kernels take (Config.SkinnyTokens 0, tensor cores): per
 // size tried, the device time of a forward pass on the skinny kernels and
 // on cuBLAS, and how far apart their outputs were.
 type SkinnyChoice struct {
@@ -40,20 +40,29 @@ const tuneTol = 1e-2
 const tuneSpin = 5 * time.Millisecond
 
 // Skinny reports the choice the stage made (zero when it made none: a
-// fixed Config.SkinnyTokens, or no gemvt kernels).
+// fixed Config.SkinnyTokens, or no tensor cores).
 func (s *Stage) Skinny() SkinnyChoice { return s.skinnyChoice }
 
-// tuneSkinny narrows the plan's skinny steps by measurement: for 16, then
-// 32 token rows, it runs a pass of padding rows (distinct tokens, or
-// distinct activations on a later stage, each row with a KV block of its
-// own) on the skinny kernels and on cuBLAS, and keeps the skinny kernels up
-// to the largest size at which they were faster and agreed with cuBLAS;
-// at least DefaultSkinnyTokens. Device goroutine only, before any step.
+// tuneSizes are the step sizes tuneSkinny measures, in order.
+var tuneSizes = []int{4, 8, 16, 32}
+
+// tuneSkinny narrows the plan's tensor-core skinny steps by measurement:
+// for 4, 8, 16, then 32 token rows (those the plan takes), it runs a pass
+// of padding rows (distinct tokens, or distinct activations on a later
+// stage, each row with a KV block of its own) on the skinny kernels and on
+// cuBLAS, and keeps the skinny kernels up to the largest size at which
+// they, and they at every smaller size tried, were faster and agreed with
+// cuBLAS; the fp32 kernels' steps (of 1 or 2 rows) always. Measured on one
+// H200: gemv.cu's kernels lose to cuBLAS at 8 rows (a 1B step 1.88 against
+// 1.67 ms, 8B 7.56 against 6.04). Device goroutine only, before any step.
 func (s *Stage) tuneSkinny() error {
 	top := s.sk.maxTokens
 	s.sk.tune = false
-	choice := SkinnyChoice{MaxTokens: DefaultSkinnyTokens}
-	for _, T := range []int{16, 32} {
+	choice := SkinnyChoice{MaxTokens: s.sk.fmaTokens}
+	for _, T := range tuneSizes {
+		if T <= s.sk.fmaTokens {
+			continue
+		}
 		if T > top || T > s.pl.lay.maxTokens || T > s.pl.kv.blocks {
 			break
 		}
@@ -120,7 +129,7 @@ func (s *Stage) trySkinny(T int) (SkinnyTrial, error) {
 	saved := s.sk.maxTokens
 	defer func() { s.sk.maxTokens = saved }()
 	var outs [2][]float32
-	for i, limit := range []int{T, DefaultSkinnyTokens} {
+	for i, limit := range []int{T, s.sk.fmaTokens} {
 		s.sk.maxTokens = limit
 		// Warm-up, and the output compared.
 		if err := s.forwardPass(graphs.Step{}, sh); err != nil {

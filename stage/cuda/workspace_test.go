@@ -102,6 +102,9 @@ func TestPlanSkinny(t *testing.T) {
 func TestPlanGemvt(t *testing.T) {
 	m := *llama1B()
 	p := planSkinny(&m, 0, true, smemOptinDefault)
+	if !p.tune || p.maxTokens != DefaultSkinnyTokens {
+		t.Errorf("1B plan with SkinnyTokens 0: %+v, want %d tokens to be tuned", p, DefaultSkinnyTokens)
+	}
 	p.widen(0)
 	if !p.tune || p.maxTokens != 32 || !p.use(32) || p.call(&p.down, 32) != &p.down.mma || !p.down.mma.wide {
 		t.Errorf("1B plan widened with SkinnyTokens 0: %+v, want 32 tokens to be tuned", p)
