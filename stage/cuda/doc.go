@@ -71,7 +71,12 @@
 // writes q (fp32) and the KV cache (bf16); attention; the o GEMM; RMSNorm,
 // adding the o projection into the residual stream first; the gate|up
 // GEMM; SiLU-and-multiply into bf16; the down GEMM, added into the residual
-// stream by the next norm or, at the stage's end, by residual_add.
+// stream by the next norm or, at the stage's end, by residual_add. A norm
+// kernel reads a row in one round of 16-byte loads (1,024 threads of 4
+// elements). The last stage's LM head is a norm of its rows and a GEMM,
+// then logit_stats writes the softmax partials the skinny LM head would
+// (blocks of 8,192 logits, one partial a warp), so the sampler again makes
+// no pass over the logits of a greedy row.
 //
 // Attention (every path) is causal grouped-query attention over the paged
 // KV cache, one block per (token, kv head, group of its query heads, part
