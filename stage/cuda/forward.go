@@ -372,7 +372,7 @@ func (s *Stage) head(sh shape) error {
 func (s *Stage) rmsnorm(rows int, y gpu.DevicePtr, ylo int, w gpu.DevicePtr, outlo int, rowmap gpu.DevicePtr) error {
 	a := s.args.Reset().Ptr(s.b.resid).Ptr(y).Int32(int32(ylo)).Ptr(w).Ptr(s.b.normed).Int32(int32(outlo)).
 		Ptr(rowmap).Int32(int32(s.m.HiddenSize)).Float32(float32(s.m.RMSNormEps))
-	return s.launch("rmsnorm", kRMSNorm, gpu.Dim3{X: uint32(rows)}, gpu.Dim3{X: normThreads}, a)
+	return s.launch("rmsnorm", kRMSNorm, gpu.Dim3{X: uint32(rows)}, gpu.Dim3{X: uint32(normBlock(s.m.HiddenSize))}, a)
 }
 
 // linear computes the fp32 row-major y[rows×out] = x·Wᵀ for bf16 x

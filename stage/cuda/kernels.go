@@ -221,7 +221,7 @@ const (
 	gemvThreads    = 256  // GEMV_THREADS in gemv.cu, GEMVF_THREADS in gemvf.cu
 	gemvWarps      = 8    // GEMV_WARPS
 	gemvMaxTokens  = 32   // 8 * the largest NT
-	normThreads    = 1024 // NORM_THREADS in norm.cu
+	normThreads    = 1024 // NORM_THREADS in norm.cu: the largest rmsnorm block
 	embedThreads   = 256
 	siluThreads    = 256
 	ropeThreads    = 256
@@ -262,3 +262,14 @@ func logitStatsParts(vocab int) int { return (vocab + statsChunk - 1) / statsChu
 
 // logitStatsPartials is the softmax partials logit_stats writes per row.
 func logitStatsPartials(vocab int) int { return logitStatsParts(vocab) * statsThreads / 32 }
+
+// normBlock is the rmsnorm block for rows of hidden elements: a thread for
+// every 4 of them (every one when hidden is not a multiple of 4), in whole
+// warps, at most normThreads (norm.cu).
+func normBlock(hidden int) int {
+	per := 1
+	if hidden%4 == 0 {
+		per = 4
+	}
+	return min(normThreads, ((hidden+per-1)/per+31)/32*32)
+}

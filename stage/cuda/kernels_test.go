@@ -82,6 +82,7 @@ func TestKernelSource(t *testing.T) {
 		fmt.Sprintf("#define SAMPLE_PARAMS %d\n", sampleParams),
 		fmt.Sprintf("#define LS_CHUNK %d\n", statsChunk),
 		fmt.Sprintf("#define NORM_THREADS %d\n", normThreads),
+		"#define NORM_KEEP 4\n",
 		fmt.Sprintf("#define LS_THREADS %d\n", statsThreads),
 		fmt.Sprintf("#define STATUS_NO_TOKEN %d ", statusNoToken),
 		fmt.Sprintf("#define STATUS_BAD_ROW %d ", statusBadRow),
@@ -89,6 +90,16 @@ func TestKernelSource(t *testing.T) {
 	} {
 		if !strings.Contains(src, def) {
 			t.Errorf("program lacks %q, which the Go launch constants assume", def)
+		}
+	}
+}
+
+// TestNormBlock: a row of the common widths is one round of 4 elements a
+// thread; past 4,096 rounds of 1,024 threads; whole warps always.
+func TestNormBlock(t *testing.T) {
+	for _, c := range []struct{ hidden, want int }{{2048, 512}, {4096, 1024}, {8192, 1024}, {896, 224}, {64, 32}, {6, 32}, {100, 32}, {1030, 1024}} {
+		if got := normBlock(c.hidden); got != c.want || got%32 != 0 {
+			t.Errorf("normBlock(%d) = %d, want %d", c.hidden, got, c.want)
 		}
 	}
 }

@@ -8,11 +8,15 @@
 // null). When outlo is not 0, the rounding remainder of each output goes to
 // row r + outlo (put_split). All arithmetic is fp32. A thread takes 4
 // consecutive elements at a time (16-byte loads; when hidden is a multiple
-// of 4, else 1), so that with NORM_THREADS a row of up to 4,096 is one
-// round of loads: the kernel is a chain of latencies (a block per row),
-// and with one element a thread a row of 4,096 took 16 us at 32 rows.
-// Grid: (rows). Block: NORM_THREADS.
+// of 4, else 1) and keeps up to NORM_KEEP rounds of them in registers for
+// the second pass: the host sizes the block (normBlock) so that a row is
+// one round where it can, because at few rows the kernel is a chain of
+// latencies (one element a thread, 256 threads, took 16 us a row of 4,096
+// at 32 rows), and at many rows a second read of the row from memory
+// doubles its traffic. Grid: (rows). Block: normBlock(hidden), at most
+// NORM_THREADS.
 #define NORM_THREADS 1024
+#define NORM_KEEP 4
 
 // norm_load is elements i..i+VEC-1 of the row with the pending output
 // added: x (+ y1 + y2), summed as rmsnorm has always summed. v holds 4.
@@ -47,8 +51,21 @@ __device__ __forceinline__ void norm_load(const float* row, const float* y1, con
 template <int VEC>
 __device__ __forceinline__ void rmsnorm_row(float* row, const float* y1, const float* y2, const bf16* w, bf16* o,
                                             size_t olo, int hidden, float eps, float* sh) {
+    const int step = blockDim.x * VEC, first = threadIdx.x * VEC, kept = NORM_KEEP * step;
+    float keep[NORM_KEEP][4];
     float ss = 0.f;
-    for (int i = threadIdx.x * VEC; i < hidden; i += blockDim.x * VEC) {
+#pragma unroll
+    for (int r = 0; r < NORM_KEEP; r++) {
+        const int i = first + r * step;
+        if (i < hidden) {
+            norm_load<VEC>(row, y1, y2, i, keep[r]);
+#pragma unroll
+            for (int e = 0; e < VEC; e++) {
+                ss += keep[r][e] * keep[r][e];
+            }
+        }
+    }
+    for (int i = first + kept; i < hidden; i += step) {
         float v[4];
         norm_load<VEC>(row, y1, y2, i, v);
 #pragma unroll
@@ -57,16 +74,47 @@ __device__ __forceinline__ void rmsnorm_row(float* row, const float* y1, const f
         }
     }
     const float inv = rsqrtf(block_sum(ss, sh) / (float)hidden + eps);
-    for (int i = threadIdx.x * VEC; i < hidden; i += blockDim.x * VEC) {
+    // put stores elements i..i+VEC-1: the sums back into the row, the
+    // normalised values (and remainders) as bf16; 4 at a time in one
+    // 16-byte and one (two) 8-byte stores, so that a warp's stores are
+    // whole lines.
+    auto put = [&](int i, const float* v) {
+        if (VEC == 4) {
+            unsigned wv[2], h[2], l[2];
+            asm("ld.global.nc.v2.u32 {%0,%1}, [%2];" : "=r"(wv[0]), "=r"(wv[1]) : "l"(w + i));
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const float x0 = v[2 * e] * inv * lo_bf16(wv[e]), x1 = v[2 * e + 1] * inv * hi_bf16(wv[e]);
+                const bf16 b0 = f2bf(x0), b1 = f2bf(x1);
+                h[e] = (unsigned)b0 | (unsigned)b1 << 16;
+                l[e] = (unsigned)f2bf(x0 - bf2f(b0)) | (unsigned)f2bf(x1 - bf2f(b1)) << 16;
+            }
+            if (y1) {
+                asm volatile("st.global.v4.f32 [%0], {%1,%2,%3,%4};" ::"l"(row + i), "f"(v[0]), "f"(v[1]), "f"(v[2]), "f"(v[3])
+                             : "memory");
+            }
+            asm volatile("st.global.v2.u32 [%0], {%1,%2};" ::"l"(o + i), "r"(h[0]), "r"(h[1]) : "memory");
+            if (olo) {
+                asm volatile("st.global.v2.u32 [%0], {%1,%2};" ::"l"(o + olo + i), "r"(l[0]), "r"(l[1]) : "memory");
+            }
+            return;
+        }
+        if (y1) {
+            row[i] = v[0];
+        }
+        put_split(o, i, olo, v[0] * inv * bf2f(w[i]));
+    };
+#pragma unroll
+    for (int r = 0; r < NORM_KEEP; r++) {
+        const int i = first + r * step;
+        if (i < hidden) {
+            put(i, keep[r]);
+        }
+    }
+    for (int i = first + kept; i < hidden; i += step) {
         float v[4];
         norm_load<VEC>(row, y1, y2, i, v);
-#pragma unroll
-        for (int e = 0; e < VEC; e++) {
-            if (y1) {
-                row[i + e] = v[e];
-            }
-            put_split(o, i + e, olo, v[e] * inv * bf2f(w[i + e]));
-        }
+        put(i, v);
     }
 }
 
