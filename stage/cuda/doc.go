@@ -72,8 +72,9 @@
 // adding the o projection into the residual stream first; the gate|up
 // GEMM; SiLU-and-multiply into bf16; the down GEMM, added into the residual
 // stream by the next norm or, at the stage's end, by residual_add. A norm
-// kernel reads a row in one round of 16-byte loads (1,024 threads of 4
-// elements). The last stage's LM head is a norm of its rows and a GEMM,
+// block has a thread for every 4 elements of a row (at most 1,024: one
+// round of 16-byte loads up to 4,096), keeps them in registers for its
+// second pass and stores whole lines. The last stage's LM head is a norm of its rows and a GEMM,
 // then logit_stats writes the softmax partials the skinny LM head would
 // (blocks of 8,192 logits, one partial a warp), so the sampler again makes
 // no pass over the logits of a greedy row.

@@ -53,8 +53,9 @@ var tuneSizes = []int{4, 8, 16, 32}
 // cuBLAS, and keeps the skinny kernels up to the largest size at which
 // they, and they at every smaller size tried, were faster and agreed with
 // cuBLAS; the fp32 kernels' steps (of 1 or 2 rows) always. Measured on one
-// H200: gemv.cu's kernels lose to cuBLAS at 8 rows (a 1B step 1.88 against
-// 1.67 ms, 8B 7.56 against 6.04). Device goroutine only, before any step.
+// H200: gemv.cu's kernels lose to cuBLAS from 4 rows (a pass of 4 rows 1.63
+// against 1.26 ms on the 1B shape, 6.90 against 5.23 on the 8B).
+// Device goroutine only, before any step.
 func (s *Stage) tuneSkinny() error {
 	top := s.sk.maxTokens
 	s.sk.tune = false
