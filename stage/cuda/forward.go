@@ -302,10 +302,14 @@ func (s *Stage) attention(i int, sh shape) error {
 	if sh.prefill {
 		whole = 1
 	}
+	// The parameters both kernels begin with (ATT_PARAMS, PF_PARAMS).
+	common := func() *gpu.KernelArgs {
+		return s.args.Reset().Ptr(s.b.q).Ptr(kc).Ptr(vc).Ptr(out).Ptr(outB).Int32(int32(lo)).
+			Ptr(s.word(lay.tables())).Ptr(s.word(lay.tableOff())).Ptr(s.word(lay.pos())).Int32(int32(s.pl.kv.blockSize)).
+			Int32(int32(m.NumHeads)).Int32(int32(m.NumKVHeads))
+	}
 	at := s.at.launch(T)
-	a := s.args.Reset().Ptr(s.b.q).Ptr(kc).Ptr(vc).Ptr(out).Ptr(outB).Int32(int32(lo)).
-		Ptr(s.word(lay.tables())).Ptr(s.word(lay.tableOff())).Ptr(s.word(lay.pos())).Int32(int32(s.pl.kv.blockSize)).
-		Int32(int32(m.NumHeads)).Int32(int32(m.NumKVHeads)).Int32(int32(m.HeadDim)).Float32(scale).
+	a := common().Int32(int32(m.HeadDim)).Float32(scale).
 		Int32(int32(at.splits)).Int32(int32(at.minChunk)).Ptr(s.b.part).Ptr(s.b.partML).Ptr(s.b.counts).Int32(int32(whole))
 	grid := gpu.Dim3{X: uint32(T), Y: uint32(s.at.nkv * s.at.groups), Z: uint32(at.splits)}
 	if !sh.allTiles {
@@ -313,9 +317,7 @@ func (s *Stage) attention(i int, sh shape) error {
 			return err
 		}
 	}
-	a = s.args.Reset().Ptr(s.b.q).Ptr(kc).Ptr(vc).Ptr(out).Ptr(outB).Int32(int32(lo)).
-		Ptr(s.word(lay.tables())).Ptr(s.word(lay.tableOff())).Ptr(s.word(lay.pos())).Int32(int32(s.pl.kv.blockSize)).
-		Int32(int32(m.NumHeads)).Int32(int32(m.NumKVHeads)).Float32(scale).Int32(int32(T))
+	a = common().Float32(scale).Int32(int32(T))
 	grid = gpu.Dim3{X: uint32((T + prefillTile - 1) / prefillTile), Y: uint32(m.NumHeads)}
 	return s.launchDep("attention prefill", prefillName(m.HeadDim), grid, gpu.Dim3{X: prefillThreads}, 0, a)
 }
