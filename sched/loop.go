@@ -320,6 +320,10 @@ func (l *Loop) run(ctx context.Context, sc *Scheduler, cur *attachment) (err err
 			if err != nil {
 				return err
 			}
+			// Stats shows the step's results before any stream they end
+			// does.
+			st := sc.Stats()
+			l.stats.Store(&st)
 			for _, o := range outs {
 				r := reqs[o.ID]
 				if o.Err != nil {
@@ -408,7 +412,8 @@ func (l *Loop) command(c command) error {
 	return <-c.ack
 }
 
-// Stats is a snapshot of the scheduler, taken between steps.
+// Stats is a snapshot of the scheduler, taken between steps; a request
+// whose stream has ended is counted as ended.
 func (l *Loop) Stats() Stats { return *l.stats.Load() }
 
 // Done is closed when the loop has stopped, after Close or a pipeline
