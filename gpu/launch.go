@@ -32,6 +32,23 @@ func (f Function) SetMaxDynamicSharedMem(bytes int) error {
 	return nil
 }
 
+// SetSharedCarveout sets the share of a multiprocessor's unified L1 and
+// shared memory that f prefers as shared memory, in percent
+// (CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT). Kernels that prefer
+// different shares cannot share a multiprocessor: the device switches
+// between them. Device goroutine only.
+func (f Function) SetSharedCarveout(percent int) error {
+	c, err := driver()
+	if err != nil {
+		return err
+	}
+	const preferredSharedMemoryCarveout = 9
+	if err := c.check("cuFuncSetAttribute", c.funcSetAttribute.status(f.h, preferredSharedMemoryCarveout, uintptr(percent))); err != nil {
+		return fmt.Errorf("kernel %s: set shared memory carveout %d%%: %w", f.name, percent, err)
+	}
+	return nil
+}
+
 // Dim3 is a grid or block shape. Zero components count as 1.
 type Dim3 struct{ X, Y, Z uint32 }
 

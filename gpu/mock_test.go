@@ -265,6 +265,12 @@ func TestMockCompileLaunchGraph(t *testing.T) {
 		if got := m.LastFuncAttr(); got != [3]int32{1, 8, 100 << 10} {
 			return fmt.Errorf("cuFuncSetAttribute got %v", got)
 		}
+		if err := fn.SetSharedCarveout(100); err != nil {
+			return err
+		}
+		if got := m.LastFuncAttr(); got != [3]int32{1, 9, 100} {
+			return fmt.Errorf("cuFuncSetAttribute (carveout) got %v", got)
+		}
 		buf, err := Alloc(3 * 4 * n)
 		if err != nil {
 			return err

@@ -76,9 +76,15 @@ func gqaName(hd, w int) string { return fmt.Sprintf("attention_gqa_d%d_w%d", hd,
 
 var gqaWarps = []int{4, 8}
 
-// gqaSmem is the dynamic shared memory of attention_gqa_d<hd>_w<w>: key
-// and value tiles of 16 w rows of hd + 8 bf16.
-func gqaSmem(hd, w int) int { return 2 * 16 * w * (hd + 8) * 2 }
+// gqaStages is GQA_STAGES of attention_gqa.cu: the key tiles a block has
+// in shared memory, the one in use and those being copied.
+const gqaStages = 2
+
+// gqaSmem is the dynamic shared memory of attention_gqa_d<hd>_w<w>: for
+// each of gqaStages, key and value tiles of 16 w rows of hd + 8 bf16
+// (209 KiB for hd 128 and 8 warps: a device whose blocks cannot have that
+// much, such as an A100, runs such models on attention_r*; stage.go).
+func gqaSmem(hd, w int) int { return gqaStages * 2 * 16 * w * (hd + 8) * 2 }
 
 // gemvfVariants are the epilogues of the GEMVF_ENTRY instances of
 // gemvf.cu, each compiled for gemvfTokens token rows.

@@ -69,6 +69,7 @@ func TestKernelSource(t *testing.T) {
 	// The launch constants must agree with the sources.
 	for _, def := range []string{
 		fmt.Sprintf("#define ATT_RMAX %d\n", attentionHeads),
+		fmt.Sprintf("#define GQA_STAGES %d\n", gqaStages),
 		fmt.Sprintf("#define GEMV_THREADS %d\n", gemvThreads),
 		fmt.Sprintf("#define GEMV_WARPS %d\n", gemvWarps),
 		fmt.Sprintf("#define GT_WARPS %d\n", gtWarps),

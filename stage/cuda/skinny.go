@@ -406,6 +406,10 @@ func (c *gemvCall) args(a *gpu.KernelArgs, m *model.Config, w gpu.DevicePtr, t i
 // 13.8 -> 6.3 / 10.1 (8 warps, 16 splits), of 4,096 keys 16.7 / 23.3 ->
 // 11.2 / 19.3; 32 tokens of 256 keys 17.1 / 29.9 -> 12.9 / 21.9 (4 warps,
 // 1 split), of 1,024 keys 40.4 / 77.9 -> 45.7 / 76.9 (the one loss).
+// With its tiles copied two deep by cp.async (H200, us, 1B / 8B): 1 token
+// of 4,096 keys 10.8 / 19.6 -> 12.0 / 17.1; 32 tokens of 256 keys 12.8 /
+// 22.1 -> 8.7 / 16.0 and of 1,024 keys 45.4 / 76.4 -> 24.5 / 51.3, with 8
+// warps at head dim 64 (4: 11.8 and 39.8) and 4 at 128 (8: 21.3, 60.1).
 type attnPlan struct {
 	nkv, groups int
 	rmax        int // query heads per block: the kernel attention_r<rmax>_w<warps>
@@ -413,8 +417,9 @@ type attnPlan struct {
 	// gqa says attention_gqa_d<hd>_w<w> can serve the model (tensor
 	// cores, a head dim it is compiled for, at most 8 query heads a kv
 	// head: one group); then every step uses it, with 8 warps a block
-	// while the step has at most sms units, else 4 (gqaWarps, when not 0,
-	// fixes it: tests), and about sms blocks.
+	// while the step has at most sms units or the head dim is at most 64,
+	// else 4 (gqaWarps, when not 0, fixes it: tests), and about sms
+	// blocks.
 	gqa      bool
 	gqaWarps int
 	// warps and minChunk, when not 0, fix the per-row kernel's block and
@@ -462,7 +467,7 @@ func (a attnPlan) launch(t int) attnLaunch {
 	units := t * a.nkv * a.groups
 	if a.gqa {
 		w := 4
-		if units <= a.sms {
+		if units <= a.sms || a.hd <= 64 {
 			w = 8
 		}
 		if a.gqaWarps > 0 {

@@ -166,14 +166,19 @@ func TestPlanGemvt(t *testing.T) {
 	if l := newAttnPlan(llama8B(), 132).launch(1); l.minChunk != 64 || l.threads != 512 {
 		t.Errorf("8B attention at 1 token: %+v, want 16 warps, parts of 64 keys or more", l)
 	}
-	// With the tensor-core kernel: 8 warps and 16 splits at 1 token, 4
-	// warps and 1 split at 32.
+	// With the tensor-core kernel: 8 warps and 16 splits at 1 token, 1
+	// split at 32: 8 warps at head dim 64, 4 at 128.
 	at.gqa = true
 	if l := at.launch(1); l.name != "attention_gqa_d64_w8" || l.threads != 256 || l.splits != 16 || l.smem != gqaSmem(64, 8) {
 		t.Errorf("gqa attention at 1 token: %+v", l)
 	}
-	if l := at.launch(32); l.name != "attention_gqa_d64_w4" || l.threads != 128 || l.splits != 1 {
+	if l := at.launch(32); l.name != "attention_gqa_d64_w8" || l.threads != 256 || l.splits != 1 {
 		t.Errorf("gqa attention at 32 tokens: %+v", l)
+	}
+	at8 := newAttnPlan(llama8B(), 132)
+	at8.gqa = true
+	if l := at8.launch(32); l.name != "attention_gqa_d128_w4" || l.threads != 128 || l.splits != 1 || l.smem != gqaSmem(128, 4) {
+		t.Errorf("8B gqa attention at 32 tokens: %+v", l)
 	}
 }
 

@@ -55,6 +55,38 @@ __device__ __forceinline__ void ldcg_u4(const void* p, unsigned* w) {
                  : "l"(p));
 }
 
+// smem_addr is the shared-window address of a generic pointer to shared
+// memory.
+__device__ __forceinline__ unsigned smem_addr(const void* p) {
+    unsigned a;
+    asm("{\n\t.reg .u64 t;\n\tcvta.to.shared.u64 t, %1;\n\tcvt.u32.u64 %0, t;\n\t}" : "=r"(a) : "l"(p));
+    return a;
+}
+
+// cp_async16 copies 16 bytes from global to shared memory in the
+// background (only the first bytes of src, zero-filling the rest), with
+// 256 bytes fetched into L2 at a time.
+__device__ __forceinline__ void cp_async16(unsigned dst, const void* src, int bytes) {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(bytes)
+                 : "memory");
+#endif
+}
+
+__device__ __forceinline__ void cp_async_commit() {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+
+// cp_async_wait waits until at most N of this thread's groups are pending.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+#endif
+}
+
 __device__ __forceinline__ float bf2f(bf16 x) {
     return __uint_as_float(((unsigned)x) << 16);
 }

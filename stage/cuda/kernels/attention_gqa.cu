@@ -3,21 +3,44 @@
 // the R = nh / nkv query heads of one kv head (R at most 8: the mma's rows
 // 0..R-1, the others zero) of one token row, over one part of its keys
 // (parts of max(ceil(n / splits), min_chunk) keys, as attention_r*). The
-// keys go in tiles of 16 W (W warps), staged in shared memory, the next
-// tile's loads in flight in registers while the current one is used; warp
-// w takes keys 16w..16w+15 of each tile: S = q·Kᵀ with q as a bf16 value and
-// remainder pair (two mma per fragment), an fp32 online softmax per row,
-// O += P·V with P as a pair too. The warps' states merge through shared
-// memory; then, with one part, the block writes the output (as
-// attention_r*: fp32 rows to out, or the bf16 pair to out_bf), else its
-// partial, and the last block of the (token, kv head) merges the parts
-// (att_merge_parts; unit t * nkv + kv head, as attention_r* with one
-// group). With whole set, the rows of whole prefill tiles are left to
-// attention_prefill_d*.
+// keys go in tiles of 16 W (W warps), copied into shared memory with
+// cp.async, GQA_STAGES tiles deep: the next tiles' copies are in flight
+// while the current one is used (keys past the part zero-filled; of the
+// block's first tiles, the keys of earlier steps are copied before
+// pdl_wait, the ones this step writes after it). Warp w takes keys
+// 16w..16w+15 of each tile: S = q·Kᵀ with q as a bf16 value and remainder
+// pair (two mma per fragment; K's fragments by ldmatrix), an fp32 online
+// softmax per row, O += P·V with P as a pair too (V's fragments by
+// ldmatrix.trans). The warps' states merge through shared memory; then,
+// with one part, the block writes the output (as attention_r*: fp32 rows
+// to out, or the bf16 pair to out_bf), else its partial, and the last
+// block of the (token, kv head) merges the parts (att_merge_parts; unit
+// t * nkv + kv head, as attention_r* with one group). With whole set, the
+// rows of whole prefill tiles are left to attention_prefill_d*.
 // attention_gqa_d<HD>_w<W>: grid (tokens, nkv, splits), block W * 32
-// threads, dynamic shared memory 2 * 16 W * (HD + 8) bf16 (gqaSmem: the K
-// and V tiles, then the warps' states). Parameters: ATT_PARAMS (hd must be
-// HD). Needs sm_80 (the host launches it only there).
+// threads, dynamic shared memory GQA_STAGES * 2 * 16 W * (HD + 8) bf16
+// (gqaSmem: each stage's K and V tiles, then the warps' states).
+// Parameters: ATT_PARAMS (hd must be HD). Needs sm_80 (the host launches
+// it only there).
+#define GQA_STAGES 2
+
+// ldsm_x4 loads four 8x8 bf16 matrices from shared memory, lanes 8m..8m+7
+// giving the row addresses of matrix m (ldmatrix); ldsm_x4_t transposes
+// each.
+__device__ __forceinline__ void ldsm_x4(unsigned a, unsigned* r) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a)
+                 : "memory");
+}
+
+__device__ __forceinline__ void ldsm_x4_t(unsigned a, unsigned* r) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a)
+                 : "memory");
+}
+
 template <int HD, int W>
 __device__ __forceinline__ void gqa_body(ATT_PARAMS) {
     constexpr int KS = HD / 16;     // k-steps of q·Kᵀ
@@ -26,10 +49,12 @@ __device__ __forceinline__ void gqa_body(ATT_PARAMS) {
     constexpr int CH = HD / 8;      // 16-byte chunks of a key row
     constexpr int KEYS = 16 * W;    // keys of a tile
     constexpr int NT = 32 * W;      // threads
-    constexpr int LD = KEYS * CH / NT;  // chunks of K (and of V) a thread loads a tile
+    constexpr int LD = KEYS * CH / NT;  // chunks of K (and of V) a thread copies a tile
+    constexpr int S = GQA_STAGES;
+    constexpr unsigned TILE = KEYS * RS * 2;  // bytes of a K (or V) tile
     extern __shared__ unsigned gqa_sm[];
-    unsigned* ksw = gqa_sm;             // [KEYS][RS] bf16
-    unsigned* vsw = gqa_sm + KEYS * RS / 2;
+    // Stage st: its K tile at sbase + 2 st TILE, its V tile TILE on.
+    const unsigned sbase = smem_addr(gqa_sm);
     __shared__ int last;
     pdl_trigger();
     const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
@@ -50,30 +75,40 @@ __device__ __forceinline__ void gqa_body(ATT_PARAMS) {
     const int* tab = tables + table_off[t];
     const int kvdim = nkv * HD;
 
-    unsigned kr[LD][4], vr[LD][4];
-    // load fills the registers with keys [j0, j1) of the tile at kb (16-byte
-    // chunk e = tid + i * NT: key e / CH, chunk e % CH).
-    auto load = [&](int kb, int j0, int j1) {
+    // issue copies keys [j0, j1) of the tile at kb into stage st (16-byte
+    // chunk e = tid + i * NT: key e / CH, chunk e % CH) and, with fill,
+    // zeroes the keys past the part that a warp with keys in it reads.
+    auto issue = [&](int kb, int st, int j0, int j1, bool fill) {
 #pragma unroll
         for (int i = 0; i < LD; i++) {
             const int e = tid + i * NT, j = kb + e / CH;
+            const unsigned kd = sbase + 2 * st * TILE + (unsigned)(((e / CH) * RS + (e % CH) * 8) * 2);
             if (j >= j0 && j < j1) {
                 const size_t off = (size_t)(tab[j / bs] * bs + j % bs) * kvdim + kh * HD + (e % CH) * 8;
-                ldcg_u4(kcache + off, kr[i]);
-                ldcg_u4(vcache + off, vr[i]);
+                cp_async16(kd, kcache + off, 16);
+                cp_async16(kd + TILE, vcache + off, 16);
+            } else if (fill && j >= je && kb + (e / CH) / 16 * 16 < je) {
+                cp_async16(kd, kcache, 0);
+                cp_async16(kd + TILE, vcache, 0);
             }
         }
     };
-    auto clear = [&]() {
+    // The first S - 1 tiles, in one group: their keys of earlier steps,
+    // then, once this step's are written, those.
 #pragma unroll
-        for (int i = 0; i < LD; i++)
-#pragma unroll
-            for (int x = 0; x < 4; x++) kr[i][x] = vr[i][x] = 0u;
-    };
-    clear();
-    load(jb, jb, min(je, fresh));
+    for (int st = 0; st < S - 1; st++) {
+        if (jb + st * KEYS < je) {
+            issue(jb + st * KEYS, st, jb, min(je, fresh), false);
+        }
+    }
     pdl_wait();
-    load(jb, max(jb, fresh), je);
+#pragma unroll
+    for (int st = 0; st < S - 1; st++) {
+        if (jb + st * KEYS < je) {
+            issue(jb + st * KEYS, st, max(jb, fresh), je, true);
+        }
+    }
+    cp_async_commit();
 
     unsigned qh[KS][4], ql[KS][4];
 #pragma unroll
@@ -97,40 +132,43 @@ __device__ __forceinline__ void gqa_body(ATT_PARAMS) {
     for (int nd = 0; nd < ND; nd++)
 #pragma unroll
         for (int i = 0; i < 4; i++) o[nd][i] = 0.f;
-    const bf16* ks = (const bf16*)ksw;
-    const bf16* vs = (const bf16*)vsw;
-    for (int kb = jb; kb < je; kb += KEYS) {
-        __syncthreads();  // the previous tile is used
-#pragma unroll
-        for (int i = 0; i < LD; i++) {
-            const int e = tid + i * NT, w = ((e / CH) * RS + (e % CH) * 8) / 2;
-#pragma unroll
-            for (int x = 0; x < 4; x++) {
-                ksw[w + x] = kr[i][x];
-                vsw[w + x] = vr[i][x];
-            }
+    // This lane's row addresses for ldmatrix, from its warp's key 0 of a
+    // stage: K rows (lane & 7) of matrices 16-column k-steps apart (non-
+    // transposed: B fragments of q·Kᵀ for k-steps s and s + 1); V rows
+    // (lane & 7) + 8 ((lane >> 3) & 1), columns 8 (lane >> 4) (transposed:
+    // B fragments of P·V for column tiles nd and nd + 1).
+    const unsigned klane = (unsigned)(((wid * 16 + (lane & 7)) * RS + (lane >> 3) * 8) * 2);
+    const unsigned vlane = TILE + (unsigned)(((wid * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * RS + (lane >> 4) * 8) * 2);
+    int it = 0;
+    for (int kb = jb; kb < je; kb += KEYS, it++) {
+        if (it == 0) {
+            cp_async_wait<0>();
+        } else {
+            cp_async_wait<S - 2>();
         }
-        __syncthreads();
-        if (kb + KEYS < je) {
-            clear();
-            load(kb + KEYS, kb + KEYS, je);
+        __syncthreads();  // this tile is in, and the stage copied into next was used
+        if (kb + (S - 1) * KEYS < je) {
+            issue(kb + (S - 1) * KEYS, (it + S - 1) % S, jb, je, true);
         }
+        cp_async_commit();
         const int k0 = wid * 16;  // this warp's keys of the tile
         if (kb + k0 >= je) {
             continue;
         }
+        const unsigned st = sbase + 2 * (it % S) * TILE;
         float sc[2][4];
 #pragma unroll
         for (int nt = 0; nt < 2; nt++) {
 #pragma unroll
             for (int i = 0; i < 4; i++) sc[nt][i] = 0.f;
-            const bf16* kp = ks + (k0 + nt * 8 + g) * RS + 2 * c;
 #pragma unroll
-            for (int s = 0; s < KS; s++) {
-                const unsigned b0 = *(const unsigned*)(kp + 16 * s);
-                const unsigned b1 = *(const unsigned*)(kp + 16 * s + 8);
-                mma_bf16(sc[nt], qh[s][0], qh[s][1], qh[s][2], qh[s][3], b0, b1);
-                mma_bf16(sc[nt], ql[s][0], ql[s][1], ql[s][2], ql[s][3], b0, b1);
+            for (int s = 0; s < KS; s += 2) {
+                unsigned b[4];
+                ldsm_x4(st + klane + (unsigned)((nt * 8 * RS + 16 * s) * 2), b);
+                mma_bf16(sc[nt], qh[s][0], qh[s][1], qh[s][2], qh[s][3], b[0], b[1]);
+                mma_bf16(sc[nt], ql[s][0], ql[s][1], ql[s][2], ql[s][3], b[0], b[1]);
+                mma_bf16(sc[nt], qh[s + 1][0], qh[s + 1][1], qh[s + 1][2], qh[s + 1][3], b[2], b[3]);
+                mma_bf16(sc[nt], ql[s + 1][0], ql[s + 1][1], ql[s + 1][2], ql[s + 1][3], b[2], b[3]);
             }
         }
 #pragma unroll
@@ -175,20 +213,22 @@ __device__ __forceinline__ void gqa_body(ATT_PARAMS) {
             ph[i] = pack_bf16(pv[i][0], pv[i][1]);
             pl[i] = pack_bf16(pv[i][0] - lo_bf16(ph[i]), pv[i][1] - hi_bf16(ph[i]));
         }
-        const bf16* v0 = vs + (k0 + 2 * c) * RS + g;
 #pragma unroll
-        for (int nd = 0; nd < ND; nd++) {
-            const bf16* vp = v0 + nd * 8;
-            const unsigned b0 = (unsigned)vp[0] | ((unsigned)vp[RS] << 16);
-            const unsigned b1 = (unsigned)vp[8 * RS] | ((unsigned)vp[9 * RS] << 16);
-            mma_bf16(o[nd], ph[0], ph[1], ph[2], ph[3], b0, b1);
-            mma_bf16(o[nd], pl[0], pl[1], pl[2], pl[3], b0, b1);
+        for (int nd = 0; nd < ND; nd += 2) {
+            unsigned b[4];
+            ldsm_x4_t(st + vlane + (unsigned)(nd * 8 * 2), b);
+            mma_bf16(o[nd], ph[0], ph[1], ph[2], ph[3], b[0], b[1]);
+            mma_bf16(o[nd], pl[0], pl[1], pl[2], pl[3], b[0], b[1]);
+            mma_bf16(o[nd + 1], ph[0], ph[1], ph[2], ph[3], b[2], b[3]);
+            mma_bf16(o[nd + 1], pl[0], pl[1], pl[2], pl[3], b[2], b[3]);
         }
     }
-    // The warps' states through shared memory (the key tile's): rows 0..7.
+    // The warps' states through shared memory (stage 0's tiles, once no
+    // copy is in flight): rows 0..7.
+    cp_async_wait<0>();
     __syncthreads();
-    float* wo = (float*)ksw;  // [W warps][8 rows][HD]
-    float* wm = (float*)vsw;  // [W][8] maxima, then [W][8] sums
+    float* wo = (float*)gqa_sm;                      // [W warps][8 rows][HD]
+    float* wm = (float*)gqa_sm + TILE / 4;           // [W][8] maxima, then [W][8] sums
     float* wl = wm + 8 * W;
     if (g < R) {
 #pragma unroll

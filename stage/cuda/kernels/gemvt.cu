@@ -42,38 +42,6 @@
 // fragment reads of two token columns fall in different banks.
 #define GT_XS (GT_KC + 32)
 
-// smem_addr is the shared-window address of a generic pointer to shared
-// memory.
-__device__ __forceinline__ unsigned smem_addr(const void* p) {
-    unsigned a;
-    asm("{\n\t.reg .u64 t;\n\tcvta.to.shared.u64 t, %1;\n\tcvt.u32.u64 %0, t;\n\t}" : "=r"(a) : "l"(p));
-    return a;
-}
-
-// cp_async16 copies 16 bytes from global to shared memory in the
-// background (only the first bytes of src, zero-filling the rest), with
-// 256 bytes fetched into L2 at a time.
-__device__ __forceinline__ void cp_async16(unsigned dst, const void* src, int bytes) {
-#if __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(bytes)
-                 : "memory");
-#endif
-}
-
-__device__ __forceinline__ void cp_async_commit() {
-#if __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.commit_group;" ::: "memory");
-#endif
-}
-
-// cp_async_wait waits until at most N of this thread's groups are pending.
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-#if __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-#endif
-}
-
 __device__ __forceinline__ void lds128(unsigned a, unsigned* r) {
     asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
