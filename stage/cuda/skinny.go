@@ -418,8 +418,13 @@ type attnPlan struct {
 	// cores, a head dim it is compiled for, at most 8 query heads a kv
 	// head: one group); then every step uses it, with 8 warps a block
 	// while the step has at most sms units or the head dim is at most 64,
-	// else 4 (gqaWarps, when not 0, fixes it: tests), and about sms
-	// blocks.
+	// else 4 (gqaWarps, when not 0, fixes it: tests), about sms blocks,
+	// and parts of at least the keys its stages hold (gqaStages tiles of
+	// 16 keys a warp: copied in one round, so a short sequence is one part
+	// and needs no merge). Measured on one H200 against parts of at least
+	// 64 keys, GPU ms of a decode step: 1B batch 1 0.877 -> 0.862, batch 8
+	// 1.212 -> 1.191, batch 32 unchanged; 8B batch 1 4.351 -> 4.324, batch
+	// 32 5.456 -> 5.493 (NOTES.md).
 	gqa      bool
 	gqaWarps int
 	// warps and minChunk, when not 0, fix the per-row kernel's block and
@@ -474,7 +479,7 @@ func (a attnPlan) launch(t int) attnLaunch {
 			w = a.gqaWarps
 		}
 		return attnLaunch{name: gqaName(a.hd, w), threads: 32 * w, smem: gqaSmem(a.hd, w),
-			splits: max(1, min(attnMaxSplits, a.sms/units)), minChunk: 64}
+			splits: max(1, min(attnMaxSplits, a.sms/units)), minChunk: gqaStages * 16 * w}
 	}
 	w, target, chunk := 4, a.sms*attnBlocksPerSM, 64
 	if units <= a.sms && attentionSmem(a.rmax, 16, a.hd) <= 48<<10 {

@@ -4,10 +4,12 @@
 // 0..R-1, the others zero) of one token row, over one part of its keys
 // (parts of max(ceil(n / splits), min_chunk) keys, as attention_r*). The
 // keys go in tiles of 16 W (W warps), copied into shared memory with
-// cp.async, GQA_STAGES tiles deep: the next tiles' copies are in flight
-// while the current one is used (keys past the part zero-filled; of the
-// block's first tiles, the keys of earlier steps are copied before
-// pdl_wait, the ones this step writes after it). Warp w takes keys
+// cp.async into GQA_STAGES stages: the first GQA_STAGES tiles' copies all
+// start at once (their keys of earlier steps before pdl_wait, the ones
+// this step writes after it), and a stage once used takes the tile
+// GQA_STAGES on (keys past the part zero-filled where a warp reads them).
+// The host keeps a part to at least the keys of all stages (attnPlan), so
+// a short sequence is one part, loaded in one round. Warp w takes keys
 // 16w..16w+15 of each tile: S = q·Kᵀ with q as a bf16 value and remainder
 // pair (two mma per fragment; K's fragments by ldmatrix), an fp32 online
 // softmax per row, O += P·V with P as a pair too (V's fragments by
@@ -93,17 +95,17 @@ __device__ __forceinline__ void gqa_body(ATT_PARAMS) {
             }
         }
     };
-    // The first S - 1 tiles, in one group: their keys of earlier steps,
-    // then, once this step's are written, those.
+    // The first S tiles, in one group: their keys of earlier steps, then,
+    // once this step's are written, those.
 #pragma unroll
-    for (int st = 0; st < S - 1; st++) {
+    for (int st = 0; st < S; st++) {
         if (jb + st * KEYS < je) {
             issue(jb + st * KEYS, st, jb, min(je, fresh), false);
         }
     }
     pdl_wait();
 #pragma unroll
-    for (int st = 0; st < S - 1; st++) {
+    for (int st = 0; st < S; st++) {
         if (jb + st * KEYS < je) {
             issue(jb + st * KEYS, st, max(jb, fresh), je, true);
         }
@@ -144,84 +146,84 @@ __device__ __forceinline__ void gqa_body(ATT_PARAMS) {
         if (it == 0) {
             cp_async_wait<0>();
         } else {
-            cp_async_wait<S - 2>();
+            cp_async_wait<S - 1>();
         }
-        __syncthreads();  // this tile is in, and the stage copied into next was used
-        if (kb + (S - 1) * KEYS < je) {
-            issue(kb + (S - 1) * KEYS, (it + S - 1) % S, jb, je, true);
+        __syncthreads();  // this tile is in
+        const int k0 = wid * 16;  // this warp's keys of the tile
+        if (kb + k0 < je) {
+            const unsigned st = sbase + 2 * (it % S) * TILE;
+            float sc[2][4];
+#pragma unroll
+            for (int nt = 0; nt < 2; nt++) {
+#pragma unroll
+                for (int i = 0; i < 4; i++) sc[nt][i] = 0.f;
+#pragma unroll
+                for (int s = 0; s < KS; s += 2) {
+                    unsigned b[4];
+                    ldsm_x4(st + klane + (unsigned)((nt * 8 * RS + 16 * s) * 2), b);
+                    mma_bf16(sc[nt], qh[s][0], qh[s][1], qh[s][2], qh[s][3], b[0], b[1]);
+                    mma_bf16(sc[nt], ql[s][0], ql[s][1], ql[s][2], ql[s][3], b[0], b[1]);
+                    mma_bf16(sc[nt], qh[s + 1][0], qh[s + 1][1], qh[s + 1][2], qh[s + 1][3], b[2], b[3]);
+                    mma_bf16(sc[nt], ql[s + 1][0], ql[s + 1][1], ql[s + 1][2], ql[s + 1][3], b[2], b[3]);
+                }
+            }
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                float mx = NEG_INF;
+#pragma unroll
+                for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+                    for (int e = 0; e < 2; e++) {
+                        float& v = sc[nt][2 * r + e];
+                        v = kb + k0 + nt * 8 + 2 * c + e < je ? v : NEG_INF;
+                        mx = fmaxf(mx, v);
+                    }
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                // The warp's first key is in the part, so mn is finite.
+                const float mn = fmaxf(m[r], mx);
+                const float corr = m[r] == NEG_INF ? 0.f : expf(m[r] - mn);
+                float sum = 0.f;
+#pragma unroll
+                for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+                    for (int e = 0; e < 2; e++) {
+                        float& v = sc[nt][2 * r + e];
+                        v = v == NEG_INF ? 0.f : expf(v - mn);
+                        sum += v;
+                    }
+                sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+                sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+                m[r] = mn;
+                l[r] = l[r] * corr + sum;
+#pragma unroll
+                for (int nd = 0; nd < ND; nd++) {
+                    o[nd][2 * r] *= corr;
+                    o[nd][2 * r + 1] *= corr;
+                }
+            }
+            unsigned ph[4], pl[4];
+            const float pv[4][2] = {{sc[0][0], sc[0][1]}, {sc[0][2], sc[0][3]}, {sc[1][0], sc[1][1]}, {sc[1][2], sc[1][3]}};
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                ph[i] = pack_bf16(pv[i][0], pv[i][1]);
+                pl[i] = pack_bf16(pv[i][0] - lo_bf16(ph[i]), pv[i][1] - hi_bf16(ph[i]));
+            }
+#pragma unroll
+            for (int nd = 0; nd < ND; nd += 2) {
+                unsigned b[4];
+                ldsm_x4_t(st + vlane + (unsigned)(nd * 8 * 2), b);
+                mma_bf16(o[nd], ph[0], ph[1], ph[2], ph[3], b[0], b[1]);
+                mma_bf16(o[nd], pl[0], pl[1], pl[2], pl[3], b[0], b[1]);
+                mma_bf16(o[nd + 1], ph[0], ph[1], ph[2], ph[3], b[2], b[3]);
+                mma_bf16(o[nd + 1], pl[0], pl[1], pl[2], pl[3], b[2], b[3]);
+            }
+        }
+        if (kb + S * KEYS < je) {
+            __syncthreads();  // every warp is done with this stage
+            issue(kb + S * KEYS, it % S, jb, je, true);
         }
         cp_async_commit();
-        const int k0 = wid * 16;  // this warp's keys of the tile
-        if (kb + k0 >= je) {
-            continue;
-        }
-        const unsigned st = sbase + 2 * (it % S) * TILE;
-        float sc[2][4];
-#pragma unroll
-        for (int nt = 0; nt < 2; nt++) {
-#pragma unroll
-            for (int i = 0; i < 4; i++) sc[nt][i] = 0.f;
-#pragma unroll
-            for (int s = 0; s < KS; s += 2) {
-                unsigned b[4];
-                ldsm_x4(st + klane + (unsigned)((nt * 8 * RS + 16 * s) * 2), b);
-                mma_bf16(sc[nt], qh[s][0], qh[s][1], qh[s][2], qh[s][3], b[0], b[1]);
-                mma_bf16(sc[nt], ql[s][0], ql[s][1], ql[s][2], ql[s][3], b[0], b[1]);
-                mma_bf16(sc[nt], qh[s + 1][0], qh[s + 1][1], qh[s + 1][2], qh[s + 1][3], b[2], b[3]);
-                mma_bf16(sc[nt], ql[s + 1][0], ql[s + 1][1], ql[s + 1][2], ql[s + 1][3], b[2], b[3]);
-            }
-        }
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            float mx = NEG_INF;
-#pragma unroll
-            for (int nt = 0; nt < 2; nt++)
-#pragma unroll
-                for (int e = 0; e < 2; e++) {
-                    float& v = sc[nt][2 * r + e];
-                    v = kb + k0 + nt * 8 + 2 * c + e < je ? v : NEG_INF;
-                    mx = fmaxf(mx, v);
-                }
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            // The warp's first key is in the part, so mn is finite.
-            const float mn = fmaxf(m[r], mx);
-            const float corr = m[r] == NEG_INF ? 0.f : expf(m[r] - mn);
-            float sum = 0.f;
-#pragma unroll
-            for (int nt = 0; nt < 2; nt++)
-#pragma unroll
-                for (int e = 0; e < 2; e++) {
-                    float& v = sc[nt][2 * r + e];
-                    v = v == NEG_INF ? 0.f : expf(v - mn);
-                    sum += v;
-                }
-            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-            sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-            m[r] = mn;
-            l[r] = l[r] * corr + sum;
-#pragma unroll
-            for (int nd = 0; nd < ND; nd++) {
-                o[nd][2 * r] *= corr;
-                o[nd][2 * r + 1] *= corr;
-            }
-        }
-        unsigned ph[4], pl[4];
-        const float pv[4][2] = {{sc[0][0], sc[0][1]}, {sc[0][2], sc[0][3]}, {sc[1][0], sc[1][1]}, {sc[1][2], sc[1][3]}};
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            ph[i] = pack_bf16(pv[i][0], pv[i][1]);
-            pl[i] = pack_bf16(pv[i][0] - lo_bf16(ph[i]), pv[i][1] - hi_bf16(ph[i]));
-        }
-#pragma unroll
-        for (int nd = 0; nd < ND; nd += 2) {
-            unsigned b[4];
-            ldsm_x4_t(st + vlane + (unsigned)(nd * 8 * 2), b);
-            mma_bf16(o[nd], ph[0], ph[1], ph[2], ph[3], b[0], b[1]);
-            mma_bf16(o[nd], pl[0], pl[1], pl[2], pl[3], b[0], b[1]);
-            mma_bf16(o[nd + 1], ph[0], ph[1], ph[2], ph[3], b[2], b[3]);
-            mma_bf16(o[nd + 1], pl[0], pl[1], pl[2], pl[3], b[2], b[3]);
-        }
     }
     // The warps' states through shared memory (stage 0's tiles, once no
     // copy is in flight): rows 0..7.
