@@ -21,15 +21,8 @@ func (f Function) Name() string { return f.name }
 // shared memory (CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES); needed
 // above 48 KiB. Device goroutine only.
 func (f Function) SetMaxDynamicSharedMem(bytes int) error {
-	c, err := driver()
-	if err != nil {
-		return err
-	}
 	const maxDynamicSharedSizeBytes = 8
-	if err := c.check("cuFuncSetAttribute", c.funcSetAttribute.status(f.h, maxDynamicSharedSizeBytes, uintptr(bytes))); err != nil {
-		return fmt.Errorf("kernel %s: set max dynamic shared memory %d: %w", f.name, bytes, err)
-	}
-	return nil
+	return f.setAttribute(maxDynamicSharedSizeBytes, bytes, "max dynamic shared memory")
 }
 
 // SetSharedCarveout sets the share of a multiprocessor's unified L1 and
@@ -38,13 +31,19 @@ func (f Function) SetMaxDynamicSharedMem(bytes int) error {
 // different shares cannot share a multiprocessor: the device switches
 // between them. Device goroutine only.
 func (f Function) SetSharedCarveout(percent int) error {
+	const preferredSharedMemoryCarveout = 9
+	return f.setAttribute(preferredSharedMemoryCarveout, percent, "preferred shared memory carveout (%)")
+}
+
+// setAttribute sets f's attribute attr (a CUfunction_attribute) to v;
+// what names it in the error.
+func (f Function) setAttribute(attr, v int, what string) error {
 	c, err := driver()
 	if err != nil {
 		return err
 	}
-	const preferredSharedMemoryCarveout = 9
-	if err := c.check("cuFuncSetAttribute", c.funcSetAttribute.status(f.h, preferredSharedMemoryCarveout, uintptr(percent))); err != nil {
-		return fmt.Errorf("kernel %s: set shared memory carveout %d%%: %w", f.name, percent, err)
+	if err := c.check("cuFuncSetAttribute", c.funcSetAttribute.status(f.h, uintptr(attr), uintptr(v))); err != nil {
+		return fmt.Errorf("kernel %s: set %s to %d: %w", f.name, what, v, err)
 	}
 	return nil
 }

@@ -88,8 +88,10 @@
 // finish merges the parts in a fixed order. Where the tensor cores and the
 // head dim allow (64 or 128, at most 8 query heads a kv head),
 // attention_gqa.cu serves these rows: the query heads of a kv head are the
-// mma's rows, the keys go through shared memory in tiles, q and the
-// probabilities are bf16 value and remainder pairs, the softmax fp32;
+// mma's rows, the keys go through shared memory in tiles (cp.async, two
+// stages, both filled at once, so a short sequence is one part read in one
+// round), q and the probabilities are bf16 value and remainder pairs, the
+// softmax fp32;
 // elsewhere attention.cu's per-row kernel, fp32 throughout. The whole
 // 64-row tiles of a prefill chunk (consecutive positions of one sequence)
 // go to attention_prefill.cu, a flash-attention kernel on the tensor cores
