@@ -82,8 +82,8 @@ const gqaStages = 2
 
 // gqaSmem is the dynamic shared memory of attention_gqa_d<hd>_w<w>: for
 // each of gqaStages, key and value tiles of 16 w rows of hd + 8 bf16
-// (209 KiB for hd 128 and 8 warps: a device whose blocks cannot have that
-// much, such as an A100, runs such models on attention_r*; stage.go).
+// (139 KiB for hd 128 and 8 warps: a device whose blocks cannot have that
+// much runs such models on attention_r*; stage.go).
 func gqaSmem(hd, w int) int { return gqaStages * 2 * 16 * w * (hd + 8) * 2 }
 
 // gemvfVariants are the epilogues of the GEMVF_ENTRY instances of
