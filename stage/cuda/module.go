@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"os"
 	"slices"
-	"strings"
 
 	"github.com/tandem-llm/tandem/gpu"
 	"github.com/tandem-llm/tandem/model"
@@ -203,11 +202,20 @@ func lookupKernels(mod gpu.Module, info gpu.DeviceInfo, optional bool) (map[stri
 	// a multiprocessor: kernels of different carveouts cannot share one.
 	// Measured on one H200: the 8B shape's batch-1 step 4.371 -> 4.323 ms
 	// (1B 0.890 -> 0.881); all kernels so, batch 32 was slower (NOTES.md).
-	for name, f := range fn {
-		if strings.HasPrefix(name, "gemvf_") || strings.HasPrefix(name, "attention_gqa_") {
-			if err := f.SetSharedCarveout(100); err != nil {
-				return nil, err
-			}
+	var small []string
+	for _, e := range gemvfVariants {
+		for _, t := range gemvfTokens {
+			small = append(small, gemvfName(e, t))
+		}
+	}
+	for _, hd := range prefillHeadDims {
+		for _, w := range gqaWarps {
+			small = append(small, gqaName(hd, w))
+		}
+	}
+	for _, name := range small {
+		if err := fn[name].SetSharedCarveout(100); err != nil {
+			return nil, err
 		}
 	}
 	return fn, nil
