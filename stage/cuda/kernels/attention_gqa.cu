@@ -12,7 +12,8 @@
 // a short sequence is one part, loaded in one round. Warp w takes keys
 // 16w..16w+15 of each tile: S = q·Kᵀ with q as a bf16 value and remainder
 // pair (two mma per fragment; K's fragments by ldmatrix), an fp32 online
-// softmax per row, O += P·V with P as a pair too (V's fragments by
+// softmax per row (exponentials by __expf, the hardware's ex2: they sit in
+// the step's latency chain, where expf cost about 1% of a batch-1 step), O += P·V with P as a pair too (V's fragments by
 // ldmatrix.trans). The warps' states merge through shared memory; then,
 // with one part, the block writes the output (as attention_r*: fp32 rows
 // to out, or the bf16 pair to out_bf), else its partial, and the last
@@ -182,14 +183,14 @@ __device__ __forceinline__ void gqa_body(ATT_PARAMS) {
                 mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
                 // The warp's first key is in the part, so mn is finite.
                 const float mn = fmaxf(m[r], mx);
-                const float corr = m[r] == NEG_INF ? 0.f : expf(m[r] - mn);
+                const float corr = m[r] == NEG_INF ? 0.f : __expf(m[r] - mn);
                 float sum = 0.f;
 #pragma unroll
                 for (int nt = 0; nt < 2; nt++)
 #pragma unroll
                     for (int e = 0; e < 2; e++) {
                         float& v = sc[nt][2 * r + e];
-                        v = v == NEG_INF ? 0.f : expf(v - mn);
+                        v = v == NEG_INF ? 0.f : __expf(v - mn);
                         sum += v;
                     }
                 sum += __shfl_xor_sync(0xffffffffu, sum, 1);
@@ -256,7 +257,7 @@ __device__ __forceinline__ void gqa_body(ATT_PARAMS) {
         float L = 0.f, O = 0.f;
 #pragma unroll
         for (int w = 0; w < W; w++) {
-            const float f = wm[w * 8 + r] == NEG_INF ? 0.f : expf(wm[w * 8 + r] - M);
+            const float f = wm[w * 8 + r] == NEG_INF ? 0.f : __expf(wm[w * 8 + r] - M);
             L += wl[w * 8 + r] * f;
             O += wo[(w * 8 + r) * HD + d] * f;
         }
