@@ -60,6 +60,17 @@ __device__ __forceinline__ void att_merge(float& m, float& l, float* a, float m2
     for (int i = 0; i < 8; i++) a[i] = a[i] * f1 + a2[i] * f2;
 }
 
+// att_put stores element i of the attention output v: fp32 to out and the
+// bf16 pair to out_bf (put_split, the remainder olo on), whichever is set.
+__device__ __forceinline__ void att_put(float* out, bf16* out_bf, size_t i, size_t olo, float v) {
+    if (out) {
+        out[i] = v;
+    }
+    if (out_bf) {
+        put_split(out_bf, i, olo, v);
+    }
+}
+
 // att_merge_parts ends a block of a unit (token, kv head, group) whose
 // sequence was cut into parts > 1, once the block has written its part's
 // partial: the last block of the unit to finish (counted in counters,
@@ -92,17 +103,43 @@ __device__ void att_merge_parts(const float* part, const float* part_ml, int* co
             L += ldcg(m0 + (s2 * ATT_RMAX + r) * 2 + 1) * f;
             O += ldcg(p0 + (size_t)s2 * ATT_RMAX * hd + e) * f;
         }
-        float v = O / L;
-        size_t o = ((size_t)t * nh + h0 + r) * hd + d;
-        if (out) {
-            out[o] = v;
-        }
-        if (out_bf) {
-            put_split(out_bf, o, olo, v);
-        }
+        att_put(out, out_bf, ((size_t)t * nh + h0 + r) * hd + d, olo, O / L);
     }
     if (tid == 0) {
         counters[unit] = 0;
+    }
+}
+
+// att_warps_out ends a block of W warps whose softmax states are in shared
+// memory (rows 0..nr-1, row stride rs: maxima wm and sums wl [W][rs],
+// weighted values wv [W][rs][hd]): it merges them in warp order into the
+// output, element e of the block's rows at o0 + e (one part), or into this
+// part's partial (pp, pm; then the caller's att_merge_parts).
+template <int W>
+__device__ __forceinline__ void att_warps_out(const float* wm, const float* wl, const float* wv, int rs, int nr,
+                                              int hd, int parts, size_t o0, float* out, bf16* out_bf, size_t olo,
+                                              float* pp, float* pm) {
+    for (int e = threadIdx.x; e < nr * hd; e += W * 32) {
+        const int r = e / hd, d = e % hd;
+        float M = NEG_INF;
+#pragma unroll
+        for (int w = 0; w < W; w++) M = fmaxf(M, wm[w * rs + r]);
+        float L = 0.f, O = 0.f;
+#pragma unroll
+        for (int w = 0; w < W; w++) {
+            const float f = wm[w * rs + r] == NEG_INF ? 0.f : __expf(wm[w * rs + r] - M);
+            L += wl[w * rs + r] * f;
+            O += wv[(w * rs + r) * hd + d] * f;
+        }
+        if (parts == 1) {
+            att_put(out, out_bf, o0 + e, olo, O / L);
+        } else {
+            pp[e] = O;
+            if (d == 0) {
+                pm[2 * r] = M;
+                pm[2 * r + 1] = L;
+            }
+        }
     }
 }
 
@@ -284,35 +321,7 @@ __device__ __forceinline__ void attention_body(ATT_PARAMS) {
     const size_t unit = (size_t)t * gridDim.y + blockIdx.y;  // (token, kv head, group)
     float* pp = part + (unit * splits + sp) * ATT_RMAX * hd;
     float* pm = part_ml + (unit * splits + sp) * ATT_RMAX * 2;
-    for (int e = tid; e < nr * hd; e += W * 32) {
-        int r = e / hd, d = e % hd;
-        float M = NEG_INF;
-#pragma unroll
-        for (int w = 0; w < W; w++) M = fmaxf(M, wm[w * RM + r]);
-        float L = 0.f, O = 0.f;
-#pragma unroll
-        for (int w = 0; w < W; w++) {
-            float f = wm[w * RM + r] == NEG_INF ? 0.f : expf(wm[w * RM + r] - M);
-            L += wl[w * RM + r] * f;
-            O += wacc[(w * RM + r) * hd + d] * f;
-        }
-        if (parts == 1) {
-            float v = O / L;
-            size_t o = ((size_t)t * nh + h0 + r) * hd + d;
-            if (out) {
-                out[o] = v;
-            }
-            if (out_bf) {
-                put_split(out_bf, o, olo, v);
-            }
-        } else {
-            pp[e] = O;
-            if (d == 0) {
-                pm[2 * r] = M;
-                pm[2 * r + 1] = L;
-            }
-        }
-    }
+    att_warps_out<W>(wm, wl, wacc, RM, nr, hd, parts, ((size_t)t * nh + h0) * hd, out, out_bf, olo, pp, pm);
     if (parts > 1) {
         att_merge_parts(part, part_ml, counters, unit, splits, parts, nr, hd, t, nh, h0, out, out_bf, olo, &last);
     }

@@ -249,35 +249,7 @@ __device__ __forceinline__ void gqa_body(ATT_PARAMS) {
     const size_t unit = (size_t)t * gridDim.y + kh;
     float* pp = part + (unit * splits + sp) * ATT_RMAX * HD;
     float* pm = part_ml + (unit * splits + sp) * ATT_RMAX * 2;
-    for (int e = tid; e < R * HD; e += NT) {
-        const int r = e / HD, d = e % HD;
-        float M = NEG_INF;
-#pragma unroll
-        for (int w = 0; w < W; w++) M = fmaxf(M, wm[w * 8 + r]);
-        float L = 0.f, O = 0.f;
-#pragma unroll
-        for (int w = 0; w < W; w++) {
-            const float f = wm[w * 8 + r] == NEG_INF ? 0.f : __expf(wm[w * 8 + r] - M);
-            L += wl[w * 8 + r] * f;
-            O += wo[(w * 8 + r) * HD + d] * f;
-        }
-        if (parts == 1) {
-            const float v = O / L;
-            const size_t oi = ((size_t)t * nh + kh * R + r) * HD + d;
-            if (out) {
-                out[oi] = v;
-            }
-            if (out_bf) {
-                put_split(out_bf, oi, olo, v);
-            }
-        } else {
-            pp[e] = O;
-            if (d == 0) {
-                pm[2 * r] = M;
-                pm[2 * r + 1] = L;
-            }
-        }
-    }
+    att_warps_out<W>(wm, wl, wo, 8, R, HD, parts, ((size_t)t * nh + kh * R) * HD, out, out_bf, olo, pp, pm);
     if (parts > 1) {
         att_merge_parts(part, part_ml, counters, unit, splits, parts, R, HD, t, nh, kh * R, out, out_bf, olo, &last);
     }

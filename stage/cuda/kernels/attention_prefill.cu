@@ -188,13 +188,7 @@ __device__ __forceinline__ void prefill_body(const float* q, const bf16* kcache,
 #pragma unroll
             for (int e = 0; e < 2; e++) {
                 const float v = o[n][2 * r + e] * inv;
-                const size_t idx = base + n * 8 + e;
-                if (out) {
-                    out[idx] = v;
-                }
-                if (out_bf) {
-                    put_split(out_bf, idx, olo, v);
-                }
+                att_put(out, out_bf, base + n * 8 + e, olo, v);
             }
     }
 }
