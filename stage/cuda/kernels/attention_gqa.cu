@@ -13,8 +13,9 @@
 // 16w..16w+15 of each tile: S = q·Kᵀ with q as a bf16 value and remainder
 // pair (two mma per fragment; K's fragments by ldmatrix), an fp32 online
 // softmax per row (exponentials by __expf, the hardware's ex2: they sit in
-// the step's latency chain, where expf cost about 1% of a batch-1 step), O += P·V with P as a pair too (V's fragments by
-// ldmatrix.trans). The warps' states merge through shared memory; then,
+// the step's latency chain, where expf cost about 1% of a batch-1 step),
+// O += P·V with P as a pair too (V's fragments by ldmatrix.trans). The
+// warps' states merge through shared memory (att_warps_out); then,
 // with one part, the block writes the output (as attention_r*: fp32 rows
 // to out, or the bf16 pair to out_bf), else its partial, and the last
 // block of the (token, kv head) merges the parts (att_merge_parts; unit
