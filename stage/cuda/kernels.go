@@ -191,15 +191,29 @@ var kernelNames = func() []string {
 	}
 	for _, hd := range prefillHeadDims {
 		n = append(n, prefillName(hd))
-		for _, w := range gqaWarps {
-			n = append(n, gqaName(hd, w))
-		}
 	}
 	for _, v := range gemvVariants {
 		for _, nt := range gemvNT {
 			n = append(n, gemvName(v, nt))
 		}
 	}
+	return append(append(n, gqaNames...), gemvfNames...)
+}()
+
+// gqaNames lists the attention_gqa_d<hd>_w<w> entry points.
+var gqaNames = func() []string {
+	var n []string
+	for _, hd := range prefillHeadDims {
+		for _, w := range gqaWarps {
+			n = append(n, gqaName(hd, w))
+		}
+	}
+	return n
+}()
+
+// gemvfNames lists the gemvf_* entry points.
+var gemvfNames = func() []string {
+	var n []string
 	for _, e := range gemvfVariants {
 		for _, t := range gemvfTokens {
 			n = append(n, gemvfName(e, t))

@@ -188,11 +188,9 @@ func lookupKernels(mod gpu.Module, info gpu.DeviceInfo, optional bool) (map[stri
 		}
 	}
 	if info.MaxSharedPerBlockOptin > 48<<10 {
-		for _, e := range gemvfVariants {
-			for _, t := range gemvfTokens {
-				if err := fn[gemvfName(e, t)].SetMaxDynamicSharedMem(info.MaxSharedPerBlockOptin); err != nil {
-					return nil, err
-				}
+		for _, name := range gemvfNames {
+			if err := fn[name].SetMaxDynamicSharedMem(info.MaxSharedPerBlockOptin); err != nil {
+				return nil, err
 			}
 		}
 	}
@@ -202,18 +200,7 @@ func lookupKernels(mod gpu.Module, info gpu.DeviceInfo, optional bool) (map[stri
 	// a multiprocessor: kernels of different carveouts cannot share one.
 	// Measured on one H200: the 8B shape's batch-1 step 4.371 -> 4.323 ms
 	// (1B 0.890 -> 0.881); all kernels so, batch 32 was slower (NOTES.md).
-	var small []string
-	for _, e := range gemvfVariants {
-		for _, t := range gemvfTokens {
-			small = append(small, gemvfName(e, t))
-		}
-	}
-	for _, hd := range prefillHeadDims {
-		for _, w := range gqaWarps {
-			small = append(small, gqaName(hd, w))
-		}
-	}
-	for _, name := range small {
+	for _, name := range append(slices.Clone(gemvfNames), gqaNames...) {
 		if err := fn[name].SetSharedCarveout(100); err != nil {
 			return nil, err
 		}
