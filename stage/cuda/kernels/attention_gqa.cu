@@ -12,10 +12,9 @@
 // a short sequence is one part, loaded in one round. Warp w takes keys
 // 16w..16w+15 of each tile: S = q·Kᵀ with q as a bf16 value and remainder
 // pair (two mma per fragment; K's fragments by ldmatrix), an fp32 online
-// softmax per row (exponentials by __expf, the hardware's ex2: they sit in
-// the step's latency chain, where expf cost about 1% of a batch-1 step),
-// O += P·V with P as a pair too (V's fragments by ldmatrix.trans). The
-// warps' states merge through shared memory (att_warps_out); then,
+// softmax per row (tc_softmax_row), O += P·V with P as a pair too (V's
+// fragments by ldmatrix.trans). The warps' states merge through shared
+// memory (att_warps_out); then,
 // with one part, the block writes the output (as attention_r*: fp32 rows
 // to out, or the bf16 pair to out_bf), else its partial, and the last
 // block of the (token, kv head) merges the parts (att_merge_parts; unit
@@ -43,6 +42,41 @@ __device__ __forceinline__ void ldsm_x4_t(unsigned a, unsigned* r) {
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(a)
                  : "memory");
+}
+
+// tc_softmax_row folds row r (0: the lane's mma row g, 1: g + 8) of a
+// tile's scores sc (NK column tiles of 8 keys, an mma accumulator each;
+// keys out of the row's reach already NEG_INF, mx their maximum in this
+// lane) into the row's online softmax state (m, l) and its output o (ND
+// column tiles): the scores become exp(s - max), with __expf (the
+// hardware's ex2: in the decode step's latency chain expf cost about 1% of
+// a batch-1 step), and l and o rescale to the new maximum. The maximum
+// must be finite after the fold: a key of the row in this tile or before.
+template <int NK, int ND>
+__device__ __forceinline__ void tc_softmax_row(float (&sc)[NK][4], float (&o)[ND][4], int r, float mx, float& m,
+                                               float& l) {
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float mn = fmaxf(m, mx);
+    const float corr = m == NEG_INF ? 0.f : __expf(m - mn);
+    float sum = 0.f;
+#pragma unroll
+    for (int n = 0; n < NK; n++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            float& v = sc[n][2 * r + e];
+            v = v == NEG_INF ? 0.f : __expf(v - mn);
+            sum += v;
+        }
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    m = mn;
+    l = l * corr + sum;
+#pragma unroll
+    for (int n = 0; n < ND; n++) {
+        o[n][2 * r] *= corr;
+        o[n][2 * r + 1] *= corr;
+    }
 }
 
 template <int HD, int W>
@@ -180,29 +214,8 @@ __device__ __forceinline__ void gqa_body(ATT_PARAMS) {
                         v = kb + k0 + nt * 8 + 2 * c + e < je ? v : NEG_INF;
                         mx = fmaxf(mx, v);
                     }
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-                // The warp's first key is in the part, so mn is finite.
-                const float mn = fmaxf(m[r], mx);
-                const float corr = m[r] == NEG_INF ? 0.f : __expf(m[r] - mn);
-                float sum = 0.f;
-#pragma unroll
-                for (int nt = 0; nt < 2; nt++)
-#pragma unroll
-                    for (int e = 0; e < 2; e++) {
-                        float& v = sc[nt][2 * r + e];
-                        v = v == NEG_INF ? 0.f : __expf(v - mn);
-                        sum += v;
-                    }
-                sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-                sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-                m[r] = mn;
-                l[r] = l[r] * corr + sum;
-#pragma unroll
-                for (int nd = 0; nd < ND; nd++) {
-                    o[nd][2 * r] *= corr;
-                    o[nd][2 * r + 1] *= corr;
-                }
+                // The warp's first key is in the part, so the maximum is finite.
+                tc_softmax_row(sc, o, r, mx, m[r], l[r]);
             }
             unsigned ph[4], pl[4];
             const float pv[4][2] = {{sc[0][0], sc[0][1]}, {sc[0][2], sc[0][3]}, {sc[1][0], sc[1][1]}, {sc[1][2], sc[1][3]}};

@@ -126,29 +126,8 @@ __device__ __forceinline__ void prefill_body(const float* q, const bf16* kcache,
                     v = j <= pr[r] ? v : NEG_INF;
                     mx = fmaxf(mx, v);
                 }
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            const float mn = fmaxf(m[r], mx);
-            // Key 0 is every row's, so mn is finite from the first block on.
-            const float corr = m[r] == NEG_INF ? 0.f : expf(m[r] - mn);
-            float sum = 0.f;
-#pragma unroll
-            for (int n = 0; n < PF_KEYS / 8; n++)
-#pragma unroll
-                for (int e = 0; e < 2; e++) {
-                    float& v = sc[n][2 * r + e];
-                    v = v == NEG_INF ? 0.f : expf(v - mn);
-                    sum += v;
-                }
-            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-            sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-            m[r] = mn;
-            l[r] = l[r] * corr + sum;
-#pragma unroll
-            for (int n = 0; n < ND; n++) {
-                o[n][2 * r] *= corr;
-                o[n][2 * r + 1] *= corr;
-            }
+            // Key 0 is every row's, so the maximum is finite from the first block on.
+            tc_softmax_row(sc, o, r, mx, m[r], l[r]);
         }
         // O += P·V, 16 keys a step.
 #pragma unroll
