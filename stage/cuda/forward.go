@@ -145,7 +145,7 @@ func (s *Stage) segment(i int, sh shape) error {
 		return err
 	}
 	if i < L {
-		return s.startLayer(i, T)
+		return s.startLayer(i, sh)
 	}
 	if !s.sk.use(T) {
 		// The last down projection, still pending on the cuBLAS path.
@@ -177,9 +177,11 @@ func (s *Stage) copyInput(bytes int) error {
 }
 
 // startLayer orders the stage's layer i up to attention: the input norm,
-// the q|k|v projection, rotary embedding and the KV cache write.
-func (s *Stage) startLayer(i, T int) error {
+// the q|k|v projection, rotary embedding and the KV cache write (the last
+// two left to attention when ropeInAttention).
+func (s *Stage) startLayer(i int, sh shape) error {
 	m := &s.m
+	T := sh.tokens
 	lw := s.layers[i]
 	lay := s.pl.lay
 	kc, vc := s.kvLayerPtrs(i)
@@ -201,6 +203,9 @@ func (s *Stage) startLayer(i, T int) error {
 	}
 	if err := s.linear("qkv", s.b.qkv, s.b.normed, lw.qkv, T+lo, m.HiddenSize, s.qkvDim); err != nil {
 		return fmt.Errorf("layer %d qkv: %w", s.lo+i, err)
+	}
+	if s.ropeInAttention(sh) {
+		return nil
 	}
 	a := s.args.Reset().Ptr(s.b.qkv).Int32(int32(lo)).Ptr(lw.qkvBias).Ptr(s.b.invFreq).Ptr(s.word(lay.pos())).
 		Ptr(s.word(lay.cacheRow())).Ptr(s.b.q).Ptr(kc).Ptr(vc).
@@ -276,6 +281,14 @@ func (s *Stage) residualAdd(T int) error {
 	return s.launch("residual_add", kResidualAdd, grid, gpu.Dim3{X: addThreads}, a)
 }
 
+// ropeInAttention reports whether attention does the rotary embedding and
+// the KV cache write of a step of shape sh (attention_gqa_rope_*): on the
+// cuBLAS path, for decode steps, one kernel a layer fewer. Measured on one
+// H200 (NOTES.md, phase 7): see there.
+func (s *Stage) ropeInAttention(sh shape) bool {
+	return sh.decode && s.at.gqa && !s.sk.use(sh.tokens)
+}
+
 // kvLayerPtrs are the K and V caches of the stage's layer i.
 func (s *Stage) kvLayerPtrs(i int) (k, v gpu.DevicePtr) {
 	off := gpu.DevicePtr(i * s.kvLayer)
@@ -311,9 +324,15 @@ func (s *Stage) attention(i int, sh shape) error {
 	at := s.at.launch(T)
 	a := common().Int32(int32(m.HeadDim)).Float32(scale).
 		Int32(int32(at.splits)).Int32(int32(at.minChunk)).Ptr(s.b.part).Ptr(s.b.partML).Ptr(s.b.counts).Int32(int32(whole))
+	name := at.name
+	if s.ropeInAttention(sh) {
+		lw := s.layers[i]
+		name = at.ropeName
+		a.Ptr(s.b.qkv).Ptr(lw.qkvBias).Ptr(s.b.invFreq).Ptr(s.word(lay.cacheRow()))
+	}
 	grid := gpu.Dim3{X: uint32(T), Y: uint32(s.at.nkv * s.at.groups), Z: uint32(at.splits)}
 	if !sh.allTiles {
-		if err := s.launchDep("attention", at.name, grid, gpu.Dim3{X: uint32(at.threads)}, at.smem, a); err != nil || whole == 0 {
+		if err := s.launchDep("attention", name, grid, gpu.Dim3{X: uint32(at.threads)}, at.smem, a); err != nil || whole == 0 {
 			return err
 		}
 	}

@@ -177,7 +177,7 @@ func (s *Stage) Graphs() GraphReport { return s.g.report }
 // sequences as a batch of that key can ask for.
 func (pl *planner) keyShape(k graphs.Step) shape {
 	T := k.Desc.NumTokens
-	sh := shape{tokens: T}
+	sh := shape{tokens: T, decode: k.Desc.UniformDecode && k.Desc.QueryLen == 1}
 	if pl.last {
 		sh.rows = min(T, pl.lay.maxLogitRows)
 		sh.sampled = min(T, pl.lay.maxSeqs)

@@ -26,14 +26,14 @@ func TestKeyShape(t *testing.T) {
 		k    graphs.Step
 		want shape
 	}{
-		{last, decodeKey(1), shape{1, 1, 1, false, false}},
-		{last, decodeKey(4), shape{4, 4, 4, false, false}},
-		{last, spec, shape{6, 6, 3, false, false}},
-		{last, mixedKey(graphs.Piecewise, 2), shape{2, 2, 2, false, false}},
-		{last, mixedKey(graphs.Piecewise, 16), shape{16, 8, 4, false, false}},
-		{last, mixedKey(graphs.Full, 40), shape{40, 8, 4, false, false}},
-		{mid, decodeKey(4), shape{4, 0, 0, false, false}},
-		{mid, mixedKey(graphs.Piecewise, 16), shape{16, 0, 0, false, false}},
+		{last, decodeKey(1), shape{1, 1, 1, false, false, true}},
+		{last, decodeKey(4), shape{4, 4, 4, false, false, true}},
+		{last, spec, shape{6, 6, 3, false, false, false}},
+		{last, mixedKey(graphs.Piecewise, 2), shape{2, 2, 2, false, false, false}},
+		{last, mixedKey(graphs.Piecewise, 16), shape{16, 8, 4, false, false, false}},
+		{last, mixedKey(graphs.Full, 40), shape{40, 8, 4, false, false, false}},
+		{mid, decodeKey(4), shape{4, 0, 0, false, false, true}},
+		{mid, mixedKey(graphs.Piecewise, 16), shape{16, 0, 0, false, false, false}},
 	}
 	for _, tc := range tests {
 		if got := tc.pl.keyShape(tc.k); got != tc.want {
@@ -139,7 +139,7 @@ func TestPad(t *testing.T) {
 			}
 		}
 	}
-	pl.padding(p, shape{4, 2, 2, false, false})
+	pl.padding(p, shape{4, 2, 2, false, false, true})
 	if p.tokens != 0 || p.rows != 0 || p.nSampled != 0 || p.tableWords != 1 || p.words[lay.cacheRow()] != scratch || p.words[lay.cacheRow()+3] != scratch {
 		t.Errorf("padding-only plan: tokens %d rows %d sampled %d, first cache rows %v", p.tokens, p.rows, p.nSampled, p.words[lay.cacheRow():lay.cacheRow()+4])
 	}

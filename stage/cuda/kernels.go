@@ -70,9 +70,15 @@ var prefillHeadDims = []int{64, 128}
 
 func prefillName(hd int) string { return fmt.Sprintf("attention_prefill_d%d", hd) }
 
-// gqaName is attention_gqa_d<hd>_w<w> (attention_gqa.cu), compiled for
-// the prefillHeadDims and gqaWarps.
-func gqaName(hd, w int) string { return fmt.Sprintf("attention_gqa_d%d_w%d", hd, w) }
+// gqaName is attention_gqa_d<hd>_w<w> (attention_gqa.cu), or with rope
+// attention_gqa_rope_d<hd>_w<w> (the rotary embedding and the KV cache
+// write folded in), compiled for the prefillHeadDims and gqaWarps.
+func gqaName(hd, w int, rope bool) string {
+	if rope {
+		return fmt.Sprintf("attention_gqa_rope_d%d_w%d", hd, w)
+	}
+	return fmt.Sprintf("attention_gqa_d%d_w%d", hd, w)
+}
 
 var gqaWarps = []int{4, 8}
 
@@ -200,12 +206,12 @@ var kernelNames = func() []string {
 	return append(append(n, gqaNames...), gemvfNames...)
 }()
 
-// gqaNames lists the attention_gqa_d<hd>_w<w> entry points.
+// gqaNames lists the attention_gqa entry points.
 var gqaNames = func() []string {
 	var n []string
 	for _, hd := range prefillHeadDims {
 		for _, w := range gqaWarps {
-			n = append(n, gqaName(hd, w))
+			n = append(n, gqaName(hd, w, false), gqaName(hd, w, true))
 		}
 	}
 	return n

@@ -106,7 +106,7 @@ func (s *Stage) startBatch(ctx context.Context, b *stage.Batch, own bool) (*flig
 	if err := s.pl.build(b, &f.p); err != nil {
 		return nil, fmt.Errorf("cuda stage [%d,%d): %w", s.lo, s.hi, err)
 	}
-	f.b, f.step, f.sh = b, step, shape{tokens: f.p.tokens, rows: f.p.rows, sampled: f.p.nSampled}
+	f.b, f.step, f.sh = b, step, shape{tokens: f.p.tokens, rows: f.p.rows, sampled: f.p.nSampled, decode: f.p.tokens == len(b.Seqs)}
 	f.own, f.logits, f.err, f.gpu = own && b.Handoff && s.first && s.last, logits, nil, 0
 	if step.Mode != graphs.None {
 		f.sh = s.pl.keyShape(step)

@@ -181,8 +181,10 @@ func lookupKernels(mod gpu.Module, info gpu.DeviceInfo, optional bool) (map[stri
 	for _, hd := range prefillHeadDims {
 		for _, w := range gqaWarps {
 			if n := gqaSmem(hd, w); n > 48<<10 && n <= info.MaxSharedPerBlockOptin {
-				if err := fn[gqaName(hd, w)].SetMaxDynamicSharedMem(n); err != nil {
-					return nil, err
+				for _, rope := range []bool{false, true} {
+					if err := fn[gqaName(hd, w, rope)].SetMaxDynamicSharedMem(n); err != nil {
+						return nil, err
+					}
 				}
 			}
 		}

@@ -244,10 +244,14 @@ func (pl *planner) addOutputs(s *stage.Seq, p *plan) error {
 // prefill says some of the step's tiles are whole prefill tiles, so
 // attention runs the prefill kernel on those, and allTiles that every row
 // is in one, so the per-row kernel is not launched (eager steps only: a
-// captured shape has both false).
+// captured shape has both false). decode says every token row is the one
+// token of its sequence (an eager batch of such, or a uniform decode key
+// of query length 1), so attention may rotate and cache this step's keys
+// itself (Stage.ropeInAttention).
 type shape struct {
 	tokens, rows, sampled int
 	prefill, allTiles     bool
+	decode                bool
 }
 
 // prefillTiles reports whether the first T rows of description w make a

@@ -433,9 +433,10 @@ type attnPlan struct {
 }
 
 // attnLaunch is attention's launch for a step: the kernel, its block,
-// dynamic shared memory, splits and least part.
+// dynamic shared memory, splits and least part; ropeName, when not empty,
+// the kernel's form that also rotates and caches q|k|v (decode steps).
 type attnLaunch struct {
-	name             string
+	name, ropeName   string
 	threads, smem    int
 	splits, minChunk int
 }
@@ -478,8 +479,8 @@ func (a attnPlan) launch(t int) attnLaunch {
 		if a.gqaWarps > 0 {
 			w = a.gqaWarps
 		}
-		return attnLaunch{name: gqaName(a.hd, w), threads: 32 * w, smem: gqaSmem(a.hd, w),
-			splits: max(1, min(attnMaxSplits, a.sms/units)), minChunk: gqaStages * 16 * w}
+		return attnLaunch{name: gqaName(a.hd, w, false), ropeName: gqaName(a.hd, w, true), threads: 32 * w,
+			smem: gqaSmem(a.hd, w), splits: max(1, min(attnMaxSplits, a.sms/units)), minChunk: gqaStages * 16 * w}
 	}
 	w, target, chunk := 4, a.sms*attnBlocksPerSM, 64
 	if units <= a.sms && attentionSmem(a.rmax, 16, a.hd) <= 48<<10 {

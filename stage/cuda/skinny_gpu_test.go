@@ -1,6 +1,7 @@
 package cuda
 
 import (
+	"bytes"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -1105,4 +1106,153 @@ func (r *kernelRig) timeGraph(t *testing.T, reps int, launch func(i int) error) 
 	}
 	slices.Sort(times)
 	return times[len(times)/2]
+}
+
+// TestAttentionRopeKernel checks attention_gqa_rope_* against what it
+// replaces, rope_qkv then attention_gqa_*, bit for bit: the outputs (fp32
+// and the bf16 pair) and both caches. Decode rows at contexts that make one
+// part and several, the new key in a part's first tiles and past them; with
+// and without remainder rows and a bias.
+func TestAttentionRopeKernel(t *testing.T) {
+	r := newKernelRig(t)
+	for _, tc := range []struct {
+		nh, nkv, hd int
+		ctx         []int
+		splits      []int
+	}{
+		{32, 8, 64, []int{1, 17, 300, 1000}, []int{1, 3, 16}},
+		{32, 8, 128, []int{5, 64, 129, 700}, []int{1, 2, 16}},
+		{14, 2, 64, []int{2, 100, 513}, []int{1, 4}},
+	} {
+		for _, sp := range tc.splits {
+			for _, w := range gqaWarps {
+				for _, lo := range []bool{false, true} {
+					bias := tc.nh == 14
+					t.Run(fmt.Sprintf("h%d-kv%d-d%d-s%d-w%d-lo%v-bias%v", tc.nh, tc.nkv, tc.hd, sp, w, lo, bias), func(t *testing.T) {
+						checkAttentionRope(t, r, tc.nh, tc.nkv, tc.hd, tc.ctx, sp, w, lo, bias)
+					})
+				}
+			}
+		}
+	}
+}
+
+func checkAttentionRope(t *testing.T, r *kernelRig, nh, nkv, hd int, ctx []int, splits, w int, lo, withBias bool) {
+	a := newAttnSetup(t, r, nh, nkv, hd, decodeSeqs(ctx), splits)
+	a.plan.gqa, a.plan.gqaWarps = true, w
+	al := a.plan.launch(a.tok)
+	T := a.tok
+	width := (nh + 2*nkv) * hd
+	qkv := r.alloc(t, 2*T*width*4)
+	r.fill(t, qkv, 2*T*width, false, 1, 0)
+	var bias gpu.DevicePtr
+	if withBias {
+		bias = r.alloc(t, width*2)
+		r.fill(t, bias, width, true, 0.5, 0)
+	}
+	m := &model.Config{NumHeads: nh, NumKVHeads: nkv, HeadDim: hd, RopeTheta: 500000}
+	inv := r.alloc(t, hd/2*4)
+	r.upload(t, inv, gpu.AsBytes(invFreq(m)))
+	rowsOf := make([]int32, T)
+	for ti, n := range a.ctx {
+		p := n - 1
+		rowsOf[ti] = a.tab[a.seq[ti]][p/a.bs]*int32(a.bs) + int32(p%a.bs)
+	}
+	cacheRow := r.alloc(t, 4*T)
+	r.upload(t, cacheRow, gpu.AsBytes(rowsOf))
+	rows := 0
+	for _, tab := range a.tab {
+		rows += len(tab) * a.bs
+	}
+	cacheBytes := rows * nkv * hd * 2
+	k0, v0 := r.alloc(t, cacheBytes), r.alloc(t, cacheBytes)
+	loRows := 0
+	if lo {
+		loRows = T
+	}
+	scale := float32(1 / math.Sqrt(float64(hd)))
+	// run launches the two kernels (fused false) or the one, from the
+	// caches as filled, and returns the outputs and caches.
+	run := func(fused bool) (out []float32, outB, kc, vc []float64) {
+		r.poison(t, a.out, T*nh*hd*4)
+		r.poison(t, a.outB, 2*T*nh*hd*2)
+		r.poison(t, a.q, T*nh*hd*4)
+		err := r.dev.Do(func() error {
+			if err := gpu.CopyDtoDAsync(a.kc, k0, cacheBytes, r.st); err != nil {
+				return err
+			}
+			if err := gpu.CopyDtoDAsync(a.vc, v0, cacheBytes, r.st); err != nil {
+				return err
+			}
+			if !fused {
+				args := r.args.Reset().Ptr(qkv).Int32(int32(loRows)).Ptr(bias).Ptr(inv).Ptr(a.pos).Ptr(cacheRow).
+					Ptr(a.q).Ptr(a.kc).Ptr(a.vc).Int32(int32(nh)).Int32(int32(nkv)).Int32(int32(hd))
+				pairs := (nh + nkv) * hd / 2
+				grid := gpu.Dim3{X: uint32(T), Y: uint32((pairs + ropeThreads - 1) / ropeThreads)}
+				if err := r.fn[kRopeQKV].Launch(grid, gpu.Dim3{X: ropeThreads}, 0, r.st, args); err != nil {
+					return err
+				}
+			}
+			name := al.name
+			args := r.args.Reset().Ptr(a.q).Ptr(a.kc).Ptr(a.vc).Ptr(a.out).Ptr(a.outB).Int32(int32(loRows)).
+				Ptr(a.tables).Ptr(a.tabOff).Ptr(a.pos).Int32(int32(a.bs)).Int32(int32(nh)).Int32(int32(nkv)).Int32(int32(hd)).
+				Float32(scale).Int32(int32(splits)).Int32(int32(al.minChunk)).Ptr(a.part).Ptr(a.partML).Ptr(a.counts).Int32(0)
+			if fused {
+				name = al.ropeName
+				args.Ptr(qkv).Ptr(bias).Ptr(inv).Ptr(cacheRow)
+			}
+			grid := gpu.Dim3{X: uint32(T), Y: uint32(nkv), Z: uint32(splits)}
+			if err := r.fn[name].LaunchDependent(grid, gpu.Dim3{X: uint32(al.threads)}, al.smem, r.st, args); err != nil {
+				return err
+			}
+			return r.st.Synchronize()
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r.f32s(t, a.out, T*nh*hd), r.bf16s(t, a.outB, 2*T*nh*hd), r.bf16s(t, a.kc, cacheBytes/2), r.bf16s(t, a.vc, cacheBytes/2)
+	}
+	// The caches as a step finds them: earlier keys random, this step's
+	// rows poisoned (NaN), so that a key not written is seen.
+	r.fill(t, k0, cacheBytes/2, true, 1, 0)
+	r.fill(t, v0, cacheBytes/2, true, 1, 0)
+	nan := bytes.Repeat([]byte{0xff}, nkv*hd*2)
+	for _, row := range rowsOf {
+		off := gpu.DevicePtr(int(row) * nkv * hd * 2)
+		r.upload(t, k0+off, nan)
+		r.upload(t, v0+off, nan)
+	}
+	wantOut, wantB, wantK, wantV := run(false)
+	gotOut, gotB, gotK, gotV := run(true)
+	compare := func(what string, got, want []float64) {
+		t.Helper()
+		bad := 0
+		for i := range want {
+			if math.Float64bits(got[i]) != math.Float64bits(want[i]) {
+				if bad < 3 {
+					t.Errorf("%s[%d] = %v, want %v (rope_qkv then attention)", what, i, got[i], want[i])
+				}
+				bad++
+			}
+		}
+		if bad > 0 {
+			t.Errorf("%s: %d of %d differ", what, bad, len(want))
+		}
+	}
+	o64 := func(v []float32) []float64 {
+		out := make([]float64, len(v))
+		for i, x := range v {
+			out[i] = float64(x)
+		}
+		return out
+	}
+	for i, x := range wantOut {
+		if math.IsNaN(float64(x)) {
+			t.Fatalf("reference output %d is NaN: the test's setup is wrong", i)
+		}
+	}
+	compare("fp32 output", o64(gotOut), o64(wantOut))
+	compare("bf16 output pair", gotB, wantB)
+	compare("K cache", gotK, wantK)
+	compare("V cache", gotV, wantV)
 }

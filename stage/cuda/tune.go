@@ -93,7 +93,7 @@ func (s *Stage) trySkinny(T int) (SkinnyTrial, error) {
 	tr := SkinnyTrial{Tokens: T}
 	lay := s.pl.lay
 	f := &s.fl[s.oldest]
-	sh := shape{tokens: T}
+	sh := shape{tokens: T, decode: true} // each padding row its own sequence, as in decode steps
 	if s.last {
 		sh.rows = min(T, lay.maxLogitRows)
 	}

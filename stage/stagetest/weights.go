@@ -33,8 +33,8 @@ type Shape struct {
 }
 
 // Shapes returns the small model shapes the suite runs every backend on.
-// Every shape has two layers except "llama-4layers", which the split tests
-// use. MaxPositions is 512 throughout.
+// Every shape has two layers except "llama-4layers" (the last), which the
+// split tests use. MaxPositions is 512 throughout.
 func Shapes() []Shape {
 	base := func(heads, kvHeads, headDim, hidden, inter, vocab int) model.Config {
 		return model.Config{
@@ -73,12 +73,21 @@ func Shapes() []Shape {
 	four := base(4, 2, 16, 64, 128, 113)
 	four.NumLayers = 4
 
+	// Head dim 64: the CUDA backend's tensor-core attention (and, in
+	// decode steps on its GEMM path, the rotary embedding and cache write
+	// folded into it), with a bias and remainder rows.
+	d64 := base(4, 2, 64, 96, 160, 109)
+	d64.Arch = model.ArchQwen2
+	d64.AttentionBias = true
+	d64.DType = "bfloat16"
+
 	return []Shape{
 		{"llama-mha-f32", mha, safetensors.F32},
 		{"llama-gqa2-tied-bf16", gqa2, safetensors.BF16},
 		{"llama3-rope-scaled-gqa4-f16", scaled, safetensors.F16},
 		{"llama-gqa7-f32", gqa7, safetensors.F32},
 		{"qwen2-bias-gqa7-tied-bf16", qwen, safetensors.BF16},
+		{"qwen2-bias-gqa2-d64-bf16", d64, safetensors.BF16},
 		{"llama-4layers", four, safetensors.F32},
 	}
 }

@@ -25,6 +25,17 @@
 // (gqaSmem: each stage's K and V tiles, then the warps' states).
 // Parameters: ATT_PARAMS (hd must be HD). Needs sm_80 (the host launches
 // it only there).
+//
+// attention_gqa_rope_d<HD>_w<W> also does rope_qkv's work, for a step
+// whose every token row is the one token of its sequence (a decode step):
+// with GQA_ROPE_PARAMS (the q|k|v projection's fp32 rows qkv in two halves
+// lo rows apart, as rope_qkv takes them; q unused), each block rotates its
+// R query heads' rows into shared memory, and the block of the part that
+// holds this step's key (the sequence's last) rotates it, writes it and
+// the value to the cache at cache_row[t] and into its tile. No block reads
+// another row's key of this step, so no kernel between the projection and
+// attention is needed: one launch a layer fewer. The arithmetic is
+// rope_qkv's, so the results are the same bit for bit.
 #define GQA_STAGES 2
 
 // ldsm_x4 loads four 8x8 bf16 matrices from shared memory, lanes 8m..8m+7
@@ -79,8 +90,12 @@ __device__ __forceinline__ void tc_softmax_row(float (&sc)[NK][4], float (&o)[ND
     }
 }
 
-template <int HD, int W>
-__device__ __forceinline__ void gqa_body(ATT_PARAMS) {
+// GQA_ROPE_PARAMS: rope_qkv's inputs after ATT_PARAMS.
+#define GQA_ROPE_PARAMS \
+    ATT_PARAMS, const float *qkv, const bf16 *bias, const float *inv_freq, const int *cache_row
+
+template <int HD, int W, bool ROPE>
+__device__ __forceinline__ void gqa_body(GQA_ROPE_PARAMS) {
     constexpr int KS = HD / 16;     // k-steps of q·Kᵀ
     constexpr int ND = HD / 8;      // column tiles of the output
     constexpr int RS = HD + 8;      // shared row stride in bf16
@@ -109,7 +124,8 @@ __device__ __forceinline__ void gqa_body(ATT_PARAMS) {
         return;
     }
     const int jb = sp * chunk, je = min(n, jb + chunk);
-    const int fresh = n - (int)gridDim.x;  // keys this step may write: from here on
+    // Keys this step may write: from here on (with ROPE, only its own).
+    const int fresh = ROPE ? n - 1 : n - (int)gridDim.x;
     const int* tab = tables + table_off[t];
     const int kvdim = nkv * HD;
 
@@ -140,13 +156,74 @@ __device__ __forceinline__ void gqa_body(ATT_PARAMS) {
         }
     }
     pdl_wait();
+    // With ROPE: the rotated q rows (scaled), and this step's key and value
+    // written by this block (see above) instead of copied.
+    __shared__ float qs[ROPE ? 8 * HD : 1];
+    if (ROPE) {
+        constexpr int half = HD / 2;
+        const size_t width = (size_t)(nh + 2 * nkv) * HD;
+        const float* row = qkv + (size_t)t * width;
+        const float* row2 = qkv + (size_t)(t + lo) * width;
+        const int items = (R + (je == n ? 1 : 0)) * half;
+        const int kj = n - 1 - jb;  // this step's key in the part's first tiles, if < S * KEYS
+        for (int e = tid; e < items; e += NT) {
+            const int r = e / half, i = e % half;
+            const int off = r < R ? (kh * R + r) * HD : (nh + kh) * HD;
+            float x1 = ldcg(row + off + i), x2 = ldcg(row + off + i + half);
+            if (lo) {
+                x1 += ldcg(row2 + off + i);
+                x2 += ldcg(row2 + off + i + half);
+            }
+            if (bias) {
+                x1 += bf2f(bias[off + i]);
+                x2 += bf2f(bias[off + i + half]);
+            }
+            float sn, cs;
+            sincosf((float)pos[t] * inv_freq[i], &sn, &cs);
+            const float y1 = x1 * cs - x2 * sn;
+            const float y2 = x2 * cs + x1 * sn;
+            if (r < R) {
+                qs[r * HD + i] = y1;
+                qs[r * HD + i + half] = y2;
+                continue;
+            }
+            const int voff = (nh + nkv) * HD + kh * HD;
+            float v1 = ldcg(row + voff + i), v2 = ldcg(row + voff + i + half);
+            if (lo) {
+                v1 += ldcg(row2 + voff + i);
+                v2 += ldcg(row2 + voff + i + half);
+            }
+            if (bias) {
+                v1 += bf2f(bias[voff + i]);
+                v2 += bf2f(bias[voff + i + half]);
+            }
+            const bf16 k1 = f2bf(y1), k2 = f2bf(y2), w1 = f2bf(v1), w2 = f2bf(v2);
+            const size_t dst = ((size_t)cache_row[t] * nkv + kh) * HD;
+            bf16* kc = (bf16*)kcache;  // ATT_PARAMS's caches are read-only elsewhere
+            bf16* vc = (bf16*)vcache;
+            kc[dst + i] = k1;
+            kc[dst + i + half] = k2;
+            vc[dst + i] = w1;
+            vc[dst + i + half] = w2;
+            if (kj < S * KEYS) {
+                bf16* kt = (bf16*)gqa_sm + (size_t)(kj / KEYS) * 2 * (TILE / 2) + (kj % KEYS) * RS;
+                kt[i] = k1;
+                kt[i + half] = k2;
+                kt[TILE / 2 + i] = w1;
+                kt[TILE / 2 + i + half] = w2;
+            }
+        }
+    }
 #pragma unroll
     for (int st = 0; st < S; st++) {
         if (jb + st * KEYS < je) {
-            issue(jb + st * KEYS, st, max(jb, fresh), je, true);
+            issue(jb + st * KEYS, st, ROPE ? je : max(jb, fresh), je, true);
         }
     }
     cp_async_commit();
+    if (ROPE) {
+        __syncthreads();  // qs and this step's key are in
+    }
 
     unsigned qh[KS][4], ql[KS][4];
 #pragma unroll
@@ -156,9 +233,14 @@ __device__ __forceinline__ void gqa_body(ATT_PARAMS) {
             const int row = g + (i & 1) * 8, col = 16 * s + 2 * c + (i >> 1) * 8;
             float v0 = 0.f, v1 = 0.f;
             if (row < R) {
-                const float* qp = q + ((size_t)t * nh + kh * R + row) * HD + col;
-                v0 = ldcg(qp) * scale;
-                v1 = ldcg(qp + 1) * scale;
+                if (ROPE) {
+                    v0 = qs[row * HD + col] * scale;
+                    v1 = qs[row * HD + col + 1] * scale;
+                } else {
+                    const float* qp = q + ((size_t)t * nh + kh * R + row) * HD + col;
+                    v0 = ldcg(qp) * scale;
+                    v1 = ldcg(qp + 1) * scale;
+                }
             }
             qh[s][i] = pack_bf16(v0, v1);
             ql[s][i] = pack_bf16(v0 - lo_bf16(qh[s][i]), v1 - hi_bf16(qh[s][i]));
@@ -269,7 +351,27 @@ __device__ __forceinline__ void gqa_body(ATT_PARAMS) {
     }
 }
 
-extern "C" __global__ void __launch_bounds__(128) attention_gqa_d64_w4(ATT_PARAMS) { gqa_body<64, 4>(ATT_ARGS); }
-extern "C" __global__ void __launch_bounds__(256) attention_gqa_d64_w8(ATT_PARAMS) { gqa_body<64, 8>(ATT_ARGS); }
-extern "C" __global__ void __launch_bounds__(128) attention_gqa_d128_w4(ATT_PARAMS) { gqa_body<128, 4>(ATT_ARGS); }
-extern "C" __global__ void __launch_bounds__(256) attention_gqa_d128_w8(ATT_PARAMS) { gqa_body<128, 8>(ATT_ARGS); }
+extern "C" __global__ void __launch_bounds__(128) attention_gqa_d64_w4(ATT_PARAMS) {
+    gqa_body<64, 4, false>(ATT_ARGS, nullptr, nullptr, nullptr, nullptr);
+}
+extern "C" __global__ void __launch_bounds__(256) attention_gqa_d64_w8(ATT_PARAMS) {
+    gqa_body<64, 8, false>(ATT_ARGS, nullptr, nullptr, nullptr, nullptr);
+}
+extern "C" __global__ void __launch_bounds__(128) attention_gqa_d128_w4(ATT_PARAMS) {
+    gqa_body<128, 4, false>(ATT_ARGS, nullptr, nullptr, nullptr, nullptr);
+}
+extern "C" __global__ void __launch_bounds__(256) attention_gqa_d128_w8(ATT_PARAMS) {
+    gqa_body<128, 8, false>(ATT_ARGS, nullptr, nullptr, nullptr, nullptr);
+}
+extern "C" __global__ void __launch_bounds__(128) attention_gqa_rope_d64_w4(GQA_ROPE_PARAMS) {
+    gqa_body<64, 4, true>(ATT_ARGS, qkv, bias, inv_freq, cache_row);
+}
+extern "C" __global__ void __launch_bounds__(256) attention_gqa_rope_d64_w8(GQA_ROPE_PARAMS) {
+    gqa_body<64, 8, true>(ATT_ARGS, qkv, bias, inv_freq, cache_row);
+}
+extern "C" __global__ void __launch_bounds__(128) attention_gqa_rope_d128_w4(GQA_ROPE_PARAMS) {
+    gqa_body<128, 4, true>(ATT_ARGS, qkv, bias, inv_freq, cache_row);
+}
+extern "C" __global__ void __launch_bounds__(256) attention_gqa_rope_d128_w8(GQA_ROPE_PARAMS) {
+    gqa_body<128, 8, true>(ATT_ARGS, qkv, bias, inv_freq, cache_row);
+}
