@@ -68,9 +68,33 @@ func uniformDecode(b *stage.Batch) bool {
 // run at the padded size, so the logits agree within 1e-2 relative and the
 // tokens wherever the eager top-2 gap is decisive. Every step's inputs are
 // the eager stage's tokens (teacher forcing), so any damage the padding did
-// to another sequence's KV cache would show in later steps.
+// to another sequence's KV cache would show in later steps. Twice: on the
+// suite's four-layer shape, and on a four-layer model of head dim 64, whose
+// attention runs on the tensor cores (with the rotary embedding and cache
+// write folded in for decode steps on the GEMM path: eager decodes and
+// FULL decode graphs, padded, against the unfolded steps of prefills and
+// PIECEWISE graphs).
 func TestGraphsMatchEager(t *testing.T) {
-	sh, w := fourLayers(t, 31)
+	t.Run("hd16", func(t *testing.T) {
+		sh, w := fourLayers(t, 31)
+		testGraphsMatchEager(t, sh, w)
+	})
+	t.Run("hd64", func(t *testing.T) {
+		var sh stagetest.Shape
+		for _, s := range stagetest.Shapes() {
+			if s.Model.HeadDim == 64 {
+				sh = s
+			}
+		}
+		if sh.Name == "" {
+			t.Fatal("no head-dim-64 shape in stagetest.Shapes")
+		}
+		sh.Model.NumLayers = 4
+		testGraphsMatchEager(t, sh, stagetest.RandomWeights(&sh.Model, sh.DType, 31))
+	})
+}
+
+func testGraphsMatchEager(t *testing.T, sh stagetest.Shape, w stagetest.TensorSource) {
 	m := sh.Model
 	cfg := func(lo, hi int) Config {
 		return Config{Model: &m, Lo: lo, Hi: hi, Weights: w, MaxTokens: 64, MaxSeqs: 8, MaxLogitRows: 64, MaxSeqLen: 128, GraphDebug: true}
