@@ -245,3 +245,29 @@ __device__ void block_argmax(float* v, int* i, float* shv, int* shi) {
     *v = shv[0];
     *i = shi[0];
 }
+
+// rope_rotate turns the rotary pair (x1, x2) of a head (elements i and
+// i + head_dim/2: Hugging Face's rotate_half layout) by the angle
+// pos * inv_freq[i]. Every kernel that applies the rotary embedding does it
+// here, so that their results agree bit for bit.
+__device__ __forceinline__ void rope_rotate(float& x1, float& x2, int pos, float inv_freq_i) {
+    float s, c;
+    sincosf((float)pos * inv_freq_i, &s, &c);
+    const float y1 = x1 * c - x2 * s;
+    x2 = x2 * c + x1 * s;
+    x1 = y1;
+}
+
+// qkv_in is element i of a q|k|v projection row as the GEMM path leaves
+// it: its two halves added (row, and row2 when lo: the remainders' rows)
+// and the bias, when there is one.
+__device__ __forceinline__ float qkv_in(const float* row, const float* row2, int lo, const bf16* bias, int i) {
+    float x = ldcg(row + i);
+    if (lo) {
+        x += ldcg(row2 + i);
+    }
+    if (bias) {
+        x += bf2f(bias[i]);
+    }
+    return x;
+}

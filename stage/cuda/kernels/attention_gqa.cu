@@ -169,34 +169,15 @@ __device__ __forceinline__ void gqa_body(GQA_ROPE_PARAMS) {
         for (int e = tid; e < items; e += NT) {
             const int r = e / half, i = e % half;
             const int off = r < R ? (kh * R + r) * HD : (nh + kh) * HD;
-            float x1 = ldcg(row + off + i), x2 = ldcg(row + off + i + half);
-            if (lo) {
-                x1 += ldcg(row2 + off + i);
-                x2 += ldcg(row2 + off + i + half);
-            }
-            if (bias) {
-                x1 += bf2f(bias[off + i]);
-                x2 += bf2f(bias[off + i + half]);
-            }
-            float sn, cs;
-            sincosf((float)pos[t] * inv_freq[i], &sn, &cs);
-            const float y1 = x1 * cs - x2 * sn;
-            const float y2 = x2 * cs + x1 * sn;
+            float y1 = qkv_in(row, row2, lo, bias, off + i), y2 = qkv_in(row, row2, lo, bias, off + i + half);
+            rope_rotate(y1, y2, pos[t], inv_freq[i]);
             if (r < R) {
                 qs[r * HD + i] = y1;
                 qs[r * HD + i + half] = y2;
                 continue;
             }
             const int voff = (nh + nkv) * HD + kh * HD;
-            float v1 = ldcg(row + voff + i), v2 = ldcg(row + voff + i + half);
-            if (lo) {
-                v1 += ldcg(row2 + voff + i);
-                v2 += ldcg(row2 + voff + i + half);
-            }
-            if (bias) {
-                v1 += bf2f(bias[voff + i]);
-                v2 += bf2f(bias[voff + i + half]);
-            }
+            const float v1 = qkv_in(row, row2, lo, bias, voff + i), v2 = qkv_in(row, row2, lo, bias, voff + i + half);
             const bf16 k1 = f2bf(y1), k2 = f2bf(y2), w1 = f2bf(v1), w2 = f2bf(v2);
             const size_t dst = ((size_t)cache_row[t] * nkv + kh) * HD;
             bf16* kc = (bf16*)kcache;  // ATT_PARAMS's caches are read-only elsewhere
@@ -351,27 +332,20 @@ __device__ __forceinline__ void gqa_body(GQA_ROPE_PARAMS) {
     }
 }
 
-extern "C" __global__ void __launch_bounds__(128) attention_gqa_d64_w4(ATT_PARAMS) {
-    gqa_body<64, 4, false>(ATT_ARGS, nullptr, nullptr, nullptr, nullptr);
-}
-extern "C" __global__ void __launch_bounds__(256) attention_gqa_d64_w8(ATT_PARAMS) {
-    gqa_body<64, 8, false>(ATT_ARGS, nullptr, nullptr, nullptr, nullptr);
-}
-extern "C" __global__ void __launch_bounds__(128) attention_gqa_d128_w4(ATT_PARAMS) {
-    gqa_body<128, 4, false>(ATT_ARGS, nullptr, nullptr, nullptr, nullptr);
-}
-extern "C" __global__ void __launch_bounds__(256) attention_gqa_d128_w8(ATT_PARAMS) {
-    gqa_body<128, 8, false>(ATT_ARGS, nullptr, nullptr, nullptr, nullptr);
-}
-extern "C" __global__ void __launch_bounds__(128) attention_gqa_rope_d64_w4(GQA_ROPE_PARAMS) {
-    gqa_body<64, 4, true>(ATT_ARGS, qkv, bias, inv_freq, cache_row);
-}
-extern "C" __global__ void __launch_bounds__(256) attention_gqa_rope_d64_w8(GQA_ROPE_PARAMS) {
-    gqa_body<64, 8, true>(ATT_ARGS, qkv, bias, inv_freq, cache_row);
-}
-extern "C" __global__ void __launch_bounds__(128) attention_gqa_rope_d128_w4(GQA_ROPE_PARAMS) {
-    gqa_body<128, 4, true>(ATT_ARGS, qkv, bias, inv_freq, cache_row);
-}
-extern "C" __global__ void __launch_bounds__(256) attention_gqa_rope_d128_w8(GQA_ROPE_PARAMS) {
-    gqa_body<128, 8, true>(ATT_ARGS, qkv, bias, inv_freq, cache_row);
-}
+#define GQA_ENTRY(name, hd, w)                                                           \
+    extern "C" __global__ void __launch_bounds__(w * 32) name(ATT_PARAMS) {              \
+        gqa_body<hd, w, false>(ATT_ARGS, nullptr, nullptr, nullptr, nullptr);            \
+    }
+#define GQA_ROPE_ENTRY(name, hd, w)                                                      \
+    extern "C" __global__ void __launch_bounds__(w * 32) name(GQA_ROPE_PARAMS) {         \
+        gqa_body<hd, w, true>(ATT_ARGS, qkv, bias, inv_freq, cache_row);                 \
+    }
+
+GQA_ENTRY(attention_gqa_d64_w4, 64, 4)
+GQA_ENTRY(attention_gqa_d64_w8, 64, 8)
+GQA_ENTRY(attention_gqa_d128_w4, 128, 4)
+GQA_ENTRY(attention_gqa_d128_w8, 128, 8)
+GQA_ROPE_ENTRY(attention_gqa_rope_d64_w4, 64, 4)
+GQA_ROPE_ENTRY(attention_gqa_rope_d64_w8, 64, 8)
+GQA_ROPE_ENTRY(attention_gqa_rope_d128_w4, 128, 4)
+GQA_ROPE_ENTRY(attention_gqa_rope_d128_w8, 128, 8)

@@ -323,12 +323,7 @@ struct Gemv {
                     x2 += bf2f(bias[row + half]);
                 }
                 if (hh < nh + nkv) {
-                    float sn, cs;
-                    sincosf((float)pos[col] * inv_freq[i], &sn, &cs);
-                    float y1 = x1 * cs - x2 * sn;
-                    float y2 = x2 * cs + x1 * sn;
-                    x1 = y1;
-                    x2 = y2;
+                    rope_rotate(x1, x2, pos[col], inv_freq[i]);
                 }
                 if (hh < nh) {
                     out[(size_t)col * ldo + row] = x1;

@@ -247,12 +247,7 @@ __device__ __forceinline__ void gemvf_body(GEMVF_PARAMS) {
                         v2 += bf2f(bias[row + half]);
                     }
                     if (hh < nh + nkv) {
-                        float sn, cs;
-                        sincosf((float)pos[tt] * inv_freq[i], &sn, &cs);
-                        float y1 = v1 * cs - v2 * sn;
-                        float y2 = v2 * cs + v1 * sn;
-                        v1 = y1;
-                        v2 = y2;
+                        rope_rotate(v1, v2, pos[tt], inv_freq[i]);
                     }
                     if (hh < nh) {
                         out[(size_t)tt * ldo + row] = v1;

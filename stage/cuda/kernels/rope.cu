@@ -22,19 +22,8 @@ extern "C" __global__ void rope_qkv(const float* qkv, int lo, const bf16* bias,
     const float* row = qkv + t * width;
     const float* row2 = qkv + (t + lo) * width;
     int off = h * hd;
-    float x1 = row[off + i], x2 = row[off + i + half];
-    if (lo) {
-        x1 += row2[off + i];
-        x2 += row2[off + i + half];
-    }
-    if (bias) {
-        x1 += bf2f(bias[off + i]);
-        x2 += bf2f(bias[off + i + half]);
-    }
-    float s, c;
-    sincosf((float)pos[t] * inv_freq[i], &s, &c);
-    float y1 = x1 * c - x2 * s;
-    float y2 = x2 * c + x1 * s;
+    float y1 = qkv_in(row, row2, lo, bias, off + i), y2 = qkv_in(row, row2, lo, bias, off + i + half);
+    rope_rotate(y1, y2, pos[t], inv_freq[i]);
     if (h < nh) {
         float* q = q_out + ((size_t)t * nh + h) * hd;
         q[i] = y1;
@@ -46,15 +35,7 @@ extern "C" __global__ void rope_qkv(const float* qkv, int lo, const bf16* bias,
     kcache[dst + i] = f2bf(y1);
     kcache[dst + i + half] = f2bf(y2);
     int voff = (nh + nkv) * hd + kh * hd;
-    float v1 = row[voff + i], v2 = row[voff + i + half];
-    if (lo) {
-        v1 += row2[voff + i];
-        v2 += row2[voff + i + half];
-    }
-    if (bias) {
-        v1 += bf2f(bias[voff + i]);
-        v2 += bf2f(bias[voff + i + half]);
-    }
+    float v1 = qkv_in(row, row2, lo, bias, voff + i), v2 = qkv_in(row, row2, lo, bias, voff + i + half);
     vcache[dst + i] = f2bf(v1);
     vcache[dst + i + half] = f2bf(v2);
 }
