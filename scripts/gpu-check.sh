@@ -286,8 +286,18 @@ if [ -z "$quick" ]; then
 		left=$((${HF_BUDGET:-540} - SECONDS))
 		((left > 30)) || { echo "no time left for $shape" | tee -a "$LOG"; status=1; continue; }
 		[ "$shape" = llama1b ] && left=$((left * 2 / 5))
-		timeout "$left" python3 "$HERE/hf_bench.py" --shape "$shape" --batches 1,32 --runs 1 --steps 64 \
-			--out "$WORK/$shape.bench.json" 2>&1 | grep -v Warning | tee -a "$LOG" || status=1
+		# The figures to beat are torch.compile's (measured first); eager
+		# and graph are informational, so a run the budget cuts after the
+		# compile figures costs only those.
+		if ! timeout "$left" python3 "$HERE/hf_bench.py" --shape "$shape" --batches 1,32 --runs 1 --steps 64 \
+			--out "$WORK/$shape.bench.json" 2>&1 | grep -v Warning | tee -a "$LOG"; then
+			if python3 -c 'import json,sys; d=json.load(open(sys.argv[1]))["decode_ms"]; sys.exit(0 if "compile_1" in d and "compile_32" in d else 1)' \
+				"$WORK/$shape.bench.json" 2>/dev/null; then
+				echo "$shape: transformers' bench cut short after its torch.compile figures (the rest is informational)" | tee -a "$LOG"
+			else
+				status=1
+			fi
+		fi
 	done
 fi
 
