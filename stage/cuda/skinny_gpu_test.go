@@ -786,9 +786,7 @@ func (a *attnSetup) launch(r *kernelRig, splits int, dep bool) error {
 		whole = 1
 	}
 	scale := float32(1 / math.Sqrt(float64(a.hd)))
-	args := r.args.Reset().Ptr(a.q).Ptr(a.kc).Ptr(a.vc).Ptr(a.out).Ptr(a.outB).Int32(int32(a.tok)).
-		Ptr(a.tables).Ptr(a.tabOff).Ptr(a.pos).Int32(int32(a.bs)).Int32(int32(a.nh)).Int32(int32(a.nkv)).Int32(int32(a.hd)).
-		Float32(scale).Int32(int32(splits)).Int32(int32(al.minChunk)).Ptr(a.part).Ptr(a.partML).Ptr(a.counts).Int32(int32(whole))
+	args := a.args(r, al, splits, a.tok, whole)
 	grid := gpu.Dim3{X: uint32(a.tok), Y: uint32(a.nkv * groups), Z: uint32(splits)}
 	launch := func(f gpu.Function, grid, block gpu.Dim3, smem int, args *gpu.KernelArgs) error {
 		if dep {
@@ -804,6 +802,15 @@ func (a *attnSetup) launch(r *kernelRig, splits int, dep bool) error {
 		Float32(scale).Int32(int32(a.tok))
 	grid = gpu.Dim3{X: uint32((a.tok + prefillTile - 1) / prefillTile), Y: uint32(a.nh)}
 	return launch(r.fn[prefillName(a.hd)], grid, gpu.Dim3{X: prefillThreads}, 0, args)
+}
+
+// args are the per-row and tensor-core kernels' ATT_PARAMS for launch al
+// in splits parts, the outputs' remainder rows lo on.
+func (a *attnSetup) args(r *kernelRig, al attnLaunch, splits, lo, whole int) *gpu.KernelArgs {
+	scale := float32(1 / math.Sqrt(float64(a.hd)))
+	return r.args.Reset().Ptr(a.q).Ptr(a.kc).Ptr(a.vc).Ptr(a.out).Ptr(a.outB).Int32(int32(lo)).
+		Ptr(a.tables).Ptr(a.tabOff).Ptr(a.pos).Int32(int32(a.bs)).Int32(int32(a.nh)).Int32(int32(a.nkv)).Int32(int32(a.hd)).
+		Float32(scale).Int32(int32(splits)).Int32(int32(al.minChunk)).Ptr(a.part).Ptr(a.partML).Ptr(a.counts).Int32(int32(whole))
 }
 
 // attnVariant is a block size and least part of the per-row kernel, or
@@ -1170,7 +1177,6 @@ func checkAttentionRope(t *testing.T, r *kernelRig, nh, nkv, hd int, ctx []int, 
 	if lo {
 		loRows = T
 	}
-	scale := float32(1 / math.Sqrt(float64(hd)))
 	// run launches the two kernels (fused false) or the one, from the
 	// caches as filled, and returns the outputs and caches.
 	run := func(fused bool) (out []float32, outB, kc, vc []float64) {
@@ -1194,9 +1200,7 @@ func checkAttentionRope(t *testing.T, r *kernelRig, nh, nkv, hd int, ctx []int, 
 				}
 			}
 			name := al.name
-			args := r.args.Reset().Ptr(a.q).Ptr(a.kc).Ptr(a.vc).Ptr(a.out).Ptr(a.outB).Int32(int32(loRows)).
-				Ptr(a.tables).Ptr(a.tabOff).Ptr(a.pos).Int32(int32(a.bs)).Int32(int32(nh)).Int32(int32(nkv)).Int32(int32(hd)).
-				Float32(scale).Int32(int32(splits)).Int32(int32(al.minChunk)).Ptr(a.part).Ptr(a.partML).Ptr(a.counts).Int32(0)
+			args := a.args(r, al, splits, loRows, 0)
 			if fused {
 				name = al.ropeName
 				args.Ptr(qkv).Ptr(bias).Ptr(inv).Ptr(cacheRow)
