@@ -146,7 +146,8 @@ func hostPayload(h Header, b Buffer) ([]byte, error) {
 // Sender sends messages to the next stage, in order.
 type Sender interface {
 	// Send sends h.Bytes() bytes of b. It returns once the transport no
-	// longer needs b (for NCCL: once the send is ordered on the stream).
+	// longer needs b, or (an NCCL link ordered on its stage's stream) once
+	// the send is ordered on that stream, before anything that writes b.
 	Send(ctx context.Context, h Header, b Buffer) error
 	Close() error
 }
@@ -154,7 +155,9 @@ type Sender interface {
 // Receiver receives messages from the previous stage, in order.
 type Receiver interface {
 	// Recv receives the message h describes into b. A message whose header
-	// differs from h is an error.
+	// differs from h is an error. An NCCL link ordered on its stage's
+	// stream returns once the receive is ordered there, before the work
+	// that reads b.
 	Recv(ctx context.Context, h Header, b Buffer) error
 	Close() error
 }

@@ -149,7 +149,9 @@ func (c *cudaLib) deviceInfo(dev int32) (DeviceInfo, error) {
 // that should not pay a hop to the device goroutine per call. unlock
 // restores the thread's previous context and unlocks it. Work ordered this
 // way is ordered on streams like any other; keep it to queries and other
-// calls that need no serialization with the device goroutine.
+// calls that need no serialization with the device goroutine (such as an
+// NCCL transfer ordered on a stream that the caller's own program order
+// keeps apart from the device goroutine's work).
 func (d *Device) LockThread() (unlock func(), err error) {
 	c, err := driver()
 	if err != nil {

@@ -244,7 +244,7 @@ func (c *NCCLComm) live() (uintptr, error) {
 }
 
 // Send orders sending count elements at buf to rank peer on s (ncclSend).
-// Device goroutine only.
+// Device goroutine, or a thread of Device.LockThread.
 func (c *NCCLComm) Send(buf DevicePtr, count int, dt NCCLDataType, peer int, s Stream) error {
 	h, err := c.live()
 	if err != nil {
@@ -254,7 +254,7 @@ func (c *NCCLComm) Send(buf DevicePtr, count int, dt NCCLDataType, peer int, s S
 }
 
 // Recv orders receiving count elements from rank peer into buf on s
-// (ncclRecv). Device goroutine only.
+// (ncclRecv). Device goroutine, or a thread of Device.LockThread.
 func (c *NCCLComm) Recv(buf DevicePtr, count int, dt NCCLDataType, peer int, s Stream) error {
 	h, err := c.live()
 	if err != nil {
@@ -275,7 +275,9 @@ func NCCLGroupStart() error {
 
 // NCCLGroupEnd closes a group opened by NCCLGroupStart and issues its
 // calls. With non-blocking communicators the calls may still be in
-// progress when it returns (see NCCLComm.Ready). Device goroutine only.
+// progress when it returns (see NCCLComm.Ready). Device goroutine, or a
+// thread of Device.LockThread (the group is the thread's: open and close
+// it on the same one).
 func NCCLGroupEnd() error {
 	l, err := nccl()
 	if err != nil {

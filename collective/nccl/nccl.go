@@ -28,6 +28,14 @@ type Config struct {
 	Peer int
 	// Stream orders the transfers after the caller's work.
 	Stream gpu.Stream
+	// Ordered makes Send and Recv return once the transfer is on Stream,
+	// without waiting for it: Stream is then the stream of the work that
+	// writes what is sent and reads what is received (a CUDA stage's own),
+	// which stream order alone keeps from reusing a buffer too early. A
+	// transfer whose peer never comes holds Stream until the communicator
+	// is aborted, which its owner does when the pipeline ends. Otherwise
+	// (false) each transfer is waited for, within its ctx.
+	Ordered bool
 	// Spin is how long a transfer's wait checks for completion back to
 	// back before it starts to sleep between checks (default 10 ms;
 	// negative: it sleeps from the first check on). Waits in a running
@@ -95,42 +103,40 @@ func (e *endpoint) transfer(ctx context.Context, h collective.Header, b collecti
 	}
 	comm, s := e.cfg.Comm, e.cfg.Stream
 	spinUntil := time.Now().Add(e.cfg.Spin)
-	err := e.cfg.Device.Do(func() error {
-		if err := gpu.NCCLGroupStart(); err != nil {
-			return err
-		}
-		var opErr error
-		if e.verb == "send" {
-			opErr = comm.Send(db.Ptr(), n, gpu.NCCLUint8, e.cfg.Peer, s)
-		} else {
-			opErr = comm.Recv(db.Ptr(), n, gpu.NCCLUint8, e.cfg.Peer, s)
-		}
-		if err := gpu.NCCLGroupEnd(); opErr == nil {
-			opErr = err
-		}
-		if opErr != nil || comm.NonBlocking() {
-			return opErr
-		}
-		return e.done.Record(s)
-	})
+	// Order and wait on this goroutine's own thread with the context
+	// current: a hop to the device goroutine and back costs more than a
+	// small transfer takes. Only the caller uses the communicator.
+	unlock, err := e.cfg.Device.LockThread()
 	if err != nil {
 		return fmt.Errorf("%s: %w", what, e.fail(err))
 	}
-	if comm.NonBlocking() {
+	defer unlock()
+	if err := comm.AsyncError(); err != nil {
+		return fmt.Errorf("%s: %w", what, e.fail(err))
+	}
+	if err := gpu.NCCLGroupStart(); err != nil {
+		return fmt.Errorf("%s: %w", what, e.fail(err))
+	}
+	if e.verb == "send" {
+		err = comm.Send(db.Ptr(), n, gpu.NCCLUint8, e.cfg.Peer, s)
+	} else {
+		err = comm.Recv(db.Ptr(), n, gpu.NCCLUint8, e.cfg.Peer, s)
+	}
+	if gerr := gpu.NCCLGroupEnd(); err == nil {
+		err = gerr
+	}
+	if err == nil && comm.NonBlocking() {
 		// The group may still be connecting and issuing: the transfer is
 		// on the stream only once the communicator is ready.
-		if err := poll(ctx, spinUntil, e.cfg.Sleep, comm.Ready); err != nil {
-			return fmt.Errorf("%s: %w", what, e.fail(err))
-		}
-		if err := e.cfg.Device.Do(func() error { return e.done.Record(s) }); err != nil {
-			return fmt.Errorf("%s: %w", what, e.fail(err))
-		}
+		err = poll(ctx, spinUntil, e.cfg.Sleep, comm.Ready)
 	}
-	// Poll the event on this goroutine's own thread with the context
-	// current: a hop to the device goroutine per poll would cost more than
-	// a small transfer takes.
-	unlock, err := e.cfg.Device.LockThread()
 	if err != nil {
+		return fmt.Errorf("%s: %w", what, e.fail(err))
+	}
+	if e.cfg.Ordered {
+		return nil
+	}
+	if err := e.done.Record(s); err != nil {
 		return fmt.Errorf("%s: %w", what, e.fail(err))
 	}
 	err = poll(ctx, spinUntil, e.cfg.Sleep, func() (bool, error) {
@@ -140,7 +146,6 @@ func (e *endpoint) transfer(ctx context.Context, h collective.Header, b collecti
 		}
 		return false, comm.AsyncError()
 	})
-	unlock()
 	if err != nil {
 		return fmt.Errorf("%s: %w", what, e.fail(err))
 	}
@@ -219,7 +224,8 @@ func NewSender(cfg Config) (*Sender, error) {
 }
 
 // Send sends h.Bytes() bytes of b, which must be a DeviceBuffer, after the
-// work already ordered on the stream, and waits until the peer has them.
+// work already ordered on the stream, and waits until the peer has them
+// (Config.Ordered: until the send is on the stream).
 func (s *Sender) Send(ctx context.Context, h collective.Header, b collective.Buffer) error {
 	return s.e.transfer(ctx, h, b)
 }
@@ -241,8 +247,9 @@ func NewReceiver(cfg Config) (*Receiver, error) {
 }
 
 // Recv receives the message h describes into b, which must be a
-// DeviceBuffer, and waits until it is there. NCCL carries no header: h is
-// trusted.
+// DeviceBuffer, and waits until it is there (Config.Ordered: until the
+// receive is on the stream, before work ordered after it). NCCL carries
+// no header: h is trusted.
 func (r *Receiver) Recv(ctx context.Context, h collective.Header, b collective.Buffer) error {
 	return r.e.transfer(ctx, h, b)
 }

@@ -386,3 +386,73 @@ func FuzzDecodeUniqueID(f *testing.F) {
 		}
 	})
 }
+
+// TestOrdered checks a link ordered on its stream (Config.Ordered): the
+// transfers are on the stream when Send and Recv return, work ordered
+// after them sees the data, a transfer that has not completed does not
+// hold the caller, and once the communicator is aborted (as its owner does
+// when the pipeline ends) a transfer fails instead of being ordered.
+func TestOrdered(t *testing.T) {
+	for _, nonBlocking := range []bool{false, true} {
+		t.Run(fmt.Sprintf("nonblocking=%v", nonBlocking), func(t *testing.T) {
+			p := newPair(t, 1<<16, nonBlocking)
+			p.send.Close()
+			p.recv.Close()
+			var err error
+			if p.send, err = NewSender(Config{Device: p.dev, Comm: p.c0, Peer: 1, Stream: p.stream, Ordered: true}); err != nil {
+				t.Fatal(err)
+			}
+			if p.recv, err = NewReceiver(Config{Device: p.dev, Comm: p.c1, Peer: 0, Stream: p.stream, Ordered: true}); err != nil {
+				t.Fatal(err)
+			}
+			// The data, checked after a synchronisation of the stream: the
+			// transfers are waited for nowhere else.
+			ctx := context.Background()
+			h := collective.Header{Batch: 1, Rows: 3, Cols: 512, DType: collective.BF16}
+			data := make([]byte, h.Bytes())
+			for i := range data {
+				data[i] = byte(rand.Uint32())
+			}
+			if err := p.dev.Do(func() error { return gpu.CopyHtoD(p.src.Ptr(), data) }); err != nil {
+				t.Fatal(err)
+			}
+			if err := p.send.Send(ctx, h, p.src); err != nil {
+				t.Fatal(err)
+			}
+			if err := p.recv.Recv(ctx, h, p.dst); err != nil {
+				t.Fatal(err)
+			}
+			got := make([]byte, h.Bytes())
+			if err := p.dev.Do(func() error {
+				if err := p.stream.Synchronize(); err != nil {
+					return err
+				}
+				return gpu.CopyDtoH(got, p.dst.Ptr())
+			}); err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(got, data) {
+				t.Fatal("received data differs")
+			}
+			if !nonBlocking {
+				// A transfer that never completes (the stream stays busy):
+				// ordered, it returns at once, where a waiting link would
+				// run into the deadline.
+				mock.SetBusy(true)
+				tctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+				err := p.recv.Recv(tctx, h, p.dst)
+				cancel()
+				if err != nil {
+					t.Fatalf("ordered Recv on a busy stream = %v, want nil", err)
+				}
+				mock.SetBusy(false)
+			}
+			if err := p.c1.Abort(); err != nil {
+				t.Fatal(err)
+			}
+			if err := p.recv.Recv(ctx, h, p.dst); !errors.Is(err, gpu.ErrCommAborted) {
+				t.Fatalf("ordered Recv after abort = %v, want %v", err, gpu.ErrCommAborted)
+			}
+		})
+	}
+}

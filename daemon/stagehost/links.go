@@ -21,9 +21,11 @@ import (
 const handoffLink = "handoff->layer0"
 
 // gpuStage is what an NCCL link needs of a CUDA stage: the device it runs
-// on.
+// on, and the stream its steps run on, where the link orders its
+// transfers.
 type gpuStage interface {
 	Device() *gpu.Device
+	Stream() gpu.Stream
 }
 
 // ncclJoin is an NCCL communicator being joined in the background.
@@ -55,43 +57,55 @@ func (j *ncclJoin) wait() (*gpu.NCCLComm, error) {
 	return j.comm, j.err
 }
 
-// ncclLink is what an NCCL link owns besides its endpoint: a
-// communicator and a stream of its own. Each link orders its transfers on
-// its own stream, so that the transfers of a stage's links never queue
-// behind one another (the first transfers of two links must run at once
-// to connect them) and never behind the stage's own work (Forward has
-// finished before a transfer starts, and a transfer has completed before
-// Forward reads it).
+// ncclLink is what an NCCL link owns besides its endpoint: a communicator,
+// and a stream of its own for the warm-up transfer (warmUp), which is
+// waited for. Every later transfer is ordered on the stage's own stream
+// (nccl.Config.Ordered) and not waited for: a receive is ordered before
+// the step that reads it and a send after the step that wrote it, so the
+// host launches the step while the data is still on its way and goes on
+// as soon as a send is ordered, and the stream keeps each buffer from
+// being reused before its transfer is done. A transfer whose peer is gone
+// then holds the stage's stream, and the step waiting for it, until the
+// communicator is aborted: the link aborts it as soon as its assignment
+// ends (ctx), not only when it is closed after the worker returns.
 type ncclLink struct {
 	dev    *gpu.Device
 	comm   *gpu.NCCLComm
 	stream gpu.Stream
+	stop   func() bool // stops the abort at the assignment's end
 }
 
-// newNCCLLink makes the link's stream; on failure it aborts comm.
-func newNCCLLink(dev *gpu.Device, comm *gpu.NCCLComm) (*ncclLink, error) {
+// newNCCLLink makes the link's stream and arranges for comm to be aborted
+// when ctx ends; on failure it aborts comm.
+func newNCCLLink(ctx context.Context, dev *gpu.Device, comm *gpu.NCCLComm) (*ncclLink, error) {
 	l := &ncclLink{dev: dev, comm: comm}
 	if err := dev.Do(func() (err error) { l.stream, err = gpu.NewStream(); return err }); err != nil {
 		comm.Abort()
 		return nil, fmt.Errorf("create the NCCL link's stream: %w", err)
 	}
+	l.stop = context.AfterFunc(ctx, func() { comm.Abort() })
 	return l, nil
 }
 
 // close aborts the communicator, which frees it without waiting for the
 // peer, then destroys the stream.
 func (l *ncclLink) close() error {
+	l.stop()
 	err := l.comm.Abort()
 	return errors.Join(err, l.dev.Do(l.stream.Destroy))
 }
 
-// ncclSender is a Sender over an NCCL link of its own.
+// ncclSender is a Sender over an NCCL link of its own. Close aborts the
+// communicator first: that ends a transfer holding the device.
 type ncclSender struct {
 	*nccl.Sender
 	link *ncclLink
 }
 
-func (s ncclSender) Close() error { return errors.Join(s.Sender.Close(), s.link.close()) }
+func (s ncclSender) Close() error {
+	err := s.link.close()
+	return errors.Join(s.Sender.Close(), err)
+}
 
 // ncclReceiver is a Receiver over an NCCL link of its own.
 type ncclReceiver struct {
@@ -99,58 +113,71 @@ type ncclReceiver struct {
 	link *ncclLink
 }
 
-func (r ncclReceiver) Close() error { return errors.Join(r.Receiver.Close(), r.link.close()) }
+func (r ncclReceiver) Close() error {
+	err := r.link.close()
+	return errors.Join(r.Receiver.Close(), err)
+}
 
 // newNCCLSender wraps a joined communicator (rank 0) as the sender of a
-// link; on failure it aborts the communicator.
-func newNCCLSender(dev *gpu.Device, comm *gpu.NCCLComm) (collective.Sender, error) {
-	l, err := newNCCLLink(dev, comm)
+// link whose transfers are ordered on st's stream, aborted when ctx (the
+// assignment's) ends; on failure it aborts the communicator.
+func newNCCLSender(ctx context.Context, st gpuStage, comm *gpu.NCCLComm) (ncclSender, error) {
+	l, err := newNCCLLink(ctx, st.Device(), comm)
 	if err != nil {
-		return nil, err
+		return ncclSender{}, err
 	}
-	s, err := nccl.NewSender(nccl.Config{Device: dev, Comm: comm, Peer: 1, Stream: l.stream})
+	s, err := nccl.NewSender(nccl.Config{Device: l.dev, Comm: comm, Peer: 1, Stream: st.Stream(), Ordered: true})
 	if err != nil {
 		l.close()
-		return nil, err
+		return ncclSender{}, err
 	}
 	return ncclSender{s, l}, nil
 }
 
 // newNCCLReceiver wraps a joined communicator (rank 1) as the receiver of
-// a link; on failure it aborts the communicator.
-func newNCCLReceiver(dev *gpu.Device, comm *gpu.NCCLComm) (collective.Receiver, error) {
-	l, err := newNCCLLink(dev, comm)
+// a link likewise.
+func newNCCLReceiver(ctx context.Context, st gpuStage, comm *gpu.NCCLComm) (ncclReceiver, error) {
+	l, err := newNCCLLink(ctx, st.Device(), comm)
 	if err != nil {
-		return nil, err
+		return ncclReceiver{}, err
 	}
-	r, err := nccl.NewReceiver(nccl.Config{Device: dev, Comm: comm, Peer: 0, Stream: l.stream})
+	r, err := nccl.NewReceiver(nccl.Config{Device: l.dev, Comm: comm, Peer: 0, Stream: st.Stream(), Ordered: true})
 	if err != nil {
 		l.close()
-		return nil, err
+		return ncclReceiver{}, err
 	}
 	return ncclReceiver{r, l}, nil
 }
 
 // warmUp moves one small message over a new NCCL link, from its sender
-// (send set) or into its receiver, so that NCCL connects the link now.
-// NCCL connects point-to-point links at their first transfer, which needs
-// both ends: otherwise the last stage's first hand-off send would wait for
-// the first stage's first hand-off receive, which comes only steps later,
-// while the first stage waits to send it activations. Connected, a link
-// buffers small messages (hand-off rows) until they are received.
-func warmUp(ctx context.Context, dev *gpu.Device, send collective.Sender, recv collective.Receiver) error {
+// (send set) or into its receiver, on the link's own stream, and waits for
+// it, so that NCCL connects the link now. NCCL connects point-to-point
+// links at their first transfer, which needs both ends: otherwise the last
+// stage's first hand-off send would wait for the first stage's first
+// hand-off receive, which comes only steps later, while the first stage
+// waits to send it activations. Connected, a link buffers small messages
+// (hand-off rows) until they are received.
+func warmUp(ctx context.Context, l *ncclLink, send bool) error {
 	h := collective.Header{Rows: 1, Cols: 1, DType: collective.I32}
 	var m gpu.Mem
-	if err := dev.Do(func() (err error) { m, err = gpu.Alloc(h.Bytes()); return err }); err != nil {
+	if err := l.dev.Do(func() (err error) { m, err = gpu.Alloc(h.Bytes()); return err }); err != nil {
 		return fmt.Errorf("warm up the NCCL link: %w", err)
 	}
+	cfg := nccl.Config{Device: l.dev, Comm: l.comm, Stream: l.stream}
 	var err error
-	if send != nil {
-		err = send.Send(ctx, h, m)
+	if send {
+		cfg.Peer = 1
+		var s *nccl.Sender
+		if s, err = nccl.NewSender(cfg); err == nil {
+			err = errors.Join(s.Send(ctx, h, m), s.Close())
+		}
 	} else {
-		err = recv.Recv(ctx, h, m)
+		var r *nccl.Receiver
+		if r, err = nccl.NewReceiver(cfg); err == nil {
+			err = errors.Join(r.Recv(ctx, h, m), r.Close())
+		}
 	}
-	if ferr := dev.Do(m.Free); err == nil && ferr != nil {
+	if ferr := l.dev.Do(m.Free); err == nil && ferr != nil {
 		err = ferr
 	}
 	if err != nil {

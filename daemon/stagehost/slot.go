@@ -554,12 +554,12 @@ func (s *Slot) join(ctx context.Context, in *tandemv1.JoinRequest) error {
 		}
 		comm, err := j.wait()
 		if err == nil {
-			var r collective.Receiver
-			if r, err = newNCCLReceiver(a.st.(gpuStage).Device(), comm); err == nil {
+			var r ncclReceiver
+			if r, err = newNCCLReceiver(a.ctx, a.st.(gpuStage), comm); err == nil {
 				a.own(r)
 				*links[i].dst = r
 				wctx, cancel := context.WithTimeout(ctx, wireTimeout)
-				err = warmUp(wctx, a.st.(gpuStage).Device(), nil, r)
+				err = warmUp(wctx, r.link, false)
 				cancel()
 			}
 		}
@@ -778,13 +778,13 @@ func (s *Slot) wire(ctx context.Context, a *assignment, acc <-chan accepted) err
 			return fmt.Errorf("join the %s NCCL link: %w", l.name, err)
 		}
 		l.j.taken = true
-		snd, err := newNCCLSender(a.st.(gpuStage).Device(), comm)
+		snd, err := newNCCLSender(a.ctx, a.st.(gpuStage), comm)
 		if err != nil {
 			return fmt.Errorf("the %s NCCL link: %w", l.name, err)
 		}
 		a.own(snd)
 		*l.dst = snd
-		if err := warmUp(ctx, a.st.(gpuStage).Device(), snd, nil); err != nil {
+		if err := warmUp(ctx, snd.link, true); err != nil {
 			return fmt.Errorf("the %s link: %w", l.name, err)
 		}
 	}
