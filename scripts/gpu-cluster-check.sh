@@ -73,6 +73,13 @@ THROUGHPUT_TOKENS=${THROUGHPUT_TOKENS:-256}
 TRACE_STEPS=${TRACE_STEPS:-300}
 TRACE_CONCURRENT=${TRACE_CONCURRENT:-128}
 DEADLINE=${DEADLINE:-100000}
+# SELECT=visible: each CUDA stage daemon sees only its GPU
+# (CUDA_VISIBLE_DEVICES=k, as systemd/tandemd@.service runs it);
+# SELECT=ordinal: every daemon sees all GPUs and takes --device k.
+SELECT=${SELECT:-visible}
+# PLAN_llama1b, PLAN_llama8b: an explicit placement the two-GPU clusters
+# of that shape move to before they are measured (tandemctl rebalance
+# --plan, e.g. PLAN_llama1b=gpu0=0-9,gpu1=9-16); default: the leader's.
 mkdir -p "$OUT" "$WORK/logs" "$WORK/runs"
 LOG=$OUT/cluster.log
 : >"$LOG"
@@ -167,7 +174,9 @@ start_cluster() {
 	for ((i = 0; i < ${#specs[@]}; i++)); do
 		local name=${specs[$i]%%:*} backend=${specs[$i]#*:} dev
 		[ "$BACKEND" = cpu ] && backend=cpu
-		if [ "$backend" = cuda ]; then
+		if [ "$backend" = cuda ] && [ "$SELECT" = ordinal ]; then
+			dev=(--backend cuda --device $((gpu++)))
+		elif [ "$backend" = cuda ]; then
 			dev=(--backend cuda)
 			export CUDA_VISIBLE_DEVICES=$((gpu++))
 		else
@@ -189,6 +198,10 @@ start_cluster() {
 		sleep 0.25
 	done
 	echo "cluster $tag: serving $((SECONDS - start)) s after start" | tee -a "$LOG"
+	local plan=PLAN_${tag%%-*}
+	if ((${#specs[@]} > 1)) && [ -n "${!plan:-}" ]; then
+		ctl rebalance --plan "${!plan}" --timeout 120s 2>&1 | tee -a "$LOG" || return 1
+	fi
 }
 
 # stop_cluster TAG: SIGTERM (each daemon drains and exits), then the tail
