@@ -161,3 +161,12 @@ type Receiver interface {
 	Recv(ctx context.Context, h Header, b Buffer) error
 	Close() error
 }
+
+// StreamOrdered is implemented by a link whose transfers may be ordered on
+// the stream of its stage's own device work rather than waited for (an
+// NCCL link with nccl.Config.Ordered): StreamOrdered reports whether they
+// are. A worker keeps steps launched ahead on a stage only when every
+// link of the stage is ordered so (stage.LinkedLauncher).
+type StreamOrdered interface {
+	StreamOrdered() bool
+}

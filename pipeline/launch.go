@@ -11,17 +11,22 @@ import (
 	"github.com/tandem-llm/tandem/stage"
 )
 
-// serveLaunched is Serve for the only stage of a pipeline when it is a
-// stage.Launcher (a CUDA stage): each step is launched on the device as
-// soon as it arrives, behind the one running (up to stage.LaunchDepth),
-// and reported when it is done. The device then runs step after step
-// while the host reports the last one's tokens and the leader schedules
-// the next: the leader's round trip hides behind the step in flight as
-// long as it is shorter. The stage applies its own hand-off rows on the
-// device (stage.Launcher), so a step whose placeholders stand for the
-// tokens of the step before it is launched before those tokens reach the
-// host.
-func (w *Worker) serveLaunched(ctx context.Context, info stage.Info, l stage.Launcher) error {
+// serveLaunched is Serve for a stage.Launcher (a CUDA stage) that is the
+// only stage of its pipeline, or a stage.LinkedLauncher (linked set) whose
+// links all order their transfers on its stream: each step is launched on
+// the device as soon as it arrives, behind the one running (up to
+// stage.LaunchDepth), and reported when it is done. The device then runs
+// step after step while the host reports the last one's tokens and the
+// leader schedules the next: the leader's round trip hides behind the
+// step in flight as long as it is shorter. A single stage applies its own
+// hand-off rows on the device (stage.Launcher), so a step whose
+// placeholders stand for the tokens of the step before it is launched
+// before those tokens reach the host. A linked stage orders its step's
+// receives before the launch (the hand-off rows it awaits, queued with
+// QueueHandoff, on the first stage; the activations on the others) and
+// its sends after it, from LaunchedOutput, none waited for: its device
+// takes the step as soon as the input is there.
+func (w *Worker) serveLaunched(ctx context.Context, info stage.Info, l stage.Launcher, linked stage.LinkedLauncher) error {
 	next, stop := w.prefetch(ctx)
 	defer stop()
 	var (
@@ -47,19 +52,52 @@ func (w *Worker) serveLaunched(ctx context.Context, info stage.Info, l stage.Lau
 		return err
 	}
 	launch := func(st *Step) error {
-		if w.applied < st.AwaitHandoff {
-			return fmt.Errorf("step awaits %d hand-offs, but only %d hand-off steps have run", st.AwaitHandoff, w.applied)
+		if linked != nil && !info.Last {
+			// The leader may have the step's result, and reuse its
+			// memory, while this stage still holds it launched.
+			st = st.detach()
 		}
 		now := w.clk.now()
-		t := StageTiming{Waited: got, Got: got, HandoffStart: now, HandoffEnd: now, RecvStart: now, RecvEnd: now}
+		t := StageTiming{Waited: got, Got: got, HandoffStart: now}
+		switch {
+		case linked != nil && info.First:
+			if err := w.receiveHandoffs(ctx, st, linked.QueueHandoff); err != nil {
+				return err
+			}
+		case linked == nil && w.applied < st.AwaitHandoff:
+			return fmt.Errorf("step awaits %d hand-offs, but only %d hand-off steps have run", st.AwaitHandoff, w.applied)
+		}
+		t.HandoffEnd = w.clk.now()
+		t.RecvStart, t.RecvEnd = t.HandoffEnd, t.HandoffEnd
+		if w.Prev != nil {
+			h := collective.Header{Batch: st.Batch.ID, Rows: st.Batch.NumTokens(), Cols: info.Hidden, DType: info.ActDType}
+			if err := w.Prev.Recv(ctx, h, w.Stage.Input()); err != nil {
+				return fmt.Errorf("%sreceive activations: %w", linkFailed, err)
+			}
+			t.RecvEnd = w.clk.now()
+		}
 		done, err := l.Launch(ctx, &st.Batch)
 		if err != nil {
 			return fmt.Errorf("forward: %w", err)
 		}
-		if st.Batch.Handoff {
-			w.applied++
-		}
 		queue = append(queue, launched{st, done, t})
+		if linked == nil {
+			if st.Batch.Handoff {
+				w.applied++
+			}
+			return nil
+		}
+		out := linked.LaunchedOutput()
+		if st.Batch.Handoff {
+			if err := w.handoff(ctx, info, &st.Batch, out); err != nil {
+				return err
+			}
+		}
+		if w.Next != nil {
+			if err := w.Next.Send(ctx, out.Header, out.Activations); err != nil {
+				return fmt.Errorf("%ssend activations: %w", linkFailed, err)
+			}
+		}
 		return nil
 	}
 	for {
@@ -121,7 +159,7 @@ func (w *Worker) serveLaunched(ctx context.Context, info stage.Info, l stage.Lau
 			t.ForwardStart = max(t.RecvEnd, min(last, t.ForwardEnd))
 			last = t.ForwardEnd
 			out, err := l.Finish(ctx)
-			if err == nil && st.Batch.Handoff {
+			if err == nil && st.Batch.Handoff && info.First && info.Last {
 				err = checkHandoffOutput(handoffHeader(&st.Batch), out)
 			} else if err != nil {
 				err = fmt.Errorf("forward: %w", err)
@@ -131,13 +169,16 @@ func (w *Worker) serveLaunched(ctx context.Context, info stage.Info, l stage.Lau
 				return fail(st, err)
 			}
 			w.account(&t)
-			res := &Result{Batch: st.Batch.ID, Stage: w.Index, Sampled: out.Sampled, Logits: out.Logits}
-			if st.Report {
-				res.Timing = &t
-			}
-			if err := w.Ctl.Report(ctx, res); err != nil {
-				drain()
-				return fmt.Errorf("stage %d: report batch %d: %w", w.Index, st.Batch.ID, err)
+			// Every stage but the last reports only the timing asked for.
+			if info.Last || st.Report {
+				res := &Result{Batch: st.Batch.ID, Stage: w.Index, Sampled: out.Sampled, Logits: out.Logits}
+				if st.Report {
+					res.Timing = &t
+				}
+				if err := w.Ctl.Report(ctx, res); err != nil {
+					drain()
+					return fmt.Errorf("stage %d: report batch %d: %w", w.Index, st.Batch.ID, err)
+				}
 			}
 			if held != nil && len(queue) == 0 {
 				st, held = held, nil

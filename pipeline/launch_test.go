@@ -2,12 +2,14 @@ package pipeline_test
 
 import (
 	"context"
+	"fmt"
 	"math/rand/v2"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/tandem-llm/tandem/collective"
 	"github.com/tandem-llm/tandem/pipeline"
 	"github.com/tandem-llm/tandem/sched"
 	"github.com/tandem-llm/tandem/stage"
@@ -111,3 +113,76 @@ func TestWorkerLaunched(t *testing.T) {
 		}
 	})
 }
+
+// TestLinkedLaunched drives pipelines of two and three stages that are
+// stage.LinkedLauncher (hash stages behind stagetest.Timed, 300µs a step)
+// over stream-ordered in-memory links (orderedPipe) through sched.Loop, with hand-off
+// (one more step in flight than stages) and without: every worker keeps
+// steps launched behind the one running, ordering receives before and
+// sends after each launch, and every request's tokens are those it
+// produces alone. Over plain links the same stages run one Forward at a
+// time.
+func TestLinkedLaunched(t *testing.T) {
+	const vocab = 50
+	for _, p := range []int{2, 3} {
+		for _, handoff := range []bool{true, false} {
+			for _, ordered := range []bool{true, false} {
+				t.Run(fmt.Sprintf("stages=%d/handoff=%v/ordered=%v", p, handoff, ordered), func(t *testing.T) {
+					var timed []*stagetest.Timed
+					var stages []stage.Stage
+					for k := range p {
+						timed = append(timed, stagetest.NewTimed(newHashStage(k == 0, k == p-1, vocab, 0), 300*time.Microsecond))
+						stages = append(stages, timed[k])
+					}
+					opts := pipeline.LocalOptions{Handoff: handoff}
+					if ordered {
+						opts.Link = orderedPipe
+					}
+					d, err := opts.Start(context.Background(), stages)
+					if err != nil {
+						t.Fatal(err)
+					}
+					defer d.Close()
+					cfg := sched.Config{MaxNumBatchedTokens: 24, MaxNumSeqs: hashMaxSeqs, BlockSize: 4, NumBlocks: 256, MaxConcurrentBatches: p}
+					if handoff {
+						cfg.MaxConcurrentBatches, cfg.OnDeviceHandoff = p+1, true
+					}
+					l, err := sched.Start(cfg, d)
+					if err != nil {
+						t.Fatal(err)
+					}
+					defer l.Close()
+					checkAlone(t, l, p, vocab, rand.New(rand.NewPCG(uint64(p), 11)), 16, 16)
+					for k, tm := range timed {
+						st := tm.Stats()
+						t.Logf("stage %d: %d steps, %d launched behind another", k, st.Steps, st.Ahead)
+						if ordered && st.Ahead == 0 {
+							t.Errorf("stage %d: no step was launched while another ran", k)
+						}
+						if !ordered && st.Ahead != 0 {
+							t.Errorf("stage %d: %d steps launched behind another over plain links", k, st.Ahead)
+						}
+					}
+				})
+			}
+		}
+	}
+}
+
+// orderedPipe is an in-memory pipe marked stream-ordered
+// (collective.StreamOrdered), as NCCL links between CUDA stages are: for
+// stages whose outputs are complete when a batch is launched
+// (stagetest.Timed computes at launch), since a pipe copies a message when
+// it is sent.
+func orderedPipe(_, _, depth int) (collective.Sender, collective.Receiver) {
+	s, r := collective.Pipe(depth)
+	return orderedSender{s}, orderedReceiver{r}
+}
+
+type (
+	orderedSender   struct{ collective.Sender }
+	orderedReceiver struct{ collective.Receiver }
+)
+
+func (orderedSender) StreamOrdered() bool   { return true }
+func (orderedReceiver) StreamOrdered() bool { return true }

@@ -31,6 +31,11 @@ type LocalOptions struct {
 	HandoffDepth int
 	// Observer sees the driver's steps (DriverOptions.Observer).
 	Observer Observer
+	// Link makes the data link from stage from to stage to (to is 0 for
+	// the hand-off ring) that holds depth messages; nil: an in-memory
+	// pipe (collective.Pipe). Tests wire links of their own with it, such
+	// as stream-ordered links between stage.LinkedLauncher stages.
+	Link func(from, to, depth int) (collective.Sender, collective.Receiver)
 }
 
 // Start runs stages, in pipeline order, as one pipeline inside this process
@@ -53,7 +58,7 @@ func (o LocalOptions) Start(ctx context.Context, stages []stage.Stage) (*Driver,
 		links[i] = l
 		w := &Worker{Index: i, Stage: st, Ctl: l, Prev: prev}
 		if i < len(stages)-1 {
-			w.Next, prev = collective.Pipe(2)
+			w.Next, prev = o.link(i, i+1, 2)
 		}
 		workers[i] = w
 	}
@@ -62,7 +67,7 @@ func (o LocalOptions) Start(ctx context.Context, stages []stage.Stage) (*Driver,
 		if depth == 0 {
 			depth = len(stages) + 1
 		}
-		workers[last].HandoffOut, workers[0].HandoffIn = collective.Pipe(depth)
+		workers[last].HandoffOut, workers[0].HandoffIn = o.link(last, 0, depth)
 	}
 	for i, w := range workers {
 		l := links[i].(*memLink)
@@ -77,6 +82,14 @@ func (o LocalOptions) Start(ctx context.Context, stages []stage.Stage) (*Driver,
 		}()
 	}
 	return DriverOptions{Observer: o.Observer}.New(links)
+}
+
+// link makes the data link from stage from to stage to (Link).
+func (o LocalOptions) link(from, to, depth int) (collective.Sender, collective.Receiver) {
+	if o.Link != nil {
+		return o.Link(from, to, depth)
+	}
+	return collective.Pipe(depth)
 }
 
 // memLink is both ends of an in-process control link: the leader's Link and

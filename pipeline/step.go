@@ -2,6 +2,7 @@ package pipeline
 
 import (
 	"context"
+	"slices"
 
 	"github.com/tandem-llm/tandem/stage"
 )
@@ -23,6 +24,21 @@ type Step struct {
 	// Report asks every stage for its timing of the step (Result.Timing):
 	// the last stage with its result, the others in a report of their own.
 	Report bool
+}
+
+// detach returns a copy of st that shares no memory with it. Under the
+// scheduler an in-process step is the leader's own memory, reused once its
+// result is back (sched.Executor): a stage that is not the last may still
+// hold it launched by then.
+func (st *Step) detach() *Step {
+	c := *st
+	c.Free = slices.Clone(st.Free)
+	c.Batch.Seqs = slices.Clone(st.Batch.Seqs)
+	for i := range c.Batch.Seqs {
+		q := &c.Batch.Seqs[i]
+		q.Tokens, q.Blocks = slices.Clone(q.Tokens), slices.Clone(q.Blocks)
+	}
+	return &c
 }
 
 // Result is what a stage reports for a step. The last stage reports every

@@ -44,7 +44,12 @@ func LinkFailure(err error) bool { return err != nil && strings.Contains(err.Err
 // has read it, behind the step still running (up to stage.LaunchDepth),
 // and reports each when it is done, in order; the stage applies its own
 // hand-off rows on the device. The device then runs step after step while
-// the host reports one and the leader schedules the next.
+// the host reports one and the leader schedules the next. So is a
+// stage.LinkedLauncher of a longer pipeline when all its links order
+// their transfers on its stream (collective.StreamOrdered: NCCL between
+// CUDA stages): the worker orders a step's receives, launches it and
+// orders its sends, and goes on to the next step while the device waits
+// for the input and runs the step.
 type Worker struct {
 	Index int // the stage's position in the pipeline
 	Stage stage.Stage
@@ -94,7 +99,10 @@ func (w *Worker) Serve(ctx context.Context) error {
 	}
 	w.clk = clock{start: time.Now()}
 	if l, ok := w.Stage.(stage.Launcher); ok && info.First && info.Last {
-		return w.serveLaunched(ctx, info, l)
+		return w.serveLaunched(ctx, info, l, nil)
+	}
+	if l, ok := w.Stage.(stage.LinkedLauncher); ok && w.streamOrdered() {
+		return w.serveLaunched(ctx, info, l, l)
 	}
 	next, stop := w.prefetch(ctx)
 	defer stop()
@@ -112,6 +120,10 @@ func (w *Worker) Serve(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("stage %d: next step: %w", w.Index, err)
 		}
+		// What the reports need, read before the step runs: once a stage
+		// that is not the last has sent its activations, the leader may
+		// have the step's result and reuse the step's memory (in-process).
+		id, report := st.Batch.ID, st.Report && len(st.Batch.Seqs) > 0
 		var res *Result
 		if st.Epoch < w.Epoch {
 			err = fmt.Errorf("step of leader epoch %d refused: the stage was assigned in epoch %d", st.Epoch, w.Epoch)
@@ -119,22 +131,22 @@ func (w *Worker) Serve(ctx context.Context) error {
 			res, err = w.step(ctx, info, st)
 		}
 		if err != nil {
-			err = fmt.Errorf("stage %d (layers %d-%d), batch %d: %w", w.Index, info.Lo, info.Hi, st.Batch.ID, err)
-			if rerr := w.Ctl.Report(ctx, &Result{Batch: st.Batch.ID, Stage: w.Index, Err: err.Error()}); rerr != nil {
+			err = fmt.Errorf("stage %d (layers %d-%d), batch %d: %w", w.Index, info.Lo, info.Hi, id, err)
+			if rerr := w.Ctl.Report(ctx, &Result{Batch: id, Stage: w.Index, Err: err.Error()}); rerr != nil {
 				return errors.Join(err, fmt.Errorf("report failure: %w", rerr))
 			}
 			return err
 		}
-		if st.Report && len(st.Batch.Seqs) > 0 {
+		if report {
 			if res == nil {
-				res = &Result{Batch: st.Batch.ID, Stage: w.Index}
+				res = &Result{Batch: id, Stage: w.Index}
 			}
 			t := w.t
 			res.Timing = &t
 		}
 		if res != nil {
 			if err := w.Ctl.Report(ctx, res); err != nil {
-				return fmt.Errorf("stage %d: report batch %d: %w", w.Index, st.Batch.ID, err)
+				return fmt.Errorf("stage %d: report batch %d: %w", w.Index, id, err)
 			}
 		}
 	}
@@ -222,14 +234,41 @@ func (w *Worker) step(ctx context.Context, info stage.Info, st *Step) (*Result, 
 	return &Result{Batch: st.Batch.ID, Stage: w.Index, Sampled: out.Sampled, Logits: out.Logits}, nil
 }
 
+// streamOrdered reports whether the worker has links and every one orders
+// its transfers on the stage's stream (collective.StreamOrdered).
+func (w *Worker) streamOrdered() bool {
+	links := 0
+	for _, l := range []any{w.Prev, w.Next, w.HandoffIn, w.HandoffOut} {
+		switch o, ok := l.(collective.StreamOrdered); {
+		case l == nil:
+		case !ok || !o.StreamOrdered():
+			return false
+		default:
+			links++
+		}
+	}
+	return links > 0
+}
+
 // awaitHandoff receives and applies, in order, the hand-off messages of the
 // steps run so far until st.AwaitHandoff are applied (first stage).
 func (w *Worker) awaitHandoff(ctx context.Context, st *Step) error {
+	recv, _ := w.Stage.(stage.HandoffReceiver)
+	if recv == nil {
+		return w.receiveHandoffs(ctx, st, nil)
+	}
+	return w.receiveHandoffs(ctx, st, recv.ApplyHandoff)
+}
+
+// receiveHandoffs receives, in order, the hand-off messages of the steps
+// run so far into the stage's HandoffInput, applying each with apply,
+// until st.AwaitHandoff are applied (first stage).
+func (w *Worker) receiveHandoffs(ctx context.Context, st *Step, apply func(context.Context, int) error) error {
 	if w.applied >= st.AwaitHandoff {
 		return nil
 	}
 	recv, ok := w.Stage.(stage.HandoffReceiver)
-	if !ok || w.HandoffIn == nil {
+	if !ok || apply == nil || w.HandoffIn == nil {
 		return fmt.Errorf("step awaits %d hand-offs, but the stage has no hand-off link in", st.AwaitHandoff)
 	}
 	for w.applied < st.AwaitHandoff {
@@ -241,7 +280,7 @@ func (w *Worker) awaitHandoff(ctx context.Context, st *Step) error {
 		if err := w.HandoffIn.Recv(ctx, h, recv.HandoffInput()); err != nil {
 			return fmt.Errorf("%sreceive the hand-off of batch %d: %w", linkFailed, h.Batch, err)
 		}
-		if err := recv.ApplyHandoff(ctx, h.Rows); err != nil {
+		if err := apply(ctx, h.Rows); err != nil {
 			return fmt.Errorf("apply the hand-off of batch %d: %w", h.Batch, err)
 		}
 		w.applied++

@@ -37,3 +37,27 @@ type Launcher interface {
 // LaunchDepth is the most batches a Launcher holds launched and not
 // finished: one running and one queued behind it.
 const LaunchDepth = 2
+
+// LinkedLauncher is a Launcher that a worker also keeps launched ahead in
+// a pipeline of several stages, when every link of the stage orders its
+// transfers on the stage's own device stream (collective.StreamOrdered:
+// NCCL links between CUDA stages). The worker then orders a step's
+// receives (the hand-off rows with QueueHandoff on the first stage, the
+// activations on the others), launches it, and orders its sends behind
+// it, none of them waited for: the device runs the step as soon as its
+// input is there, while the host launches the next.
+type LinkedLauncher interface {
+	Launcher
+	HandoffReceiver
+	// LaunchedOutput is the Output of the batch launched last as far as it
+	// is known at launch: Header and Activations on every stage but the
+	// last, and HandoffHeader and Handoff on the last for a Handoff batch.
+	// Their contents are there for transfers ordered after the batch.
+	LaunchedOutput() *Output
+	// QueueHandoff is ApplyHandoff (first stage) ordered behind what is
+	// ordered on the stage's stream (the receive of HandoffInput) and not
+	// waited for: HandoffInput may be received into again by a transfer
+	// ordered after it, and a row it refuses fails the next batch launched
+	// that reads placeholders.
+	QueueHandoff(ctx context.Context, rows int) error
+}

@@ -230,6 +230,9 @@ func (s *Sender) Send(ctx context.Context, h collective.Header, b collective.Buf
 	return s.e.transfer(ctx, h, b)
 }
 
+// StreamOrdered implements collective.StreamOrdered: Config.Ordered.
+func (s *Sender) StreamOrdered() bool { return s.e.cfg.Ordered }
+
 // Close releases the Sender; the communicator and stream stay the caller's.
 func (s *Sender) Close() error { return s.e.close() }
 
@@ -253,6 +256,9 @@ func NewReceiver(cfg Config) (*Receiver, error) {
 func (r *Receiver) Recv(ctx context.Context, h collective.Header, b collective.Buffer) error {
 	return r.e.transfer(ctx, h, b)
 }
+
+// StreamOrdered implements collective.StreamOrdered: Config.Ordered.
+func (r *Receiver) StreamOrdered() bool { return r.e.cfg.Ordered }
 
 // Close releases the Receiver; the communicator and stream stay the
 // caller's.
@@ -306,7 +312,9 @@ func DecodeUniqueID(b []byte) (gpu.NCCLUniqueID, error) {
 }
 
 var (
-	_ collective.Sender   = (*Sender)(nil)
-	_ collective.Receiver = (*Receiver)(nil)
+	_ collective.Sender        = (*Sender)(nil)
+	_ collective.Receiver      = (*Receiver)(nil)
+	_ collective.StreamOrdered = (*Sender)(nil)
+	_ collective.StreamOrdered = (*Receiver)(nil)
 	_ DeviceBuffer        = gpu.Mem{}
 )

@@ -29,19 +29,8 @@ func (s *Stage) HandoffInput() collective.Buffer {
 // is recorded. ApplyHandoff waits for the kernel, so HandoffInput may be
 // overwritten as soon as it returns.
 func (s *Stage) ApplyHandoff(ctx context.Context, rows int) error {
-	switch {
-	case s.closed:
-		return fmt.Errorf("cuda stage [%d,%d): apply hand-off after close", s.lo, s.hi)
-	case !s.first:
-		return fmt.Errorf("cuda stage [%d,%d): apply hand-off: not the first stage", s.lo, s.hi)
-	case rows < 0 || rows > s.pl.lay.maxSeqs:
-		return fmt.Errorf("cuda stage [%d,%d): apply hand-off: %d rows, outside [0, %d]", s.lo, s.hi, rows, s.pl.lay.maxSeqs)
-	}
-	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("cuda stage [%d,%d): apply hand-off: %w", s.lo, s.hi, err)
-	}
-	if rows == 0 {
-		return nil
+	if err := s.checkHandoff(ctx, rows); err != nil || rows == 0 {
+		return err
 	}
 	err := s.dev.Do(func() error {
 		if err := s.handoffKernel(rows); err != nil {
@@ -54,6 +43,36 @@ func (s *Stage) ApplyHandoff(ctx context.Context, rows int) error {
 	}
 	if err != nil {
 		return fmt.Errorf("cuda stage [%d,%d): apply hand-off of %d rows: %w", s.lo, s.hi, rows, err)
+	}
+	return nil
+}
+
+// QueueHandoff implements stage.LinkedLauncher: ApplyHandoff's kernel,
+// ordered on the stage's stream and not waited for. The kernel records a
+// refused row in the status array, which the next batch launched that
+// reads placeholders reads back and fails on.
+func (s *Stage) QueueHandoff(ctx context.Context, rows int) error {
+	if err := s.checkHandoff(ctx, rows); err != nil || rows == 0 {
+		return err
+	}
+	if err := s.dev.Do(func() error { return s.handoffKernel(rows) }); err != nil {
+		return fmt.Errorf("cuda stage [%d,%d): queue the hand-off of %d rows: %w", s.lo, s.hi, rows, err)
+	}
+	return nil
+}
+
+// checkHandoff checks a hand-off of rows rows before its kernel is ordered.
+func (s *Stage) checkHandoff(ctx context.Context, rows int) error {
+	switch {
+	case s.closed:
+		return fmt.Errorf("cuda stage [%d,%d): apply hand-off after close", s.lo, s.hi)
+	case !s.first:
+		return fmt.Errorf("cuda stage [%d,%d): apply hand-off: not the first stage", s.lo, s.hi)
+	case rows < 0 || rows > s.pl.lay.maxSeqs:
+		return fmt.Errorf("cuda stage [%d,%d): apply hand-off: %d rows, outside [0, %d]", s.lo, s.hi, rows, s.pl.lay.maxSeqs)
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("cuda stage [%d,%d): apply hand-off: %w", s.lo, s.hi, err)
 	}
 	return nil
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/tandem-llm/tandem/collective"
 	"github.com/tandem-llm/tandem/gpu"
 	"github.com/tandem-llm/tandem/graphs"
 	"github.com/tandem-llm/tandem/stage"
@@ -59,6 +60,30 @@ func (s *Stage) Launch(ctx context.Context, b *stage.Batch) (<-chan struct{}, er
 	f.done = make(chan struct{})
 	s.waits <- f
 	return f.done, nil
+}
+
+// LaunchedOutput implements stage.LinkedLauncher: the header and buffer of
+// the activations (every stage but the last) or of the hand-off rows (the
+// last, for a Handoff batch) of the batch launched last; nil when none is.
+// The buffers are the stage's own, which every batch writes: a transfer
+// ordered after the batch on the stage's stream reads them before the
+// next batch's work.
+func (s *Stage) LaunchedOutput() *stage.Output {
+	if s.launched == 0 {
+		return nil
+	}
+	f := &s.fl[(s.oldest+s.launched-1)%stage.LaunchDepth]
+	o := &s.launchedOut
+	*o = stage.Output{}
+	switch {
+	case !s.last:
+		o.Header = collective.Header{Batch: f.b.ID, Rows: f.p.tokens, Cols: s.m.HiddenSize, DType: collective.F32}
+		o.Activations = s.outBuf
+	case f.b.Handoff:
+		o.HandoffHeader = collective.Header{Batch: f.b.ID, Rows: f.p.nSampled, Cols: stage.HandoffCols, DType: collective.I32}
+		o.Handoff = s.ho.out
+	}
+	return o
 }
 
 // Finish implements stage.Launcher.
@@ -249,4 +274,4 @@ func (s *Stage) releaseFlights() error {
 	return errors.Join(errs...)
 }
 
-var _ stage.Launcher = (*Stage)(nil)
+var _ stage.LinkedLauncher = (*Stage)(nil)

@@ -201,6 +201,7 @@ type Stage struct {
 	oldest, launched int
 	waits            chan *flight
 	waiterDone       chan struct{}
+	launchedOut      stage.Output // LaunchedOutput's
 }
 
 // New builds the stage: compiles (or loads from the cache) the kernels,

@@ -21,8 +21,10 @@ import (
 // waits for each batch before it launches the next sees Step plus its own
 // time between the two.
 //
-// Timed implements stage.Launcher, as a CUDA stage does: Forward is Launch
-// then Finish, and a pipeline's only stage keeps batches launched on it.
+// Timed implements stage.Launcher and stage.LinkedLauncher, as a CUDA
+// stage does: Forward is Launch then Finish, and a pipeline's only stage,
+// or every stage of one whose links are stream-ordered
+// (pipeline.LocalOptions.StreamOrdered), keeps batches launched on it.
 // Synchronous hides Launch, for the comparison with a stage that cannot
 // launch ahead. It implements stage.HandoffReceiver when the wrapped stage
 // does. Stats says how the emulated device was used.
@@ -112,6 +114,19 @@ func (t *Timed) ApplyHandoff(ctx context.Context, rows int) error {
 		return fmt.Errorf("timed stage: %T takes no hand-offs", t.inner)
 	}
 	return r.ApplyHandoff(ctx, rows)
+}
+
+// QueueHandoff implements stage.LinkedLauncher: ApplyHandoff, at once (the
+// rows are in host memory when it is called).
+func (t *Timed) QueueHandoff(ctx context.Context, rows int) error { return t.ApplyHandoff(ctx, rows) }
+
+// LaunchedOutput implements stage.LinkedLauncher: the whole Output of the
+// batch launched last, which the wrapped stage computed at its launch.
+func (t *Timed) LaunchedOutput() *stage.Output {
+	if len(t.queue) == 0 {
+		return nil
+	}
+	return &t.queue[len(t.queue)-1].out
 }
 
 // Forward implements stage.Stage: Launch, then Finish.

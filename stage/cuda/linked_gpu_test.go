@@ -1,0 +1,261 @@
+package cuda
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/tandem-llm/tandem/collective"
+	"github.com/tandem-llm/tandem/gpu"
+	"github.com/tandem-llm/tandem/pipeline"
+	"github.com/tandem-llm/tandem/sched"
+	"github.com/tandem-llm/tandem/stage"
+	"github.com/tandem-llm/tandem/stage/stagetest"
+)
+
+// TestLinkedPipeline runs a model split into two CUDA stages of one GPU
+// under the scheduler, with on-device hand-off (three steps in flight) and
+// without, over stream-ordered links between the stages' streams
+// (devicePipe, as NCCL links between GPUs are ordered on them): every
+// worker keeps steps launched ahead (stage.LinkedLauncher), ordering the
+// receives before and the sends after each launch. Every request's greedy
+// tokens must be those of the whole model in one stage, which a split
+// computes exactly.
+func TestLinkedPipeline(t *testing.T) {
+	dev := device(t)
+	var sh stagetest.Shape
+	for _, s := range stagetest.Shapes() {
+		if s.Model.NumLayers == 4 {
+			sh = s
+		}
+	}
+	m := sh.Model
+	w := stagetest.RandomWeights(&m, sh.DType, 23)
+	const seqs, slots = 4, 8
+	cfg := func(lo, hi int) Config {
+		return Config{Model: &m, Lo: lo, Hi: hi, Weights: w, MaxTokens: 64, MaxSeqs: slots, MaxSeqLen: 256}
+	}
+	rng := rand.New(rand.NewPCG(23, 5))
+	var reqs []sched.Request
+	for range 10 {
+		r := sched.Request{Prompt: make([]int32, 1+rng.IntN(40)), MaxTokens: 1 + rng.IntN(24)}
+		for j := range r.Prompt {
+			r.Prompt[j] = rng.Int32N(int32(m.VocabSize))
+		}
+		reqs = append(reqs, r)
+	}
+	run := func(t *testing.T, stages []stage.Stage, opts pipeline.LocalOptions) [][]int32 {
+		d, err := opts.Start(context.Background(), stages)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer d.Close()
+		p := len(stages)
+		sc := sched.Config{MaxNumBatchedTokens: 64, MaxNumSeqs: seqs, NumBlocks: slots * 256 / stage.DefaultBlockSize, MaxConcurrentBatches: max(2, p)}
+		if opts.Handoff {
+			sc.OnDeviceHandoff, sc.HandoffSlots = true, slots
+			if p > 1 {
+				sc.MaxConcurrentBatches = p + 1
+			}
+		}
+		l, err := sched.Start(sc, d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		out := make([][]int32, len(reqs))
+		var wg sync.WaitGroup
+		for i, r := range reqs {
+			s, err := l.Submit(ctx, r)
+			if err != nil {
+				t.Fatal(err)
+			}
+			wg.Go(func() {
+				for {
+					o, err := s.Recv(ctx)
+					if err == io.EOF {
+						return
+					}
+					if err != nil {
+						t.Errorf("request %d: %v", i, err)
+						return
+					}
+					out[i] = append(out[i], o.Token.Token)
+				}
+			})
+		}
+		wg.Wait()
+		return out
+	}
+	whole := newTestStage(t, cfg(0, 4))
+	first := &countedStage{Stage: newTestStage(t, cfg(0, 2))}
+	second := &countedStage{Stage: newTestStage(t, cfg(2, 4))}
+	for _, handoff := range []bool{true, false} {
+		t.Run(fmt.Sprintf("handoff=%v", handoff), func(t *testing.T) {
+			for _, st := range []*Stage{whole, first.Stage, second.Stage} {
+				if err := st.Reset(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			want := run(t, []stage.Stage{whole}, pipeline.LocalOptions{Handoff: handoff})
+			first.launches.Store(0)
+			second.launches.Store(0)
+			pipes := func(from, to, depth int) (collective.Sender, collective.Receiver) {
+				streams := []gpu.Stream{first.Stream(), second.Stream()}
+				return newDevicePipe(t, dev, streams[from], streams[to], depth)
+			}
+			got := run(t, []stage.Stage{first, second}, pipeline.LocalOptions{Handoff: handoff, Link: pipes})
+			for i := range reqs {
+				if !slices.Equal(got[i], want[i]) {
+					t.Errorf("request %d: two linked stages %v, one stage %v", i, got[i], want[i])
+				}
+			}
+			if first.launches.Load() == 0 || second.launches.Load() == 0 {
+				t.Errorf("launches: %d and %d, want both stages launched ahead", first.launches.Load(), second.launches.Load())
+			}
+			t.Logf("%d requests, %d and %d steps launched", len(reqs), first.launches.Load(), second.launches.Load())
+		})
+	}
+}
+
+// countedStage counts a stage's launches.
+type countedStage struct {
+	*Stage
+	launches atomic.Int64
+}
+
+func (c *countedStage) Launch(ctx context.Context, b *stage.Batch) (<-chan struct{}, error) {
+	c.launches.Add(1)
+	return c.Stage.Launch(ctx, b)
+}
+
+// devicePipe is a stream-ordered link between two streams of one device,
+// standing in for NCCL between GPUs: Send orders on the sender's stream a
+// copy of the message into a slot of a ring of device buffers and an event
+// after it; Recv makes the receiver's stream wait for that event, orders
+// the copy out of the slot and an event after it, which the sender's
+// stream waits for before it writes the slot again. Neither waits on the
+// host but for a free slot (Send) or a message sent (Recv).
+type devicePipe struct {
+	dev              *gpu.Device
+	sender, receiver gpu.Stream
+	slots            []gpu.Mem
+	sent, copied     []gpu.Event
+	msgs             chan pipeMsg // sent, not received
+	free             chan int     // slots whose message was received
+	maxBytes         int
+}
+
+type pipeMsg struct {
+	h    collective.Header
+	slot int
+}
+
+func newDevicePipe(t *testing.T, dev *gpu.Device, sender, receiver gpu.Stream, depth int) (devicePipeSender, devicePipeReceiver) {
+	t.Helper()
+	p := &devicePipe{dev: dev, sender: sender, receiver: receiver, msgs: make(chan pipeMsg, depth), free: make(chan int, depth), maxBytes: 1 << 20}
+	err := dev.Do(func() error {
+		for k := range depth {
+			m, err := gpu.Alloc(p.maxBytes)
+			if err != nil {
+				return err
+			}
+			p.slots = append(p.slots, m)
+			for _, evs := range []*[]gpu.Event{&p.sent, &p.copied} {
+				e, err := gpu.NewEvent()
+				if err != nil {
+					return err
+				}
+				*evs = append(*evs, e)
+			}
+			p.free <- k
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		dev.Do(func() error {
+			for k := range p.slots {
+				p.slots[k].Free()
+				p.sent[k].Destroy()
+				p.copied[k].Destroy()
+			}
+			return nil
+		})
+	})
+	return devicePipeSender{p}, devicePipeReceiver{p}
+}
+
+type (
+	devicePipeSender   struct{ p *devicePipe }
+	devicePipeReceiver struct{ p *devicePipe }
+)
+
+func (devicePipeSender) StreamOrdered() bool   { return true }
+func (devicePipeReceiver) StreamOrdered() bool { return true }
+func (devicePipeSender) Close() error          { return nil }
+func (devicePipeReceiver) Close() error        { return nil }
+
+func (s devicePipeSender) Send(ctx context.Context, h collective.Header, b collective.Buffer) error {
+	p := s.p
+	if h.Bytes() > p.maxBytes {
+		return fmt.Errorf("device pipe: %v larger than its %d-byte slots", h, p.maxBytes)
+	}
+	var k int
+	select {
+	case k = <-p.free:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	err := p.dev.Do(func() error {
+		if err := p.sender.WaitEvent(p.copied[k]); err != nil {
+			return err
+		}
+		if err := gpu.CopyDtoDAsync(p.slots[k].Ptr(), b.(gpu.Mem).Ptr(), h.Bytes(), p.sender); err != nil {
+			return err
+		}
+		return p.sent[k].Record(p.sender)
+	})
+	if err != nil {
+		return err
+	}
+	p.msgs <- pipeMsg{h, k}
+	return nil
+}
+
+func (r devicePipeReceiver) Recv(ctx context.Context, h collective.Header, b collective.Buffer) error {
+	p := r.p
+	var m pipeMsg
+	select {
+	case m = <-p.msgs:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	if m.h != h {
+		return fmt.Errorf("device pipe: got %v, want %v", m.h, h)
+	}
+	err := p.dev.Do(func() error {
+		if err := p.receiver.WaitEvent(p.sent[m.slot]); err != nil {
+			return err
+		}
+		if err := gpu.CopyDtoDAsync(b.(gpu.Mem).Ptr(), p.slots[m.slot].Ptr(), h.Bytes(), p.receiver); err != nil {
+			return err
+		}
+		return p.copied[m.slot].Record(p.receiver)
+	})
+	if err != nil {
+		return err
+	}
+	p.free <- m.slot
+	return nil
+}
