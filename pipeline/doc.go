@@ -46,6 +46,17 @@
 // message is 8 bytes a sequence), since the first stage takes them only
 // when a step awaits them; package sched keeps at most that many waiting.
 //
+// A stage that can launch a step and return before its work is done
+// (stage.Launcher: a CUDA stage) is kept launched ahead: the pipeline's
+// only stage always, and a stage of a longer pipeline when all its links
+// order their transfers on its stream (collective.StreamOrdered: NCCL
+// between CUDA stages, stage.LinkedLauncher). Its worker then orders a
+// step's receives, launches it and orders its sends without waiting for
+// any of them, so that the device takes the next step as soon as its
+// input is there while the host reports the last one. Such a worker keeps
+// a copy of each step it holds (the leader reuses an in-process step's
+// memory once it has the last stage's result).
+//
 // Stages time their own steps (StageTiming: waiting for the step,
 // awaiting hand-offs, receiving, the forward pass with its device time
 // where the stage measures it, sending, and the busy time so far) on a

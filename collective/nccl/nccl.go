@@ -316,5 +316,5 @@ var (
 	_ collective.Receiver      = (*Receiver)(nil)
 	_ collective.StreamOrdered = (*Sender)(nil)
 	_ collective.StreamOrdered = (*Receiver)(nil)
-	_ DeviceBuffer        = gpu.Mem{}
+	_ DeviceBuffer             = gpu.Mem{}
 )
