@@ -21,6 +21,11 @@
 #                the conformance suite on every path, the CUDA-graph tests
 #                (short) and decode timing on random Llama-3.2-1B weights
 #       nccl     on a machine of two GPUs: only (6)
+#       split    a model split into two stages of one GPU: each half's decode
+#                step of 64 sequences against the whole model's, with their
+#                per-kernel breakdowns (TestSplitDecodeTiming; random
+#                Llama-3.2-1B and Llama-3.1-8B weights): what each stage of a
+#                two-GPU pipeline costs, and how evenly a split divides it
 #
 # The full device part (1) makes random-init checkpoints with transformers and
 # saves them in bf16 (a Llama-3.2-1B shape and a small Qwen2 shape with q/k/v
@@ -78,7 +83,7 @@ if [ "${1:-build}" = build ]; then
 	exit 0
 fi
 if [ "$1" != device ]; then
-	echo "usage: gpu-check.sh [build [DIR]] | device [quick|kernels|nccl]" >&2
+	echo "usage: gpu-check.sh [build [DIR]] | device [quick|kernels|nccl|split]" >&2
 	exit 2
 fi
 
@@ -111,6 +116,12 @@ if [ "$MODE" = nccl ]; then
 	step "(6) model split over two GPUs through NCCL"
 	TANDEM_RESULTS=$RESULTS "$BIN/cuda.test" -test.v -test.run 'TestTwoGPUSplit' -test.timeout 300s 2>&1 | tee -a "$LOG" || status=1
 	python3 "$HERE/hf_summary.py" "$WORK" "$RESULTS" "$OUT" "tandem two-GPU check, $(date -u +%Y-%m-%d), exit status $status" 2>&1 | tee -a "$LOG"
+	exit $status
+fi
+
+if [ "$MODE" = split ]; then
+	step "two-stage split of one GPU: each half's decode step against the whole"
+	TANDEM_BENCH_SPLIT=1 TANDEM_BENCH_SHAPES=llama1b,llama8b "$BIN/cuda.test" -test.v -test.run 'TestSplitDecodeTiming' -test.timeout 400s 2>&1 | tee -a "$LOG" || status=1
 	exit $status
 fi
 

@@ -443,3 +443,116 @@ func profileResult(p *StepProfile, table *strings.Builder) map[string]any {
 	}
 	return map[string]any{"sum_ms": float64(p.Sum) / 1e6, "step_ms": float64(p.Step) / 1e6, "kernels": kernels}
 }
+
+// TestSplitDecodeTiming times a decode step of 64 sequences (64-token
+// contexts, FULL graphs) of each TANDEM_BENCH_SHAPES model on one stage of
+// all its layers and on the two halves of a two-stage split, one GPU
+// holding all three: what each stage of a two-GPU pipeline costs against
+// the whole model, and the per-kernel breakdown of each (eager, events
+// around each kernel), to show where a split adds time and how evenly it
+// divides the step. Run by scripts/gpu-check.sh device split
+// (TANDEM_BENCH_SPLIT set).
+func TestSplitDecodeTiming(t *testing.T) {
+	if os.Getenv("TANDEM_BENCH_SPLIT") == "" {
+		t.Skip("TANDEM_BENCH_SPLIT is not set: scripts/gpu-check.sh device split runs this")
+	}
+	models := benchModels(t)
+	if len(models) == 0 {
+		t.Skip("neither TANDEM_BENCH_CHECKPOINT nor TANDEM_BENCH_SHAPES is set: nothing to time")
+	}
+	device(t)
+	for _, bm := range models {
+		t.Run(bm.name, func(t *testing.T) {
+			cfg := bm.cfg
+			const batch, prompt, steps = 64, 64, 40
+			L := cfg.NumLayers
+			open := func(lo, hi int) *Stage {
+				return openTestStage(t, Config{Model: cfg, Lo: lo, Hi: hi, Weights: bm.weights, MaxTokens: 512, MaxSeqs: batch, MaxSeqLen: 256})
+			}
+			stages := []*Stage{open(0, L), open(0, L/2), open(L/2, L)}
+			d := mustDispatcher(t, graphs.Config{Mode: graphs.Full, MaxCaptureSize: batch, MaxNumSeqs: batch})
+			for _, st := range stages {
+				if err := st.Capture(d.Keys()); err != nil {
+					t.Fatal(err)
+				}
+			}
+			ctx := context.Background()
+			rng := rand.New(rand.NewPCG(3, 3))
+			tables := tablesFor(stages[0])
+			ids := make([]uint64, batch)
+			last := make([]int32, batch)
+			next := uint64(1)
+			// forward runs b on the whole stage and on the split, the first
+			// half's activations copied into the second's input.
+			forward := func(b *stage.Batch, dev []time.Duration) {
+				for k, st := range stages {
+					out, err := st.Forward(ctx, b)
+					if err != nil {
+						t.Fatalf("stage %d: %v", k, err)
+					}
+					dev[k] += st.LastStepTime()
+					switch k {
+					case 0:
+						for j, s := range out.Sampled {
+							last[j] = s.Token
+						}
+					case 1:
+						src, dst := out.Activations.(gpu.Mem), stages[2].Input().(gpu.Mem)
+						if err := st.dev.Do(func() error {
+							return gpu.CopyDtoDAsync(dst.Ptr(), src.Ptr(), out.Header.Bytes(), st.stream)
+						}); err != nil {
+							t.Fatal(err)
+						}
+					}
+				}
+			}
+			scratch := make([]time.Duration, 3)
+			for i := 0; i < batch; i += 8 {
+				b := &stage.Batch{ID: next}
+				next++
+				for j := i; j < i+8; j++ {
+					ids[j] = uint64(j + 1)
+					toks := make([]int32, prompt)
+					for k := range toks {
+						toks[k] = int32(rng.IntN(cfg.VocabSize))
+					}
+					b.Seqs = append(b.Seqs, stage.Seq{ID: ids[j], Tokens: toks, Sample: true})
+				}
+				forward(fill(t, tables, b), scratch)
+			}
+			decode := func(step int) *stage.Batch {
+				b := &stage.Batch{ID: next}
+				next++
+				for j := range ids {
+					b.Seqs = append(b.Seqs, stage.Seq{ID: ids[j], Pos: prompt + step, Tokens: []int32{last[j]}, Sample: true, Index: step + 1})
+				}
+				return fill(t, tables, b)
+			}
+			sum := make([]time.Duration, 3)
+			for step := 0; step < steps; step++ {
+				b := decode(step)
+				m, desc := d.Dispatch(batch, true, batch)
+				b.Graph = graphs.Step{Mode: m, Desc: desc}
+				if step < 8 {
+					forward(b, scratch)
+				} else {
+					forward(b, sum)
+				}
+			}
+			n := time.Duration(steps - 8)
+			var prof strings.Builder
+			b := decode(steps)
+			for _, st := range stages {
+				p, _, err := st.ProfileStep(ctx, b)
+				if err != nil {
+					t.Fatal(err)
+				}
+				fmt.Fprintf(&prof, "stage [%d,%d): kernels %.3f ms (step %.3f ms eager)\n", st.lo, st.hi, float64(p.Sum)/1e6, float64(p.Step)/1e6)
+				profileResult(p, &prof)
+			}
+			t.Logf("%s, decode of %d sequences, FULL graphs, device ms a step: whole %.3f; halves %.3f + %.3f = %.3f (x%.3f)\n%s", bm.name, batch,
+				float64(sum[0]/n)/1e6, float64(sum[1]/n)/1e6, float64(sum[2]/n)/1e6, float64((sum[1]+sum[2])/n)/1e6,
+				float64(sum[1]+sum[2])/float64(sum[0]), prof.String())
+		})
+	}
+}
