@@ -77,6 +77,10 @@ DEADLINE=${DEADLINE:-100000}
 # (CUDA_VISIBLE_DEVICES=k, as systemd/tandemd@.service runs it);
 # SELECT=ordinal: every daemon sees all GPUs and takes --device k.
 SELECT=${SELECT:-visible}
+# BY_TIME=1: after its throughput runs, the two-GPU cluster with hand-off
+# moves to the placement `tandemctl rebalance --by-time` makes from the
+# stages' times over them, and is measured again (cluster two-bytime).
+BY_TIME=${BY_TIME:-0}
 # PLAN_llama1b, PLAN_llama8b: an explicit placement the two-GPU clusters
 # of that shape move to before they are measured (tandemctl rebalance
 # --plan, e.g. PLAN_llama1b=gpu0=0-9,gpu1=9-16); default: the leader's.
@@ -278,6 +282,11 @@ shape_run() {
 		{ echo "# $shape: tandemctl status (two GPUs, hand-off on)"; ctl status; echo; echo "# tandemctl graphs"; ctl graphs; } >>"$OUT/status-graphs.txt" 2>&1
 		throughput "$shape-two-handoff" || status=1
 		{ echo; echo "# $shape: tandemctl graphs after the throughput runs"; ctl graphs; echo; ctl status; } >>"$OUT/status-graphs.txt" 2>&1
+		if [ "$BY_TIME" = 1 ]; then
+			ctl rebalance --by-time --timeout 120s 2>&1 | tee -a "$LOG" || status=1
+			prompts "$shape-two-bytime" || status=1
+			throughput "$shape-two-bytime" || status=1
+		fi
 	else
 		status=1
 	fi
@@ -375,7 +384,9 @@ else:
     for shape in shapes:
         if not load(shape + "-one"):
             continue
-        for two in ("two", "two-nohandoff"):
+        for two in ("two", "two-nohandoff", "two-bytime"):
+            if two == "two-bytime" and not load(shape + "-" + two):
+                continue
             rows, k = compare(load(shape + "-" + two), load(shape + "-one"), True)
             summary[shape + "-" + two + "_vs_one"] = rows
             summary[shape + "-" + two + "_same_tokens"] = k

@@ -202,6 +202,12 @@ func checkMoves(t *testing.T) {
 	if _, err := run(t, "", "rebalance", "--plan", "solo=3-1"); err == nil || !strings.Contains(err.Error(), "--plan") {
 		t.Errorf("rebalance --plan solo=3-1: %v, want a plan error", err)
 	}
+	if _, err := run(t, "", "rebalance", "--by-time"); err == nil || !strings.Contains(err.Error(), "two stages or more") {
+		t.Errorf("rebalance --by-time of a single stage: %v, want it refused", err)
+	}
+	if _, err := run(t, "", "rebalance", "--by-time", "--plan", "solo=0-4"); err == nil || !strings.Contains(err.Error(), "give one") {
+		t.Errorf("rebalance --by-time --plan: %v, want it refused", err)
+	}
 	out, err = run(t, "", "drain", "solo")
 	t.Logf("tandemctl drain solo:\n%s", out)
 	if err != nil || !strings.Contains(out, "solo drained, but no placement without it is possible") || !strings.Contains(out, "keeps serving") {

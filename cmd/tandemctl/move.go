@@ -2,14 +2,17 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"strconv"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/spf13/cobra"
 
+	"github.com/tandem-llm/tandem/daemon/placement"
 	tandemv1 "github.com/tandem-llm/tandem/proto/tandem/v1"
 )
 
@@ -19,9 +22,10 @@ func newRebalanceCmd() *cobra.Command {
 		asJSON bool
 		plan   string
 		dryRun bool
+		byTime bool
 	)
 	cmd := &cobra.Command{
-		Use:   "rebalance [--plan NODE=LO-HI,...] [--dry-run] [--json]",
+		Use:   "rebalance [--plan NODE=LO-HI,... | --by-time] [--dry-run] [--json]",
 		Short: "Move the pipeline to a new placement, under load",
 		Long: `Ask the leader to recompute the placement of the model over the live,
 undrained stage nodes (balanced by their memory), or to apply --plan (layers
@@ -32,14 +36,43 @@ switch to it at a step boundary and re-prefill there, their streams going on,
 then the old stages are released. Prints the layer map before and after with
 each stage's KV capacity, and how long the move took. --dry-run only prints
 the placement it would move to. Needs the admin token when the cluster has
-one.`,
+one.
+
+--by-time divides the layers anew over the serving pipeline's nodes so that
+the stages take even times, as their own timing of the steps they have run
+predicts (each stage's device time, or forward time where it measures
+none): an even split of the layers leaves the last stage slower, for it also
+runs the LM head and the sampler. It prints what it measured and the plan,
+and applies the plan as --plan would (which pins it against automatic
+rebalancing until the membership changes). Run it under load.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ranges, err := parsePlan(plan)
 			if err != nil {
 				return fmt.Errorf("--plan: %w", err)
 			}
+			if byTime && ranges != nil {
+				return errors.New("--plan and --by-time: give one")
+			}
 			return adminShow(cmd, &c, asJSON, "rebalance", func(ctx context.Context, a tandemv1.AdminClient) (*tandemv1.MoveResponse, error) {
+				if byTime {
+					st, err := a.Status(ctx, &tandemv1.StatusRequest{})
+					if err != nil {
+						return nil, err
+					}
+					fit, err := placement.ByTime(stageTimes(st))
+					if err != nil {
+						return nil, err
+					}
+					printTimeFit(cmd.ErrOrStderr(), fit)
+					if fit.Unchanged {
+						// Nothing to move: the answer shows the placement.
+						dryRun = true
+					}
+					for _, r := range fit.After {
+						ranges = append(ranges, &tandemv1.LayerRange{Node: r.Node, LayerLo: uint32(r.Lo), LayerHi: uint32(r.Hi)})
+					}
+				}
 				return a.Rebalance(ctx, &tandemv1.RebalanceRequest{Plan: ranges, DryRun: dryRun})
 			}, printMove)
 		},
@@ -48,7 +81,47 @@ one.`,
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the answer as JSON")
 	cmd.Flags().StringVar(&plan, "plan", "", "explicit placement: NODE=LO-HI,... covering every layer in pipeline order")
 	cmd.Flags().BoolVar(&dryRun, "dry-run", false, "only print the placement it would move to")
+	cmd.Flags().BoolVar(&byTime, "by-time", false, "divide the layers so that the stages take even times, as measured under load")
 	return cmd
+}
+
+// stageTimes is the serving pipeline's stages with the time each spent in
+// its steps: device time where the stage measures it, else forward time.
+func stageTimes(st *tandemv1.StatusResponse) []placement.StageTime {
+	var ts []placement.StageTime
+	for _, s := range st.GetStages() {
+		busy := s.GetDeviceBusy().AsDuration()
+		if busy <= 0 {
+			busy = s.GetBusy().AsDuration()
+		}
+		ts = append(ts, placement.StageTime{Node: s.GetNode(), Lo: int(s.GetLayerLo()), Hi: int(s.GetLayerHi()), Busy: busy})
+	}
+	return ts
+}
+
+// printTimeFit prints what rebalance --by-time measured and predicts.
+func printTimeFit(w io.Writer, fit placement.TimeFit) {
+	total := time.Duration(0)
+	for _, t := range fit.Times {
+		total += t
+	}
+	fmt.Fprintf(w, "stage times (share of the stages' time): a layer %.1f%%, the LM head and sampling %.1f%%\n",
+		100*float64(fit.Layer)/float64(total), 100*float64(fit.Head)/float64(total))
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "NODE\tLAYERS\tTIME\tPLAN\tPREDICTED")
+	for i, r := range fit.Before {
+		a := fit.After[i]
+		fmt.Fprintf(tw, "%s\t[%d, %d)\t%.1f%%\t[%d, %d)\t%.1f%%\n", r.Node, r.Lo, r.Hi, 100*float64(fit.Times[i])/float64(total),
+			a.Lo, a.Hi, 100*float64(fit.Predicted[i])/float64(total))
+	}
+	tw.Flush()
+	if fit.Unchanged {
+		fmt.Fprintln(w, "the layers already sit so: nothing to move")
+		return
+	}
+	fmt.Fprintf(w, "slowest stage: %.1f%% -> %.1f%% of the stages' time (%.2fx the throughput where it bounds it)\n",
+		100*float64(placement.Slowest(fit.Times))/float64(total), 100*float64(placement.Slowest(fit.Predicted))/float64(total),
+		float64(placement.Slowest(fit.Times))/float64(placement.Slowest(fit.Predicted)))
 }
 
 func newDrainCmd() *cobra.Command {
