@@ -20,7 +20,16 @@
 #                                             requests finish with the one-GPU
 #                                             tokens (cmd/tandemd's
 #                                             TestGPUStageFailover)
-#   BACKEND=cpu bash scripts/gpu-cluster-check.sh device [mixed|failover]
+#   bash scripts/gpu-cluster-check.sh device kill
+#                                             on a machine of two GPUs: the
+#                                             Llama-3.2-1B shape split over
+#                                             both (NCCL); the last stage's
+#                                             daemon SIGKILLed under load; the
+#                                             leader moves the model to the
+#                                             first GPU alone, every request
+#                                             completes, and the greedy prompts
+#                                             give the tokens they gave before
+#   BACKEND=cpu bash scripts/gpu-cluster-check.sh device [mixed|failover|kill]
 #                                             here, on the CPU with a tiny model:
 #                                             checks the script itself
 #
@@ -314,6 +323,50 @@ shape_run() {
 
 : >"$OUT/daemons.log"
 : >"$OUT/status-graphs.txt"
+if [ "$MODE" = kill ]; then
+	step "(K) two GPUs, NCCL; the last stage SIGKILLed under load"
+	MODEL=$WORK/llama1b
+	checkpoint llama1b "$MODEL" || exit 1
+	if start_cluster kill "gpu0:cuda gpu1:cuda"; then
+		prompts kill-before || status=1
+		ctl bench --timeout 300s --concurrency 32 --requests 96 --prompt-tokens 64 --max-tokens "$THROUGHPUT_TOKENS" \
+			--vocab "$VOCAB" --seed 3000 --json >"$WORK/runs/kill-bench.json" &
+		bench=$!
+		sleep 1.5
+		echo "SIGKILL gpu1 (pid ${PIDS[2]}) at $(date -u +%T.%N)" | tee -a "$LOG"
+		kill -KILL "${PIDS[2]}"
+		wait $bench || status=1
+		python3 - "$WORK/runs/kill-bench.json" <<'EOF2' | tee -a "$LOG" || status=1
+import json, sys
+b = json.load(open(sys.argv[1]))
+print("bench under the kill: %d requests, %d failed, %d tokens in %.2f s, TTFT p99 %.1f ms, ITL p99 %.1f ms" % (
+    b["requests"], b["failed"], b["generated_tokens"], b["wall_s"], b["ttft_p99_ms"], b["itl_p99_ms"]))
+for f in b.get("failures", []):
+    print("  %d failed: %s" % (f["count"], f["error"]))
+sys.exit(1 if b["failed"] else 0)
+EOF2
+		ctl status 2>&1 | tee -a "$LOG"
+		prompts kill-after || status=1
+		if cmp -s "$WORK/runs/kill-before.prompts" "$WORK/runs/kill-after.prompts"; then
+			echo "the greedy prompts gave the same tokens and log-probabilities on the first GPU alone" | tee -a "$LOG"
+		else
+			python3 - "$WORK/runs/kill-before.prompts" "$WORK/runs/kill-after.prompts" <<'EOF2' | tee -a "$LOG"
+import json, sys
+a = [json.loads(l) for l in open(sys.argv[1])]
+b = [json.loads(l) for l in open(sys.argv[2])]
+for i, (x, y) in enumerate(zip(a, b)):
+    print("prompt %d: same tokens %s" % (i, x.get("tokenIds") == y.get("tokenIds")))
+sys.exit(0 if all(x.get("tokenIds") == y.get("tokenIds") for x, y in zip(a, b)) and len(a) == len(b) == 4 else 1)
+EOF2
+			[ "${PIPESTATUS[0]}" = 0 ] || status=1
+		fi
+	else
+		status=1
+	fi
+	stop_cluster kill
+	echo "exit status $status" | tee -a "$LOG"
+	exit $status
+fi
 if [ "$MODE" = mixed ]; then
 	step "(M) CPU and CUDA stages mixed, TCP between them"
 	MODEL=$WORK/model
