@@ -63,9 +63,8 @@
 // (or act on another device) elsewhere. Do must not be called from inside
 // Do. Device.LockThread makes the context current on the caller's own
 // thread for loops of cheap queries (polling an event) that should not hop
-// to the device goroutine per call, and for NCCL p2p calls that a link
-// orders on its own (NCCLGroupStart, Send or Recv, NCCLGroupEnd, all on
-// that one thread). Init, Probe, DeviceCount, DriverVersion, Compile, NVRTCVersion,
+// to the device goroutine per call, and for the NCCL transfers a link
+// orders on its own (NCCLComm.P2P). Init, Probe, DeviceCount, DriverVersion, Compile, NVRTCVersion,
 // NCCLVersion, NewNCCLUniqueID, NCCLComm.Abort, NCCLComm.AsyncError and
 // NCCLComm.Ready may
 // be called from any goroutine. Handles (Stream, Event, Module, BLAS,

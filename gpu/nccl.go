@@ -145,7 +145,10 @@ const (
 
 // NCCLComm is one rank's handle of an NCCL communicator. Its operations
 // run on the goroutine of the device it was created on (Device.Do), except
-// Abort, AsyncError and Ready, which may be called from any goroutine.
+// Abort, AsyncError and Ready, which may be called from any goroutine, and
+// P2P, also from a thread of Device.LockThread. Each holds the
+// communicator while it calls NCCL, so Abort from another goroutine never
+// frees it under a call.
 type NCCLComm struct {
 	lib         *ncclLib
 	h           uintptr
@@ -213,18 +216,19 @@ func (c *NCCLComm) NonBlocking() bool { return c.nonBlocking }
 // (joining, or issuing a group): ncclCommGetAsyncError is ncclSuccess
 // rather than ncclInProgress. An asynchronous error is returned as such.
 func (c *NCCLComm) Ready() (bool, error) {
-	h, err := c.live()
-	if err != nil {
-		return false, err
-	}
-	var r int32
-	if err := c.lib.check("ncclCommGetAsyncError", c.lib.commGetAsyncError.status(h, uintptr(unsafe.Pointer(&r))), h); err != nil {
-		return false, err
-	}
-	if r == ncclInProgress {
-		return false, nil
-	}
-	return r == ncclSuccess, c.lib.check("ncclCommGetAsyncError", r, h)
+	ready := false
+	err := c.locked(func(h uintptr) error {
+		var r int32
+		if err := c.lib.check("ncclCommGetAsyncError", c.lib.commGetAsyncError.status(h, uintptr(unsafe.Pointer(&r))), h); err != nil {
+			return err
+		}
+		if r == ncclInProgress {
+			return nil
+		}
+		ready = r == ncclSuccess
+		return c.lib.check("ncclCommGetAsyncError", r, h)
+	})
+	return ready, err
 }
 
 // Rank is this rank's index in the communicator.
@@ -233,34 +237,60 @@ func (c *NCCLComm) Rank() int { return c.rank }
 // Ranks is the communicator's size.
 func (c *NCCLComm) Ranks() int { return c.ranks }
 
-// live returns the handle, or ErrCommAborted.
-func (c *NCCLComm) live() (uintptr, error) {
+// locked runs f with the communicator's handle, holding it against Abort
+// from another goroutine; ErrCommAborted once it is aborted.
+func (c *NCCLComm) locked(f func(h uintptr) error) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.aborted || c.h == 0 {
-		return 0, ErrCommAborted
+		return ErrCommAborted
 	}
-	return c.h, nil
+	return f(c.h)
 }
 
 // Send orders sending count elements at buf to rank peer on s (ncclSend).
-// Device goroutine, or a thread of Device.LockThread.
+// Device goroutine only.
 func (c *NCCLComm) Send(buf DevicePtr, count int, dt NCCLDataType, peer int, s Stream) error {
-	h, err := c.live()
-	if err != nil {
-		return err
-	}
+	return c.locked(func(h uintptr) error { return c.send(h, buf, count, dt, peer, s) })
+}
+
+func (c *NCCLComm) send(h uintptr, buf DevicePtr, count int, dt NCCLDataType, peer int, s Stream) error {
 	return c.lib.check("ncclSend", notInProgress(c.lib.send.status(uintptr(buf), uintptr(count), uintptr(dt), uintptr(peer), h, uintptr(s))), h)
 }
 
 // Recv orders receiving count elements from rank peer into buf on s
-// (ncclRecv). Device goroutine, or a thread of Device.LockThread.
+// (ncclRecv). Device goroutine only.
 func (c *NCCLComm) Recv(buf DevicePtr, count int, dt NCCLDataType, peer int, s Stream) error {
-	h, err := c.live()
-	if err != nil {
-		return err
-	}
+	return c.locked(func(h uintptr) error { return c.recv(h, buf, count, dt, peer, s) })
+}
+
+func (c *NCCLComm) recv(h uintptr, buf DevicePtr, count int, dt NCCLDataType, peer int, s Stream) error {
 	return c.lib.check("ncclRecv", notInProgress(c.lib.recv.status(uintptr(buf), uintptr(count), uintptr(dt), uintptr(peer), h, uintptr(s))), h)
+}
+
+// P2P orders one send (send set) or receive of count elements at buf with
+// rank peer on s, in a group of its own (ncclGroupStart, ncclSend or
+// ncclRecv, ncclGroupEnd), holding the communicator throughout: an Abort
+// from another goroutine comes before or after it, never between its
+// calls. With a non-blocking communicator the transfer is on the stream
+// once Ready reports true. Device goroutine, or a thread of
+// Device.LockThread.
+func (c *NCCLComm) P2P(send bool, buf DevicePtr, count int, dt NCCLDataType, peer int, s Stream) error {
+	return c.locked(func(h uintptr) error {
+		if err := NCCLGroupStart(); err != nil {
+			return err
+		}
+		var err error
+		if send {
+			err = c.send(h, buf, count, dt, peer, s)
+		} else {
+			err = c.recv(h, buf, count, dt, peer, s)
+		}
+		if gerr := NCCLGroupEnd(); err == nil {
+			err = gerr
+		}
+		return err
+	})
 }
 
 // NCCLGroupStart opens a group of NCCL calls that are issued together at
@@ -299,18 +329,16 @@ func notInProgress(r int32) int32 {
 // (ncclCommGetAsyncError): a failure of work already ordered, e.g. a lost
 // peer. It does not wait.
 func (c *NCCLComm) AsyncError() error {
-	h, err := c.live()
-	if err != nil {
-		return err
-	}
-	var r int32
-	if err := c.lib.check("ncclCommGetAsyncError", c.lib.commGetAsyncError.status(h, uintptr(unsafe.Pointer(&r))), h); err != nil {
-		return err
-	}
-	if r == ncclInProgress {
-		return nil
-	}
-	return c.lib.check("ncclCommGetAsyncError", r, h)
+	return c.locked(func(h uintptr) error {
+		var r int32
+		if err := c.lib.check("ncclCommGetAsyncError", c.lib.commGetAsyncError.status(h, uintptr(unsafe.Pointer(&r))), h); err != nil {
+			return err
+		}
+		if r == ncclInProgress {
+			return nil
+		}
+		return c.lib.check("ncclCommGetAsyncError", r, h)
+	})
 }
 
 // Abort aborts the communicator's outstanding work and frees it

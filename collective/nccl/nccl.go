@@ -114,17 +114,7 @@ func (e *endpoint) transfer(ctx context.Context, h collective.Header, b collecti
 	if err := comm.AsyncError(); err != nil {
 		return fmt.Errorf("%s: %w", what, e.fail(err))
 	}
-	if err := gpu.NCCLGroupStart(); err != nil {
-		return fmt.Errorf("%s: %w", what, e.fail(err))
-	}
-	if e.verb == "send" {
-		err = comm.Send(db.Ptr(), n, gpu.NCCLUint8, e.cfg.Peer, s)
-	} else {
-		err = comm.Recv(db.Ptr(), n, gpu.NCCLUint8, e.cfg.Peer, s)
-	}
-	if gerr := gpu.NCCLGroupEnd(); err == nil {
-		err = gerr
-	}
+	err = comm.P2P(e.verb == "send", db.Ptr(), n, gpu.NCCLUint8, e.cfg.Peer, s)
 	if err == nil && comm.NonBlocking() {
 		// The group may still be connecting and issuing: the transfer is
 		// on the stream only once the communicator is ready.
