@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"slices"
 	"time"
 
@@ -226,6 +227,9 @@ func decodeStep(b []byte) (*Step, error) {
 	}
 	for i, q := range mb.GetSeqs() {
 		sp := q.GetSampling()
+		if t, p := float64(sp.GetTemperature()), float64(sp.GetTopP()); math.IsNaN(t) || math.IsInf(t, 0) || math.IsNaN(p) || math.IsInf(p, 0) {
+			return nil, fmt.Errorf("decode step: seq %d: sampling temperature %v, top-p %v: want finite numbers", q.GetId(), sp.GetTemperature(), sp.GetTopP())
+		}
 		s.Batch.Seqs[i] = stage.Seq{
 			ID: q.GetId(), Pos: int(q.GetPos()), Tokens: q.GetTokens(), Blocks: q.GetBlocks(), Sample: q.GetSample(),
 			Sampling: stage.Sampling{Temperature: sp.GetTemperature(), TopK: int(sp.GetTopK()), TopP: sp.GetTopP(), Seed: sp.GetSeed(), Logprobs: int(sp.GetLogprobs())},
