@@ -152,8 +152,15 @@ func testSendRecv(t *testing.T, p *pair) {
 		if err := p.recv.Recv(ctx, h, p.dst); err != nil {
 			t.Fatal(err)
 		}
+		// Read after the stream: an ordered link (Config.Ordered) has
+		// waited for nothing.
 		got := make([]byte, h.Bytes())
-		if err := p.dev.Do(func() error { return gpu.CopyDtoH(got, p.dst.Ptr()) }); err != nil {
+		if err := p.dev.Do(func() error {
+			if err := p.stream.Synchronize(); err != nil {
+				return err
+			}
+			return gpu.CopyDtoH(got, p.dst.Ptr())
+		}); err != nil {
 			t.Fatal(err)
 		}
 		if !bytes.Equal(got, data) {
@@ -405,35 +412,9 @@ func TestOrdered(t *testing.T) {
 			if p.recv, err = NewReceiver(Config{Device: p.dev, Comm: p.c1, Peer: 0, Stream: p.stream, Ordered: true}); err != nil {
 				t.Fatal(err)
 			}
-			// The data, checked after a synchronisation of the stream: the
-			// transfers are waited for nowhere else.
+			testSendRecv(t, p)
 			ctx := context.Background()
-			h := collective.Header{Batch: 1, Rows: 3, Cols: 512, DType: collective.BF16}
-			data := make([]byte, h.Bytes())
-			for i := range data {
-				data[i] = byte(rand.Uint32())
-			}
-			if err := p.dev.Do(func() error { return gpu.CopyHtoD(p.src.Ptr(), data) }); err != nil {
-				t.Fatal(err)
-			}
-			if err := p.send.Send(ctx, h, p.src); err != nil {
-				t.Fatal(err)
-			}
-			if err := p.recv.Recv(ctx, h, p.dst); err != nil {
-				t.Fatal(err)
-			}
-			got := make([]byte, h.Bytes())
-			if err := p.dev.Do(func() error {
-				if err := p.stream.Synchronize(); err != nil {
-					return err
-				}
-				return gpu.CopyDtoH(got, p.dst.Ptr())
-			}); err != nil {
-				t.Fatal(err)
-			}
-			if !bytes.Equal(got, data) {
-				t.Fatal("received data differs")
-			}
+			h := collective.Header{Batch: 9, Rows: 3, Cols: 512, DType: collective.BF16}
 			if !nonBlocking {
 				// A transfer that never completes (the stream stays busy):
 				// ordered, it returns at once, where a waiting link would

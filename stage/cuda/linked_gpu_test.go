@@ -16,7 +16,6 @@ import (
 	"github.com/tandem-llm/tandem/pipeline"
 	"github.com/tandem-llm/tandem/sched"
 	"github.com/tandem-llm/tandem/stage"
-	"github.com/tandem-llm/tandem/stage/stagetest"
 )
 
 // TestLinkedPipeline runs a model split into two CUDA stages of one GPU
@@ -29,14 +28,8 @@ import (
 // computes exactly.
 func TestLinkedPipeline(t *testing.T) {
 	dev := device(t)
-	var sh stagetest.Shape
-	for _, s := range stagetest.Shapes() {
-		if s.Model.NumLayers == 4 {
-			sh = s
-		}
-	}
+	sh, w := fourLayers(t, 23)
 	m := sh.Model
-	w := stagetest.RandomWeights(&m, sh.DType, 23)
 	const seqs, slots = 4, 8
 	cfg := func(lo, hi int) Config {
 		return Config{Model: &m, Lo: lo, Hi: hi, Weights: w, MaxTokens: 64, MaxSeqs: slots, MaxSeqLen: 256}

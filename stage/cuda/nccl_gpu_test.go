@@ -10,7 +10,6 @@ import (
 	"github.com/tandem-llm/tandem/collective/nccl"
 	"github.com/tandem-llm/tandem/gpu"
 	"github.com/tandem-llm/tandem/stage"
-	"github.com/tandem-llm/tandem/stage/stagetest"
 )
 
 // TestTwoGPUSplit runs a model split over two GPUs, the activations handed
@@ -32,14 +31,8 @@ func TestTwoGPUSplit(t *testing.T) {
 			t.Error(err)
 		}
 	})
-	var sh stagetest.Shape
-	for _, s := range stagetest.Shapes() {
-		if s.Model.NumLayers == 4 {
-			sh = s
-		}
-	}
+	sh, w := fourLayers(t, 21)
 	m := sh.Model
-	w := stagetest.RandomWeights(&m, sh.DType, 21)
 	cfg := func(lo, hi int, dev *gpu.Device) Config {
 		return Config{Model: &m, Lo: lo, Hi: hi, Weights: w, MaxTokens: 64, MaxSeqs: 4, Device: dev, CacheDir: testDev.cache}
 	}
