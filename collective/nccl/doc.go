@@ -19,7 +19,16 @@
 //	s, err := nccl.NewSender(nccl.Config{Device: dev, Comm: comm, Peer: 1, Stream: stream})
 //	err = s.Send(ctx, hdr, activations) // activations: a gpu.Mem
 //
-// Send and Recv return once the transfer has completed on the device. While
+// With Config.Ordered, Stream is the stream of the caller's own work (a
+// CUDA stage's) and Send and Recv return once the transfer is on it,
+// without waiting: the receive before the work that reads its buffer, the
+// send after the work that wrote it, stream order keeping either buffer
+// from reuse until the transfer is done (collective.StreamOrdered). They
+// check the communicator's asynchronous error first; a transfer whose peer
+// never comes then holds the stream until the owner aborts the
+// communicator (daemon/stagehost does when the link's assignment ends).
+//
+// Otherwise Send and Recv return once the transfer has completed on the device. While
 // they wait they check the transfer's completion event and the
 // communicator's asynchronous error: back to back for Config.Spin (10 ms),
 // so that a wait as long as a neighbour's step ends within microseconds of
@@ -35,8 +44,13 @@
 // # Concurrency
 //
 // A Sender or Receiver is used by one goroutine at a time, which keeps a CPU
-// core busy while it spins in Send or Recv. Send and Recv run their device
-// calls through Config.Device.Do, so they must not be called from inside
-// Do. A Sender and a Receiver may share a communicator and a stream; the
-// caller owns both and destroys them after Close.
+// core busy while it spins in Send or Recv (not with Config.Ordered). Send
+// and Recv make their device calls on the caller's own thread with the
+// device's context current (Device.LockThread), ordered by the caller's
+// program order against the device goroutine's work on the same stream;
+// they must not be called from inside Device.Do. The communicator may be
+// aborted from another goroutine at any time (gpu.NCCLComm.P2P holds it
+// through each transfer's calls). A Sender and a Receiver may share a
+// communicator and a stream; the caller owns both and destroys them after
+// Close.
 package nccl
