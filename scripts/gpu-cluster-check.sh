@@ -54,19 +54,51 @@
 # DEADLINE seconds. Logs, traces, outputs and summary.json go to $OUT; a
 # table is printed last.
 #
-# With the device tool (nvidia-h200-x2): run `bash scripts/gpu-cluster-check.sh`
-# here, then on the device with carry [".carry"]:
-# `bash scripts/gpu-cluster-check.sh device` (BIN=DIR: the binaries are there).
+#   bash scripts/gpu-cluster-check.sh device compare
+#                                             on a machine of two GPUs, in one
+#                                             run: the pair check of this tree
+#                                             with BY_TIME=1, the same of the
+#                                             BASELINE revision's tandemd (when
+#                                             built), then kill; each into
+#                                             OUT/<part>, all of it packed into
+#                                             OUT/results.tar.gz
+#
+# With the device tool (nvidia-h200-x2): run `bash scripts/gpu-cluster-check.sh
+# build [DIR]` here (DIR default .carry/cluster; BASELINE=<git ref> also
+# builds that revision's tandemd; TEST=1 the test binary that failover runs),
+# then on the device, with carry [DIR], `bash scripts/gpu-cluster-check.sh
+# device [MODE]` (BIN=DIR when DIR is not the default). The binaries travel
+# gzipped, to fit what the device takes (64 MiB with the tree).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-if [ "${1:-}" != device ]; then
+if [ "${1:-build}" = build ]; then
 	set -e
-	mkdir -p .carry/cluster
-	CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o .carry/cluster/tandemd ./cmd/tandemd
-	CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o .carry/cluster/tandemctl ./cmd/tandemctl
-	CGO_ENABLED=0 go test -c -trimpath -o .carry/cluster/tandemd.test ./cmd/tandemd
+	DIR=${2:-.carry/cluster}
+	mkdir -p "$DIR" "$DIR/base"
+	tmp=$(mktemp -d)
+	trap 'rm -rf "$tmp"' EXIT
+	CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o "$tmp/tandemd" ./cmd/tandemd
+	CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o "$tmp/tandemctl" ./cmd/tandemctl
+	if [ "${TEST:-0}" = 1 ]; then
+		CGO_ENABLED=0 go test -c -trimpath -ldflags="-s -w" -o "$tmp/tandemd.test" ./cmd/tandemd
+	fi
+	if [ -n "${BASELINE:-}" ]; then
+		git worktree add --detach "$tmp/base-src" "$BASELINE" >/dev/null
+		(cd "$tmp/base-src" && CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o "$tmp/base/tandemd" ./cmd/tandemd)
+		git worktree remove --force "$tmp/base-src"
+		git rev-parse --short "$BASELINE" >"$DIR/base/REVISION"
+		gzip -9c "$tmp/base/tandemd" >"$DIR/base/tandemd.gz"
+	fi
+	for f in tandemd tandemctl tandemd.test; do
+		[ -f "$tmp/$f" ] && gzip -9c "$tmp/$f" >"$DIR/$f.gz"
+	done
+	du -sh "$DIR"
 	exit 0
+fi
+if [ "$1" != device ]; then
+	echo "usage: gpu-cluster-check.sh [build [DIR]] | device [pair|mixed|failover|kill|compare]" >&2
+	exit 2
 fi
 
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
@@ -75,6 +107,49 @@ MODE=${2:-pair}
 OUT=${OUT:-/tmp/tandem-cluster-check}
 WORK=${WORK:-/tmp/tandem-cluster}
 BIN=${BIN:-$PWD/.carry/cluster}
+# Binaries that travel gzipped are unpacked into WORK/bin (and the
+# baseline's into WORK/bin-base).
+if [ -f "$BIN/tandemd.gz" ]; then
+	mkdir -p "$WORK/bin"
+	for f in "$BIN"/*.gz; do
+		gunzip -c "$f" >"$WORK/bin/$(basename "$f" .gz)" && chmod +x "$WORK/bin/$(basename "$f" .gz)"
+	done
+	if [ -f "$BIN/base/tandemd.gz" ]; then
+		mkdir -p "$WORK/bin-base"
+		gunzip -c "$BIN/base/tandemd.gz" >"$WORK/bin-base/tandemd" && chmod +x "$WORK/bin-base/tandemd"
+		ln -sf "$WORK/bin/tandemctl" "$WORK/bin-base/tandemctl"
+		cp "$BIN/base/REVISION" "$WORK/bin-base/" 2>/dev/null
+	fi
+	BIN=$WORK/bin
+fi
+if [ "$MODE" = compare ]; then
+	# Each part runs this script again, into its own OUT and WORK.
+	self=$(cd "$(dirname "$0")" && pwd)/$(basename "$0")
+	part() { # name BIN mode [env...]
+		local name=$1 bin=$2 mode=$3
+		shift 3
+		env "$@" BIN="$bin" WORK="$WORK/$name" OUT="$OUT/$name" bash "$self" device "$mode" >"$OUT/$name.console" 2>&1
+		local rc=$?
+		echo "== $name: exit status $rc (${SECONDS}s)"
+		if [ "$mode" = kill ]; then
+			grep -E 'SIGKILL|bench under|^change:|same tokens|^prompt [0-9]|exit status' "$OUT/$name.console"
+		else
+			sed -n '/stage times/,/slowest stage\|nothing to move/p;/) summary$/,$p' "$OUT/$name.console"
+		fi
+		return $rc
+	}
+	mkdir -p "$OUT"
+	status=0
+	part after "$BIN" pair BY_TIME=1 || status=1
+	if [ -x "$WORK/bin-base/tandemd" ]; then
+		echo "baseline revision $(cat "$WORK/bin-base/REVISION" 2>/dev/null)"
+		part before "$WORK/bin-base" pair || status=1
+	fi
+	part kill "$BIN" kill || status=1
+	tar -C "$OUT" -czf "$WORK/results.tar.gz" . && mv "$WORK/results.tar.gz" "$OUT/"
+	echo "exit status $status"
+	exit $status
+fi
 SHAPES=${SHAPES:-llama1b llama8b}
 L8B=${L8B:-8}
 CONCURRENT=${CONCURRENT:-8 64 128}
