@@ -20,7 +20,9 @@
 #       kernels  kernel development: the kernel tests and their bandwidth table,
 #                the conformance suite on every path, the CUDA-graph tests
 #                (short) and decode timing on random Llama-3.2-1B weights
-#       nccl     on a machine of two GPUs: only (6)
+#       nccl     on a machine of two GPUs: only (6), and the same split
+#                served by pipeline workers over NCCL links ordered on the
+#                stages' streams (TestLinkedPipeline)
 #       split    a model split into two stages of one GPU: each half's decode
 #                step of 64 sequences against the whole model's, with their
 #                per-kernel breakdowns (TestSplitDecodeTiming; random
@@ -114,7 +116,7 @@ MODE=${2:-full}
 
 if [ "$MODE" = nccl ]; then
 	step "(6) model split over two GPUs through NCCL"
-	TANDEM_RESULTS=$RESULTS "$BIN/cuda.test" -test.v -test.run 'TestTwoGPUSplit' -test.timeout 300s 2>&1 | tee -a "$LOG" || status=1
+	TANDEM_RESULTS=$RESULTS "$BIN/cuda.test" -test.v -test.run 'TestTwoGPUSplit|TestLinkedPipeline' -test.timeout 300s 2>&1 | tee -a "$LOG" || status=1
 	python3 "$HERE/hf_summary.py" "$WORK" "$RESULTS" "$OUT" "tandem two-GPU check, $(date -u +%Y-%m-%d), exit status $status" 2>&1 | tee -a "$LOG"
 	exit $status
 fi

@@ -2,6 +2,7 @@ package cuda
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -12,20 +13,21 @@ import (
 	"time"
 
 	"github.com/tandem-llm/tandem/collective"
+	"github.com/tandem-llm/tandem/collective/nccl"
 	"github.com/tandem-llm/tandem/gpu"
 	"github.com/tandem-llm/tandem/pipeline"
 	"github.com/tandem-llm/tandem/sched"
 	"github.com/tandem-llm/tandem/stage"
 )
 
-// TestLinkedPipeline runs a model split into two CUDA stages of one GPU
-// under the scheduler, with on-device hand-off (three steps in flight) and
-// without, over stream-ordered links between the stages' streams
-// (devicePipe, as NCCL links between GPUs are ordered on them): every
-// worker keeps steps launched ahead (stage.LinkedLauncher), ordering the
-// receives before and the sends after each launch. Every request's greedy
-// tokens must be those of the whole model in one stage, which a split
-// computes exactly.
+// TestLinkedPipeline runs a model split into two CUDA stages under the
+// scheduler, with on-device hand-off (three steps in flight) and without,
+// over stream-ordered links between the stages' streams: on one GPU a
+// device link (devicePipe), on two NCCL as daemon/stagehost wires it (the
+// subtest skips with one GPU). Every worker keeps steps launched ahead
+// (stage.LinkedLauncher), ordering the receives before and the sends after
+// each launch. Every request's greedy tokens must be those of the whole
+// model in one stage, which a split computes exactly.
 func TestLinkedPipeline(t *testing.T) {
 	dev := device(t)
 	sh, w := fourLayers(t, 23)
@@ -90,33 +92,130 @@ func TestLinkedPipeline(t *testing.T) {
 	}
 	whole := newTestStage(t, cfg(0, 4))
 	first := &countedStage{Stage: newTestStage(t, cfg(0, 2))}
-	second := &countedStage{Stage: newTestStage(t, cfg(2, 4))}
-	for _, handoff := range []bool{true, false} {
-		t.Run(fmt.Sprintf("handoff=%v", handoff), func(t *testing.T) {
-			for _, st := range []*Stage{whole, first.Stage, second.Stage} {
-				if err := st.Reset(); err != nil {
-					t.Fatal(err)
+	// check runs the requests on whole and on first and second linked by
+	// links, hand-off on and off.
+	check := func(t *testing.T, second *countedStage, links func(from, to, depth int) (collective.Sender, collective.Receiver)) {
+		for _, handoff := range []bool{true, false} {
+			t.Run(fmt.Sprintf("handoff=%v", handoff), func(t *testing.T) {
+				for _, st := range []*Stage{whole, first.Stage, second.Stage} {
+					if err := st.Reset(); err != nil {
+						t.Fatal(err)
+					}
 				}
-			}
-			want := run(t, []stage.Stage{whole}, pipeline.LocalOptions{Handoff: handoff})
-			first.launches.Store(0)
-			second.launches.Store(0)
-			pipes := func(from, to, depth int) (collective.Sender, collective.Receiver) {
-				streams := []gpu.Stream{first.Stream(), second.Stream()}
-				return newDevicePipe(t, dev, streams[from], streams[to], depth)
-			}
-			got := run(t, []stage.Stage{first, second}, pipeline.LocalOptions{Handoff: handoff, Link: pipes})
-			for i := range reqs {
-				if !slices.Equal(got[i], want[i]) {
-					t.Errorf("request %d: two linked stages %v, one stage %v", i, got[i], want[i])
+				want := run(t, []stage.Stage{whole}, pipeline.LocalOptions{Handoff: handoff})
+				first.launches.Store(0)
+				second.launches.Store(0)
+				got := run(t, []stage.Stage{first, second}, pipeline.LocalOptions{Handoff: handoff, Link: links})
+				for i := range reqs {
+					if !slices.Equal(got[i], want[i]) {
+						t.Errorf("request %d: two linked stages %v, one stage %v", i, got[i], want[i])
+					}
 				}
-			}
-			if first.launches.Load() == 0 || second.launches.Load() == 0 {
-				t.Errorf("launches: %d and %d, want both stages launched ahead", first.launches.Load(), second.launches.Load())
-			}
-			t.Logf("%d requests, %d and %d steps launched", len(reqs), first.launches.Load(), second.launches.Load())
-		})
+				if first.launches.Load() == 0 || second.launches.Load() == 0 {
+					t.Errorf("launches: %d and %d, want both stages launched ahead", first.launches.Load(), second.launches.Load())
+				}
+				t.Logf("%d requests, %d and %d steps launched", len(reqs), first.launches.Load(), second.launches.Load())
+			})
+		}
 	}
+	t.Run("one GPU", func(t *testing.T) {
+		second := &countedStage{Stage: newTestStage(t, cfg(2, 4))}
+		check(t, second, func(from, to, depth int) (collective.Sender, collective.Receiver) {
+			streams := []gpu.Stream{first.Stream(), second.Stream()}
+			return newDevicePipe(t, dev, streams[from], streams[to], depth)
+		})
+	})
+	t.Run("two GPUs, NCCL", func(t *testing.T) {
+		if n, err := gpu.DeviceCount(); err != nil || n < 2 {
+			t.Skipf("two GPUs needed, %d present (%v)", n, err)
+		}
+		dev1, err := gpu.Open(1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { dev1.Close() })
+		c := cfg(2, 4)
+		c.Device = dev1
+		second := &countedStage{Stage: newTestStage(t, c)}
+		stages := []*Stage{first.Stage, second.Stage}
+		check(t, second, func(from, to, depth int) (collective.Sender, collective.Receiver) {
+			return orderedNCCL(t, stages[from], stages[to])
+		})
+	})
+}
+
+// orderedNCCL is an NCCL link from stage a to stage b (on two devices),
+// connected with one transfer waited for on streams of its own, then
+// ordered on the stages' streams as daemon/stagehost wires it; the test's
+// end aborts its communicator.
+func orderedNCCL(t *testing.T, a, b *Stage) (collective.Sender, collective.Receiver) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	id, err := nccl.NewUniqueID()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ends := []*Stage{a, b}
+	comms := make([]*gpu.NCCLComm, 2)
+	errs := make(chan error, 2)
+	for rank, st := range ends {
+		go func() {
+			var err error
+			if comms[rank], err = nccl.Connect(ctx, st.Device(), 2, id, rank); err != nil {
+				errs <- err
+				return
+			}
+			// The warm-up: one message, waited for, on a stream of its own.
+			var s gpu.Stream
+			var m gpu.Mem
+			if err := st.Device().Do(func() (err error) {
+				if s, err = gpu.NewStream(); err != nil {
+					return err
+				}
+				m, err = gpu.Alloc(4)
+				return err
+			}); err != nil {
+				errs <- err
+				return
+			}
+			defer st.Device().Do(func() error { m.Free(); return s.Destroy() })
+			h := collective.Header{Rows: 1, Cols: 1, DType: collective.I32}
+			cfg := nccl.Config{Device: st.Device(), Comm: comms[rank], Peer: 1 - rank, Stream: s}
+			if rank == 0 {
+				snd, err := nccl.NewSender(cfg)
+				if err == nil {
+					err = errors.Join(snd.Send(ctx, h, m), snd.Close())
+				}
+				errs <- err
+				return
+			}
+			rcv, err := nccl.NewReceiver(cfg)
+			if err == nil {
+				err = errors.Join(rcv.Recv(ctx, h, m), rcv.Close())
+			}
+			errs <- err
+		}()
+	}
+	for range 2 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() {
+		for _, c := range comms {
+			c.Abort()
+		}
+	})
+	snd, err := nccl.NewSender(nccl.Config{Device: a.Device(), Comm: comms[0], Peer: 1, Stream: a.Stream(), Ordered: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rcv, err := nccl.NewReceiver(nccl.Config{Device: b.Device(), Comm: comms[1], Peer: 0, Stream: b.Stream(), Ordered: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return snd, rcv
 }
 
 // countedStage counts a stage's launches.
