@@ -186,3 +186,40 @@ type (
 
 func (orderedSender) StreamOrdered() bool   { return true }
 func (orderedReceiver) StreamOrdered() bool { return true }
+
+// TestLinkedFailureReported checks that a step a linked stage refuses at
+// its launch (a position gap) fails with an error naming the stage, and
+// that the pipeline's other stage, waiting on its links, ends too instead
+// of hanging, with hand-off on and off.
+func TestLinkedFailureReported(t *testing.T) {
+	for _, handoff := range []bool{true, false} {
+		t.Run(fmt.Sprintf("handoff=%v", handoff), func(t *testing.T) {
+			var stages []stage.Stage
+			for k := range 2 {
+				stages = append(stages, stagetest.NewTimed(newHashStage(k == 0, k == 1, 50, 0), 100*time.Microsecond))
+			}
+			d, err := pipeline.LocalOptions{Handoff: handoff, Link: orderedPipe}.Start(context.Background(), stages)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			ok := stage.Batch{ID: 1, Handoff: handoff, Seqs: []stage.Seq{{ID: 1, Tokens: []int32{3, 4}, Sample: true}}}
+			if _, err := d.Step(ctx, &pipeline.Step{Batch: ok}); err != nil {
+				t.Fatal(err)
+			}
+			gap := stage.Batch{ID: 2, Seqs: []stage.Seq{{ID: 1, Pos: 5, Tokens: []int32{1}, Sample: true}}}
+			_, err = d.Step(ctx, &pipeline.Step{Batch: gap})
+			if err == nil || !strings.Contains(err.Error(), "stage 0") || !strings.Contains(err.Error(), "position 5") {
+				t.Fatalf("error %v, want stage 0's refusal of position 5", err)
+			}
+			done := make(chan error, 1)
+			go func() { done <- d.Close() }()
+			select {
+			case <-done:
+			case <-ctx.Done():
+				t.Fatal("the pipeline did not close after the failure")
+			}
+		})
+	}
+}
