@@ -19,7 +19,8 @@
 #                                             to the CUDA stage alone, where the
 #                                             requests finish with the one-GPU
 #                                             tokens (cmd/tandemd's
-#                                             TestGPUStageFailover)
+#                                             TestGPUStageFailover, built with
+#                                             TEST=1)
 #   bash scripts/gpu-cluster-check.sh device kill
 #                                             on a machine of two GPUs: the
 #                                             Llama-3.2-1B shape split over
