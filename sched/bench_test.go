@@ -732,7 +732,9 @@ func BenchmarkPipelineVsOneGPU(b *testing.B) {
 
 // TestPipelineSaturates checks, in simulated time, the two-GPU targets on
 // the Llama-3.2-1B shape as h200Llama1B models it, with the stages' host
-// work hidden behind their device work: with hand-off, two stages deliver
+// work hidden behind their device work (as on CUDA stages whose NCCL links
+// are stream-ordered, which pipeline's workers keep launched ahead:
+// stage.LinkedLauncher): with hand-off, two stages deliver
 // at least 1.9 times the tokens of one GPU when saturated (128 and 256
 // concurrent requests: two groups of 64 a step) and at least 0.95 times at
 // 8; each stage's device is then at least 90% busy. Sized by the requests
