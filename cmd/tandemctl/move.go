@@ -65,7 +65,7 @@ rebalancing until the membership changes). Run it under load.`,
 						return nil, err
 					}
 					printTimeFit(cmd.ErrOrStderr(), fit)
-					if fit.Unchanged {
+					if fit.Unchanged() {
 						// Nothing to move: the answer shows the placement.
 						dryRun = true
 					}
@@ -115,7 +115,7 @@ func printTimeFit(w io.Writer, fit placement.TimeFit) {
 			a.Lo, a.Hi, 100*float64(fit.Predicted[i])/float64(total))
 	}
 	tw.Flush()
-	if fit.Unchanged {
+	if fit.Unchanged() {
 		fmt.Fprintln(w, "the layers already sit so: nothing to move")
 		return
 	}

@@ -3,6 +3,7 @@ package placement
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 )
 
@@ -20,14 +21,15 @@ type StageTime struct {
 // time one layer takes and the time the last stage's LM head and sampling
 // take on top of its layers (over the same steps as the times given); each
 // stage's time as measured (Times, for the layers Before) and as predicted
-// for the plan (Predicted, for the layers After); and whether the plan is
-// the current placement.
+// for the plan (Predicted, for the layers After).
 type TimeFit struct {
 	Layer, Head      time.Duration
 	Before, After    []Range
 	Times, Predicted []time.Duration
-	Unchanged        bool
 }
+
+// Unchanged reports whether the plan is the current placement.
+func (f TimeFit) Unchanged() bool { return slices.Equal(f.Before, f.After) }
 
 // Slowest is the largest of ts.
 func Slowest(ts []time.Duration) time.Duration {
@@ -105,11 +107,9 @@ func ByTime(stages []StageTime) (TimeFit, error) {
 		counts[best]++
 	}
 	lo := 0
-	fit.Unchanged = true
 	for i, s := range stages {
 		r := Range{Node: s.Node, Lo: lo, Hi: lo + counts[i]}
 		fit.After = append(fit.After, r)
-		fit.Unchanged = fit.Unchanged && r.Lo == s.Lo && r.Hi == s.Hi
 		fit.Predicted = append(fit.Predicted, cost(i))
 		lo = r.Hi
 	}

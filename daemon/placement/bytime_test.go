@@ -54,8 +54,8 @@ func TestByTime(t *testing.T) {
 			if fit.Layer != tc.layer || fit.Head != tc.head {
 				t.Errorf("layer %v head %v, want %v and %v", fit.Layer, fit.Head, tc.layer, tc.head)
 			}
-			if fit.Unchanged != tc.same {
-				t.Errorf("unchanged %v, want %v", fit.Unchanged, tc.same)
+			if fit.Unchanged() != tc.same {
+				t.Errorf("unchanged %v, want %v", fit.Unchanged(), tc.same)
 			}
 			// Independent check: no other split of the layers has a slower
 			// stage faster than the plan's, by the same model.

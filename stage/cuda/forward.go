@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"math"
 
-	"github.com/tandem-llm/tandem/collective"
 	"github.com/tandem-llm/tandem/gpu"
 	"github.com/tandem-llm/tandem/graphs"
 	"github.com/tandem-llm/tandem/stage"
@@ -456,9 +455,8 @@ func (s *Stage) output(f *flight) *stage.Output {
 	b := f.b
 	o := &f.out
 	*o = stage.Output{Sampled: o.Sampled[:0], Logits: o.Logits[:0]}
+	s.sendBuffers(f, o)
 	if !s.last {
-		o.Header = collective.Header{Batch: b.ID, Rows: f.p.tokens, Cols: s.m.HiddenSize, DType: collective.F32}
-		o.Activations = s.outBuf
 		return o
 	}
 	V := s.m.VocabSize
@@ -490,10 +488,6 @@ func (s *Stage) output(f *flight) *stage.Output {
 			smp.Top = append(smp.Top, stage.TokenLogprob{Token: w[2+2*t], Logprob: math.Float32frombits(uint32(w[3+2*t]))})
 		}
 		o.Sampled = append(o.Sampled, smp)
-	}
-	if b.Handoff {
-		o.HandoffHeader = collective.Header{Batch: b.ID, Rows: k, Cols: stage.HandoffCols, DType: collective.I32}
-		o.Handoff = s.ho.out
 	}
 	return o
 }

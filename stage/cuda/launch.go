@@ -72,9 +72,17 @@ func (s *Stage) LaunchedOutput() *stage.Output {
 	if s.launched == 0 {
 		return nil
 	}
-	f := &s.fl[(s.oldest+s.launched-1)%stage.LaunchDepth]
 	o := &s.launchedOut
 	*o = stage.Output{}
+	s.sendBuffers(&s.fl[(s.oldest+s.launched-1)%stage.LaunchDepth], o)
+	return o
+}
+
+// sendBuffers sets what of f's Output goes to another stage, its header
+// and the stage's buffer it is in: the activations on every stage but the
+// last, the hand-off rows (one per sampled sequence) on the last for a
+// Handoff batch.
+func (s *Stage) sendBuffers(f *flight, o *stage.Output) {
 	switch {
 	case !s.last:
 		o.Header = collective.Header{Batch: f.b.ID, Rows: f.p.tokens, Cols: s.m.HiddenSize, DType: collective.F32}
@@ -83,7 +91,6 @@ func (s *Stage) LaunchedOutput() *stage.Output {
 		o.HandoffHeader = collective.Header{Batch: f.b.ID, Rows: f.p.nSampled, Cols: stage.HandoffCols, DType: collective.I32}
 		o.Handoff = s.ho.out
 	}
-	return o
 }
 
 // Finish implements stage.Launcher.
