@@ -31,6 +31,7 @@
 // Dynamic shared memory: gemvfSmem(TT, k) = (TT * k + 32 + 8 * 4 * TT) * 4
 // bytes: the activations, 32 floats of scratch, the parts' sums.
 #define GEMVF_THREADS 256
+#define GEMVF_XB 4
 
 #define GEMVF_PARAMS                                                                         \
     const bf16 *__restrict__ w, const float *__restrict__ x, const int *__restrict__ rowmap, \
@@ -113,13 +114,34 @@ __device__ __forceinline__ void gemvf_body(GEMVF_PARAMS) {
         }
         int xr = (rowmap ? rowmap[tt] : tt) + tok;
         const float* xp = x + (size_t)xr * k;
-        for (int i = tid * 4; i < k; i += GEMVF_THREADS * 4) {
-            float v[4];
-            asm("ld.global.cg.v4.f32 {%0,%1,%2,%3}, [%4];" : "=f"(v[0]), "=f"(v[1]), "=f"(v[2]), "=f"(v[3]) : "l"(xp + i));
+        // GEMVF_XB groups of 4 elements a thread at a time, every load of
+        // a batch (activations, and 4 norm weights in one) issued first.
+        for (int i0 = tid * 4; i0 < k; i0 += GEMVF_THREADS * 4 * GEMVF_XB) {
+            float v[GEMVF_XB][4];
+            unsigned gv[GEMVF_XB][2];
 #pragma unroll
-            for (int q = 0; q < 4; q++) {
-                ss[tt] += v[q] * v[q];
-                xs[tt * k + i + q] = g ? v[q] * bf2f(g[i + q]) : v[q];
+            for (int b = 0; b < GEMVF_XB; b++) {
+                const int i = i0 + b * GEMVF_THREADS * 4;
+                if (i < k) {
+                    asm("ld.global.cg.v4.f32 {%0,%1,%2,%3}, [%4];"
+                        : "=f"(v[b][0]), "=f"(v[b][1]), "=f"(v[b][2]), "=f"(v[b][3])
+                        : "l"(xp + i));
+                    if (g) {
+                        asm("ld.global.nc.v2.u32 {%0,%1}, [%2];" : "=r"(gv[b][0]), "=r"(gv[b][1]) : "l"(g + i));
+                    }
+                }
+            }
+#pragma unroll
+            for (int b = 0; b < GEMVF_XB; b++) {
+                const int i = i0 + b * GEMVF_THREADS * 4;
+                if (i < k) {
+#pragma unroll
+                    for (int q = 0; q < 4; q++) {
+                        ss[tt] += v[b][q] * v[b][q];
+                        const float gq = (q & 1) ? hi_bf16(gv[b][q >> 1]) : lo_bf16(gv[b][q >> 1]);
+                        xs[tt * k + i + q] = g ? v[b][q] * gq : v[b][q];
+                    }
+                }
             }
         }
     }
