@@ -172,6 +172,15 @@ __device__ __forceinline__ void gemvf_body(GEMVF_PARAMS) {
         for (int e = 0; e < 4; e++)
 #pragma unroll
             for (int tt = 0; tt < TT; tt++) acc[e][tt] = 0.f;
+        // GEMV_RESID: the residual value this lane's epilogue adds to, read
+        // now so that its round trip is not the unit's last.
+        float rv = 0.f;
+        if (EPI == GEMV_RESID && part == 0 && lane < 4 * TT) {
+            const int e = lane / TT, tt = lane % TT;
+            if (ok[e] && tt < t) {
+                rv = ldcg(out + (size_t)tt * ldo + a + (e >> 1) * d + (e & 1));
+            }
+        }
         for (int j0 = jb; j0 < je; j0 += J) {
             if (!first) {
 #pragma unroll
@@ -244,7 +253,7 @@ __device__ __forceinline__ void gemvf_body(GEMVF_PARAMS) {
                 int row = a + (e >> 1) * d + (e & 1);
                 if (ok[e] && tt < t) {
                     float* o = out + (size_t)tt * ldo + row;
-                    *o = EPI == GEMV_RESID ? ldcg(o) + v : v;
+                    *o = EPI == GEMV_RESID ? rv + v : v;
                 }
             }
         } else if (lane < 2 * TT) {
