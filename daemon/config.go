@@ -148,6 +148,13 @@ type ClusterConfig struct {
 	// the pipeline) or raises the KV capacity by 10% or more (default
 	// true).
 	AutoRebalance *bool `toml:"auto_rebalance"`
+	// BalanceByTimeAfter, when set, has the leader divide the layers anew
+	// so that the stages take even times, as `tandemctl rebalance
+	// --by-time` does, once every stage of the serving pipeline has spent
+	// this long in its steps (device time on a CUDA stage), if that makes
+	// the slowest stage 10% faster or more; the placement is then kept
+	// until the membership changes (default 0: never, only when asked).
+	BalanceByTimeAfter Duration `toml:"balance_by_time_after"`
 }
 
 // StageConfig is the stage this node offers, and how the leader runs the
@@ -479,7 +486,7 @@ func (c *Config) validate() error {
 	} else if c.Stage.MaxCaptureSize > c.Stage.MaxBatchTokens {
 		bad("stage.max_capture_size %d exceeds stage.max_batch_tokens %d: a graph cannot hold more tokens than a batch", c.Stage.MaxCaptureSize, c.Stage.MaxBatchTokens)
 	}
-	for key, d := range map[string]Duration{"listen.idle_timeout": c.Listen.IdleTimeout, "cluster.drain_timeout": c.Cluster.DrainTimeout, "cluster.recovery_timeout": c.Cluster.RecoveryTimeout, "cluster.step_timeout": c.Cluster.StepTimeout} {
+	for key, d := range map[string]Duration{"listen.idle_timeout": c.Listen.IdleTimeout, "cluster.drain_timeout": c.Cluster.DrainTimeout, "cluster.recovery_timeout": c.Cluster.RecoveryTimeout, "cluster.step_timeout": c.Cluster.StepTimeout, "cluster.balance_by_time_after": c.Cluster.BalanceByTimeAfter} {
 		if d < 0 {
 			bad("%s %v: want a positive duration", key, time.Duration(d))
 		}
@@ -503,6 +510,9 @@ func (c *Config) validate() error {
 		if p.Node == "" || p.Layers[0] < 0 || p.Layers[0] >= p.Layers[1] {
 			bad("plan[%d]: node %q layers %v: want a node and layers [lo, hi] with lo < hi", i, p.Node, p.Layers)
 		}
+	}
+	if len(c.Plan) > 0 && c.Cluster.BalanceByTimeAfter > 0 {
+		bad("cluster.balance_by_time_after %v with a plan: the plan fixes the layers, the balance would move them; give one", time.Duration(c.Cluster.BalanceByTimeAfter))
 	}
 	return errors.Join(errs...)
 }

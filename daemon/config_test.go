@@ -93,6 +93,8 @@ func TestConfigErrors(t *testing.T) {
 		{"bad plan", Config{Name: "n", Model: "m", Plan: []PlanRange{{Node: "a", Layers: [2]int{3, 3}}}}, "plan[0]"},
 		{"negative expect", Config{Name: "n", Model: "m", Cluster: ClusterConfig{ExpectStages: -1}}, "expect_stages"},
 		{"negative idle timeout", Config{Name: "n", Model: "m", Listen: ListenConfig{IdleTimeout: Duration(-time.Second)}}, "listen.idle_timeout -1s: want a positive duration"},
+		{"negative balance wait", Config{Name: "n", Model: "m", Cluster: ClusterConfig{BalanceByTimeAfter: Duration(-time.Second)}}, "cluster.balance_by_time_after -1s: want a positive duration"},
+		{"balance and plan", Config{Name: "n", Model: "m", Cluster: ClusterConfig{BalanceByTimeAfter: Duration(time.Minute)}, Plan: []PlanRange{{Node: "a", Layers: [2]int{0, 4}}}}, "cluster.balance_by_time_after 1m0s with a plan"},
 		{"queue bound", Config{Name: "n", Model: "m", Stage: StageConfig{MaxNumWaiting: -2}}, "stage.max_num_waiting -2"},
 		{"growth reserve", Config{Name: "n", Model: "m", Stage: StageConfig{GrowthReserve: -5}}, "growth reserve -5 is below -1"},
 		{"preemptions", Config{Name: "n", Model: "m", Stage: StageConfig{MaxPreemptions: -1}}, "max preemptions -1 is negative"},

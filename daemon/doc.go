@@ -142,7 +142,10 @@
 // The pipeline moves live: Admin.Drain takes a stage node out of
 // placement (it stays a member), Admin.Undrain puts it back (the
 // rebalance follows at once with auto_rebalance), Admin.Rebalance moves to
-// the balanced placement or an explicit plan; each waits for the move and
+// the balanced placement or an explicit plan (and with
+// cluster.balance_by_time_after the leader moves to the placement the
+// stages' own times call for by itself, once they have measured that
+// long); each waits for the move and
 // answers the layer maps before and after, the time it took and the
 // requests re-prefilled; other nodes answer UNAVAILABLE naming the
 // leader. A move builds the new pipeline beside the serving one: each

@@ -31,6 +31,7 @@ func (d *Daemon) newSupervisor() *supervise.Supervisor {
 			Name: d.cfg.Name, Leader: d.cfg.Cluster.Leader, ModelID: d.ckpt.Identity(), Protocol: nodewire.Protocol,
 			ExpectStages: d.cfg.Cluster.ExpectStages, Plan: ranges, Place: d.place,
 			RecoveryTimeout: time.Duration(d.cfg.Cluster.RecoveryTimeout), AutoRebalance: *d.cfg.Cluster.AutoRebalance,
+			BalanceAfter: time.Duration(d.cfg.Cluster.BalanceByTimeAfter),
 		},
 		Builder: supervise.BuilderConfig{
 			Leader: d.cfg.Name, Model: d.ckpt.Config(), ModelID: d.ckpt.Identity(),

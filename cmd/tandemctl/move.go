@@ -90,10 +90,7 @@ rebalancing until the membership changes). Run it under load.`,
 func stageTimes(st *tandemv1.StatusResponse) []placement.StageTime {
 	var ts []placement.StageTime
 	for _, s := range st.GetStages() {
-		busy := s.GetDeviceBusy().AsDuration()
-		if busy <= 0 {
-			busy = s.GetBusy().AsDuration()
-		}
+		busy := placement.StageBusy(s.GetBusy().AsDuration(), s.GetDeviceBusy().AsDuration())
 		ts = append(ts, placement.StageTime{Node: s.GetNode(), Lo: int(s.GetLayerLo()), Hi: int(s.GetLayerHi()), Busy: busy})
 	}
 	return ts

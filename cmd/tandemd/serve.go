@@ -31,6 +31,7 @@ type serveFlags struct {
 	rebalance   bool
 	recovery    time.Duration
 	stepTimeout time.Duration
+	balance     time.Duration
 	idleTimeout time.Duration
 	vllmNames   bool
 }
@@ -90,6 +91,7 @@ func (o *serveFlags) register(f *pflag.FlagSet) {
 	f.DurationVar(&o.recovery, "recovery-timeout", daemon.DefaultRecoveryTimeout, "how long requests wait for a new pipeline after a stage is lost before they fail")
 	f.DurationVar(&o.stepTimeout, "step-timeout", daemon.DefaultStepTimeout, "a pipeline step whose result takes longer fails the pipeline (a hung stage), which is rebuilt")
 	f.BoolVar(&o.rebalance, "auto-rebalance", true, "move the pipeline when a restarted or undrained node can rejoin, or the KV capacity would rise by 10% or more")
+	f.DurationVar(&o.balance, "balance-by-time-after", 0, "once every stage has spent this long in its steps, divide the layers so that the stages take even times, when that makes the slowest 10% faster or more (0: only when asked, tandemctl rebalance --by-time)")
 	f.BoolVar(&o.stage, "stage", true, "offer a pipeline stage (--stage=false: only lead)")
 	f.StringVar(&o.memory, "memory", "", "memory the stage may use, e.g. 8GiB (default: 90% of the available memory)")
 	f.IntVar(&c.Stage.MaxBatchTokens, "max-batch-tokens", daemon.DefaultMaxBatchTokens, "most tokens in one step")
@@ -151,6 +153,7 @@ func (o *serveFlags) resolve(fs *pflag.FlagSet) (daemon.Config, error) {
 	set("recovery-timeout", func() { cfg.Cluster.RecoveryTimeout = daemon.Duration(o.recovery) })
 	set("step-timeout", func() { cfg.Cluster.StepTimeout = daemon.Duration(o.stepTimeout) })
 	set("auto-rebalance", func() { cfg.Cluster.AutoRebalance = &o.rebalance })
+	set("balance-by-time-after", func() { cfg.Cluster.BalanceByTimeAfter = daemon.Duration(o.balance) })
 	set("stage", func() { cfg.Stage.Enabled = &o.stage })
 	set("max-batch-tokens", func() { cfg.Stage.MaxBatchTokens = c.Stage.MaxBatchTokens })
 	set("max-seqs", func() { cfg.Stage.MaxSeqs = c.Stage.MaxSeqs })

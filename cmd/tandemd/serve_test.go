@@ -45,8 +45,12 @@ func TestServeFlagsOverrideConfig(t *testing.T) {
 		t.Errorf("keys of the file lost to flag defaults: %+v", cfg)
 	}
 	cfg = parse("--config", "../../daemon/testdata/tandemd.toml", "--http", "0.0.0.0:8080", "--model-name", "m", "--vllm-metric-names=false")
-	if cfg.Listen.HTTP != "0.0.0.0:8080" || cfg.ModelName != "m" || cfg.Metrics.VLLMNames {
+	if cfg.Listen.HTTP != "0.0.0.0:8080" || cfg.ModelName != "m" || cfg.Metrics.VLLMNames || cfg.Cluster.BalanceByTimeAfter != 0 {
 		t.Errorf("--http, --model-name, --vllm-metric-names did not override the file: %+v", cfg)
+	}
+	cfg = parse("--config", "../../daemon/testdata/tandemd.toml", "--balance-by-time-after", "90s")
+	if time.Duration(cfg.Cluster.BalanceByTimeAfter) != 90*time.Second {
+		t.Errorf("--balance-by-time-after 90s: cluster.balance_by_time_after %v", time.Duration(cfg.Cluster.BalanceByTimeAfter))
 	}
 	// Without a file, the flags and their defaults are the configuration.
 	cfg = parse("--name", "n", "--model", "/m", "--block-size", "8")

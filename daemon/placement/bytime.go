@@ -17,6 +17,16 @@ type StageTime struct {
 	Busy   time.Duration
 }
 
+// StageBusy is the time a stage's steps took, as ByTime reads it: its
+// device's time where the stage measures one (a CUDA stage), else its
+// forward passes' time.
+func StageBusy(forward, device time.Duration) time.Duration {
+	if device > 0 {
+		return device
+	}
+	return forward
+}
+
 // TimeFit is ByTime's plan and what it read from the stages' times: the
 // time one layer takes and the time the last stage's LM head and sampling
 // take on top of its layers (over the same steps as the times given); each

@@ -20,6 +20,9 @@ const (
 	// rebalanceGain is the least rise of KV capacity, as a fraction, for
 	// which auto-rebalance moves a pipeline that restores no node.
 	rebalanceGain = 0.10
+	// balanceGain is the least fall of the slowest stage's time, as a
+	// fraction, for which a balance by time moves the pipeline.
+	balanceGain = 0.10
 )
 
 // CoreConfig configures a Core.
@@ -54,6 +57,13 @@ type CoreConfig struct {
 	// capacity by 10% or more.
 	AutoRebalance bool
 	StableFor     time.Duration
+	// BalanceAfter, when not 0, balances the serving pipeline by time
+	// (placement.ByTime, as `tandemctl rebalance --by-time` does) once
+	// every stage has measured that much time in its steps (StageTimes
+	// events), if that makes the slowest stage 10% faster or more. The
+	// placement it moves to is pinned like one asked for: neither balance
+	// moves it again until the membership changes.
+	BalanceAfter time.Duration
 	// SuspectFor is how long a stage node blamed for a failure is left out
 	// of placement unless it comes back sooner (restarts: the membership
 	// sees it dead, then alive again) (default 30s).
@@ -116,7 +126,9 @@ type Core struct {
 	replace  string          // why the serving pipeline must move ("" while it need not)
 	leaving  bool            // it must move because a stage node is leaving: if it cannot, it retires
 	stuck    string          // the last move found impossible, warned about once
-	pinned   bool            // the serving placement was asked for explicitly: auto-rebalance leaves it until the membership changes
+	pinned   bool            // the serving placement was asked for explicitly or balanced by time: auto-rebalance leaves it until the membership changes
+	times    StageTimes      // the stages' times, as last reported
+	unfit    uint64          // the epoch whose balance by time was found impossible (logged once)
 	asked    bool            // an operator undrained a node in this step: auto-rebalance need not wait for a stable membership
 	reason   string          // why no pipeline serves
 	leftOut  string          // the nodes the last placement left out, as logged
@@ -144,6 +156,7 @@ type pipe struct {
 	kind    string            // "start", "recovery", "move", "rebalance"
 	why     string
 	started time.Time
+	byTime  bool // placed by the stages' times (CoreConfig.BalanceAfter)
 }
 
 // Change is the last time the pipeline was built or replaced: why, and
@@ -210,6 +223,8 @@ func (c *Core) Step(now time.Time, ev Event) ([]Action, error) {
 		err = c.undrain(ev.Node)
 	case Rebalance:
 		err = c.rebalance(ev.Ranges)
+	case StageTimes:
+		c.times = ev
 	default:
 		err = fmt.Errorf("unknown event %T", ev)
 	}
@@ -397,7 +412,7 @@ func (c *Core) buildDone(ev BuildDone) {
 		c.emit(Close{Epoch: old.epoch, Why: fmt.Sprintf("replaced by epoch %d", p.epoch)})
 	}
 	c.serving, c.everServed, c.replace, c.leaving, c.stuck, c.reason = p, true, "", false, "", ""
-	c.pinned = p.kind == "rebalance" && p.why == rebalanceAsked && len(p.ranges) > 0
+	c.pinned = p.byTime || p.kind == "rebalance" && p.why == rebalanceAsked && len(p.ranges) > 0
 	for _, s := range p.plan.Stages {
 		delete(c.wanted, s.Node)
 	}
@@ -540,30 +555,82 @@ func (c *Core) decide() {
 		}
 		c.noteLeftOut(plan)
 		c.startBuild(plan, "move", c.replace)
-	case c.cfg.AutoRebalance && !c.pinned && (c.now.Sub(c.changed) >= c.cfg.StableFor || c.asked):
-		plan, err := c.place(cands, c.cfg.Plan, true)
-		if err != nil {
-			return
-		}
-		c.noteLeftOut(plan)
-		if samePlan(plan, c.serving.plan) {
-			// The nodes that joined since hold no stage either: say why.
-			c.serving.plan.LeftOut = plan.LeftOut
-			return
-		}
-		var restored []string
-		for _, s := range plan.Stages {
-			if c.wanted[s.Node] && !inPlan(c.serving.plan, s.Node) {
-				restored = append(restored, s.Node)
-			}
-		}
-		switch old := c.serving.plan.KVTokens; {
-		case len(restored) > 0:
-			c.startBuild(plan, "rebalance", fmt.Sprintf("restores %s", strings.Join(restored, ", ")))
-		case float64(plan.KVTokens) >= float64(old)*(1+rebalanceGain):
-			c.startBuild(plan, "rebalance", fmt.Sprintf("raises the KV capacity from %d to %d tokens", old, plan.KVTokens))
+	case c.cfg.AutoRebalance && !c.pinned && (c.now.Sub(c.changed) >= c.cfg.StableFor || c.asked) && c.rebalanceByMemory(cands):
+	case c.cfg.BalanceAfter > 0 && c.now.Sub(c.changed) >= c.cfg.StableFor && c.balanceByTime():
+	}
+}
+
+// rebalanceByMemory starts moving the serving pipeline to the placement
+// over the candidates (auto-rebalance) when that restores a node lost or
+// undrained or raises the KV capacity by rebalanceGain, and reports
+// whether it did.
+func (c *Core) rebalanceByMemory(cands []membership.Member) bool {
+	plan, err := c.place(cands, c.cfg.Plan, true)
+	if err != nil {
+		return false
+	}
+	c.noteLeftOut(plan)
+	if samePlan(plan, c.serving.plan) {
+		// The nodes that joined since hold no stage either: say why.
+		c.serving.plan.LeftOut = plan.LeftOut
+		return false
+	}
+	var restored []string
+	for _, s := range plan.Stages {
+		if c.wanted[s.Node] && !inPlan(c.serving.plan, s.Node) {
+			restored = append(restored, s.Node)
 		}
 	}
+	switch old := c.serving.plan.KVTokens; {
+	case len(restored) > 0:
+		c.startBuild(plan, "rebalance", fmt.Sprintf("restores %s", strings.Join(restored, ", ")))
+	case float64(plan.KVTokens) >= float64(old)*(1+rebalanceGain):
+		c.startBuild(plan, "rebalance", fmt.Sprintf("raises the KV capacity from %d to %d tokens", old, plan.KVTokens))
+	default:
+		return false
+	}
+	return true
+}
+
+// balanceByTime starts moving the serving pipeline to the placement its
+// stages' times call for (CoreConfig.BalanceAfter), and reports whether it
+// did.
+func (c *Core) balanceByTime() bool {
+	p, t := c.serving, c.times
+	if p == nil || c.pinned || t.Epoch != p.epoch || len(t.Busy) != len(p.plan.Stages) || c.unfit == p.epoch {
+		return false
+	}
+	stages := make([]placement.StageTime, len(t.Busy))
+	for i, s := range p.plan.Stages {
+		if t.Busy[i] < c.cfg.BalanceAfter {
+			return false
+		}
+		stages[i] = placement.StageTime{Node: s.Node, Lo: s.Lo, Hi: s.Hi, Busy: t.Busy[i]}
+	}
+	fit, err := placement.ByTime(stages)
+	if err != nil || fit.Unchanged() {
+		return false
+	}
+	was, will := placement.Slowest(fit.Times), placement.Slowest(fit.Predicted)
+	if float64(will) > float64(was)*(1-balanceGain) {
+		return false
+	}
+	plan, err := c.place(c.candidates(), fit.After, false)
+	if err != nil {
+		c.warn("balancing the pipeline of epoch %d by its stages' times: %v; it keeps its placement", p.epoch, err)
+		c.unfit = p.epoch
+		return false
+	}
+	// The same nodes, so the same ones left out, for the same reasons.
+	plan.LeftOut = p.plan.LeftOut
+	var total time.Duration
+	for _, d := range fit.Times {
+		total += d
+	}
+	c.startBuild(plan, "rebalance", fmt.Sprintf("balances the stages' times: the slowest took %.0f%% of their time, %.0f%% predicted",
+		100*float64(was)/float64(total), 100*float64(will)/float64(total)))
+	c.building.ranges, c.building.byTime = fit.After, true
+	return true
 }
 
 // demote gives up what this node ran as leader: another node leads.

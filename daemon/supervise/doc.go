@@ -49,6 +49,13 @@
 //     a node lost or undrained, or raises the KV capacity by 10% or more;
 //     a placement an operator asked for explicitly stays until the
 //     membership changes. An operator's undrain needs no stable wait.
+//   - With BalanceAfter, once the candidates have been stable for StableFor
+//     and every stage of the serving pipeline has measured that much time
+//     in its steps (StageTimes, which the Supervisor reads from the stages'
+//     timing reports on every tick), the pipeline moves to the placement
+//     those times call for (placement.ByTime) when it makes the slowest
+//     stage 10% faster or more, after auto-rebalance has had its say; that
+//     placement stays, like one asked for, until the membership changes.
 //   - Events of an epoch no longer serving (a zombie stage's, a build
 //     given up) are stale: ignored, or, for a built pipeline, closed.
 //

@@ -3,6 +3,7 @@ package supervise
 import (
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/tandem-llm/tandem/daemon/membership"
 	"github.com/tandem-llm/tandem/daemon/placement"
@@ -55,6 +56,14 @@ type Undrain struct{ Node string }
 // (or applies Ranges) and moves the pipeline to it.
 type Rebalance struct{ Ranges []placement.Range }
 
+// StageTimes is the time each stage of the pipeline of Epoch has spent in
+// its steps since it was built, in pipeline order (placement.StageBusy):
+// what a balance by time reads (CoreConfig.BalanceAfter).
+type StageTimes struct {
+	Epoch uint64
+	Busy  []time.Duration
+}
+
 func (Members) event()     {}
 func (Tick) event()        {}
 func (BuildDone) event()   {}
@@ -62,6 +71,7 @@ func (StageFailed) event() {}
 func (Drain) event()       {}
 func (Undrain) event()     {}
 func (Rebalance) event()   {}
+func (StageTimes) event()  {}
 
 // Action is an output of the Core, for the loop to perform.
 type Action interface {

@@ -156,6 +156,16 @@ func (s *script) run(f []string) error {
 		}
 		return v
 	}
+	dur := func(v string) time.Duration {
+		if v == "" {
+			return 0
+		}
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			s.t.Fatalf("%q: %v", v, err)
+		}
+		return d
+	}
 	if f[0] != "config" && s.core == nil {
 		return fmt.Errorf("%s before config", f[0])
 	}
@@ -167,7 +177,7 @@ func (s *script) run(f []string) error {
 		}
 		s.core = NewCore(CoreConfig{
 			Name: args["me"], Leader: args["leader"], ModelID: "m", ExpectStages: num("expect", 1), Plan: ranges,
-			Place: scriptPlace, AutoRebalance: args["auto"] != "0",
+			Place: scriptPlace, AutoRebalance: args["auto"] != "0", BalanceAfter: dur(args["balance"]),
 			EpochBase: func(time.Time) uint64 { return 0 },
 		})
 		s.builder = NewBuilder(BuilderConfig{
@@ -278,6 +288,17 @@ func (s *script) run(f []string) error {
 			node = ""
 		}
 		s.step(StageFailed{Epoch: epoch, Node: node, Err: errors.New(strings.Join(f[3:], " "))})
+	case "times":
+		// times EPOCH D,D,...: the stages' times in their steps.
+		epoch, err := strconv.ParseUint(f[1], 10, 64)
+		if err != nil {
+			return err
+		}
+		ev := StageTimes{Epoch: epoch}
+		for _, v := range strings.Split(f[2], ",") {
+			ev.Busy = append(ev.Busy, dur(v))
+		}
+		s.step(ev)
 	case "drain":
 		s.step(Drain{Node: f[1]})
 	case "undrain":

@@ -199,6 +199,9 @@ func (s *Supervisor) Run(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+			if s.cfg.Core.BalanceAfter > 0 {
+				s.step(ctx, s.stageTimes())
+			}
 		case <-s.memb.Events():
 			// Level-triggered: the next step re-reads Members.
 		case ev := <-s.events:
@@ -211,6 +214,17 @@ func (s *Supervisor) Run(ctx context.Context) {
 			s.bg.Go(func() { s.report(ctx, p, p.drv.Failure(ctx)) })
 		}
 	}
+}
+
+// stageTimes is the newest pipeline's stages' times in their steps, for a
+// balance by time (CoreConfig.BalanceAfter).
+func (s *Supervisor) stageTimes() StageTimes {
+	epoch, busy := s.trace.Busy(time.Now())
+	t := StageTimes{Epoch: epoch}
+	for _, b := range busy {
+		t.Busy = append(t.Busy, placement.StageBusy(b.Busy, b.DeviceBusy))
+	}
+	return t
 }
 
 // Move is a pipeline build an admin command started.
