@@ -627,8 +627,8 @@ func (c *Core) balanceByTime() bool {
 	for _, d := range fit.Times {
 		total += d
 	}
-	c.startBuild(plan, "rebalance", fmt.Sprintf("balances the stages' times: the slowest took %.0f%% of their time, %.0f%% predicted",
-		100*float64(was)/float64(total), 100*float64(will)/float64(total)))
+	c.startBuild(plan, "rebalance", fmt.Sprintf("balances the stages' times: the slowest took %.0f%% of their time, %.0f%% predicted; KV capacity %d -> %d tokens",
+		100*float64(was)/float64(total), 100*float64(will)/float64(total), p.plan.KVTokens, plan.KVTokens))
 	c.building.ranges, c.building.byTime = fit.After, true
 	return true
 }
