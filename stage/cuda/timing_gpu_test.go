@@ -288,12 +288,8 @@ func timeDecode(t *testing.T, dev *gpu.Device, bw float64, bm benchModel) {
 		wall := map[graphs.Mode][]float64{}
 		gpuT := map[graphs.Mode][]float64{}
 		decode := func(step int) *stage.Batch {
-			b := &stage.Batch{ID: next}
 			next++
-			for j := range ids {
-				b.Seqs = append(b.Seqs, stage.Seq{ID: ids[j], Pos: prompt + step, Tokens: []int32{last[j]}, Sample: true, Index: step + 1})
-			}
-			return fill(t, tables, b)
+			return decodeBatch(t, tables, next-1, ids, last, prompt, step)
 		}
 		for step := 0; step < steps; step++ {
 			mode := modes[step%len(modes)]
@@ -521,12 +517,8 @@ func TestSplitDecodeTiming(t *testing.T) {
 				forward(fill(t, tables, b), scratch)
 			}
 			decode := func(step int) *stage.Batch {
-				b := &stage.Batch{ID: next}
 				next++
-				for j := range ids {
-					b.Seqs = append(b.Seqs, stage.Seq{ID: ids[j], Pos: prompt + step, Tokens: []int32{last[j]}, Sample: true, Index: step + 1})
-				}
-				return fill(t, tables, b)
+				return decodeBatch(t, tables, next-1, ids, last, prompt, step)
 			}
 			sum := make([]time.Duration, 3)
 			for step := 0; step < steps; step++ {
@@ -555,4 +547,15 @@ func TestSplitDecodeTiming(t *testing.T) {
 				float64(sum[1]+sum[2])/float64(sum[0]), prof.String())
 		})
 	}
+}
+
+// decodeBatch is batch id of decode step step after prompts of prompt
+// tokens: for each sequence ids[j], the token last[j] it sampled, its
+// block tables filled in.
+func decodeBatch(t *testing.T, tables *stagetest.BlockTables, id uint64, ids []uint64, last []int32, prompt, step int) *stage.Batch {
+	b := &stage.Batch{ID: id}
+	for j := range ids {
+		b.Seqs = append(b.Seqs, stage.Seq{ID: ids[j], Pos: prompt + step, Tokens: []int32{last[j]}, Sample: true, Index: step + 1})
+	}
+	return fill(t, tables, b)
 }
