@@ -216,19 +216,25 @@ func (c *NCCLComm) NonBlocking() bool { return c.nonBlocking }
 // (joining, or issuing a group): ncclCommGetAsyncError is ncclSuccess
 // rather than ncclInProgress. An asynchronous error is returned as such.
 func (c *NCCLComm) Ready() (bool, error) {
-	ready := false
-	err := c.locked(func(h uintptr) error {
+	issuing, err := c.state()
+	return !issuing && err == nil, err
+}
+
+// state reads the communicator's state (ncclCommGetAsyncError): whether
+// work is still being issued, else the error of work already ordered.
+func (c *NCCLComm) state() (issuing bool, err error) {
+	err = c.locked(func(h uintptr) error {
 		var r int32
 		if err := c.lib.check("ncclCommGetAsyncError", c.lib.commGetAsyncError.status(h, uintptr(unsafe.Pointer(&r))), h); err != nil {
 			return err
 		}
 		if r == ncclInProgress {
+			issuing = true
 			return nil
 		}
-		ready = r == ncclSuccess
 		return c.lib.check("ncclCommGetAsyncError", r, h)
 	})
-	return ready, err
+	return issuing, err
 }
 
 // Rank is this rank's index in the communicator.
@@ -329,16 +335,8 @@ func notInProgress(r int32) int32 {
 // (ncclCommGetAsyncError): a failure of work already ordered, e.g. a lost
 // peer. It does not wait.
 func (c *NCCLComm) AsyncError() error {
-	return c.locked(func(h uintptr) error {
-		var r int32
-		if err := c.lib.check("ncclCommGetAsyncError", c.lib.commGetAsyncError.status(h, uintptr(unsafe.Pointer(&r))), h); err != nil {
-			return err
-		}
-		if r == ncclInProgress {
-			return nil
-		}
-		return c.lib.check("ncclCommGetAsyncError", r, h)
-	})
+	_, err := c.state()
+	return err
 }
 
 // Abort aborts the communicator's outstanding work and frees it
