@@ -9,9 +9,11 @@
 // this step writes after it), and a stage once used takes the tile
 // GQA_STAGES on (keys past the part zero-filled where a warp reads them).
 // The host keeps a part to at least the keys of all stages (attnPlan), so
-// a short sequence is one part, loaded in one round. Warp w takes keys
-// 16w..16w+15 of each tile: S = q·Kᵀ with q as a bf16 value and remainder
-// pair (two mma per fragment; K's fragments by ldmatrix), an fp32 online
+// a short sequence is one part, loaded in one round. Its dependents may
+// start once every block has its first tile in (pdl_trigger there, not
+// first). Warp w takes keys 16w..16w+15 of each tile: S = q·Kᵀ with q as
+// a bf16 value and remainder pair (two mma per fragment; K's fragments by
+// ldmatrix), an fp32 online
 // softmax per row (tc_softmax_row), O += P·V with P as a pair too (V's
 // fragments by ldmatrix.trans). The warps' states merge through shared
 // memory (att_warps_out); then,
@@ -109,7 +111,6 @@ __device__ __forceinline__ void gqa_body(GQA_ROPE_PARAMS) {
     // Stage st: its K tile at sbase + 2 st TILE, its V tile TILE on.
     const unsigned sbase = smem_addr(gqa_sm);
     __shared__ int last;
-    pdl_trigger();
     const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
     const int g = lane >> 2, c = lane & 3;
     const int t = blockIdx.x, kh = blockIdx.y, sp = blockIdx.z;
@@ -248,6 +249,12 @@ __device__ __forceinline__ void gqa_body(GQA_ROPE_PARAMS) {
             cp_async_wait<S - 1>();
         }
         __syncthreads();  // this tile is in
+        if (it == 0) {
+            // Only now may the next kernel's blocks start: started with
+            // this one, they load their weights while this block's q and
+            // key round trips wait behind those loads (NOTES.md, phase 9).
+            pdl_trigger();
+        }
         const int k0 = wid * 16;  // this warp's keys of the tile
         if (kb + k0 < je) {
             const unsigned st = sbase + 2 * (it % S) * TILE;
