@@ -30,8 +30,6 @@ __device__ int __float_as_int(float);
 __device__ float __uint_as_float(unsigned);
 __device__ unsigned __float_as_uint(float);
 __device__ int atomicAdd(int*, int);
-__device__ unsigned atomicAdd(unsigned*, unsigned);
-__device__ unsigned atomicExch(unsigned*, unsigned);
 __device__ int atomicCAS(int*, int, int);
 __device__ int atomicMin(int*, int);
 __device__ float rsqrtf(float);
