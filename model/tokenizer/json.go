@@ -99,6 +99,23 @@ func (p patternJSON) matcher() (matcher, error) {
 	return nil, fmt.Errorf("pattern must have exactly one of String and Regex")
 }
 
+// parseReplace reads a Replace component, normalizer or decoder alike: its
+// pattern's matcher and the content that replaces each match.
+func parseReplace(raw json.RawMessage) (matcher, string, error) {
+	var c struct {
+		Pattern patternJSON `json:"pattern"`
+		Content string      `json:"content"`
+	}
+	if err := decodeInto(raw, "Replace", &c); err != nil {
+		return nil, "", err
+	}
+	m, err := c.Pattern.matcher()
+	if err != nil {
+		return nil, "", fmt.Errorf("Replace: %w", err)
+	}
+	return m, c.Content, nil
+}
+
 // decodeInto unmarshals a component's fields, naming the component on error.
 func decodeInto(raw json.RawMessage, typ string, v any) error {
 	if err := json.Unmarshal(raw, v); err != nil {
@@ -159,18 +176,11 @@ func parseNormalizer(raw json.RawMessage) (normalizer, error) {
 		}
 		return prependNorm{c.Prepend}, nil
 	case "Replace":
-		var c struct {
-			Pattern patternJSON `json:"pattern"`
-			Content string      `json:"content"`
-		}
-		if err := decodeInto(raw, typ, &c); err != nil {
+		m, content, err := parseReplace(raw)
+		if err != nil {
 			return nil, err
 		}
-		m, err := c.Pattern.matcher()
-		if err != nil {
-			return nil, fmt.Errorf("Replace: %w", err)
-		}
-		return replaceNorm{m, c.Content}, nil
+		return replaceNorm{m, content}, nil
 	case "Strip":
 		var c struct {
 			Left  bool `json:"strip_left"`
@@ -291,18 +301,11 @@ func parseDecoder(raw json.RawMessage) (decoder, error) {
 		seq, err := parseSequence(raw, "decoders", parseDecoder)
 		return sequenceDec(seq), err
 	case "Replace":
-		var c struct {
-			Pattern patternJSON `json:"pattern"`
-			Content string      `json:"content"`
-		}
-		if err := decodeInto(raw, typ, &c); err != nil {
+		m, content, err := parseReplace(raw)
+		if err != nil {
 			return nil, err
 		}
-		m, err := c.Pattern.matcher()
-		if err != nil {
-			return nil, fmt.Errorf("Replace: %w", err)
-		}
-		return replaceDec{m, c.Content}, nil
+		return replaceDec{m, content}, nil
 	case "Strip":
 		var c struct {
 			Content string `json:"content"`
