@@ -48,9 +48,14 @@ __device__ __forceinline__ void norm_load(const float* row, const float* y1, con
     }
 }
 
+// norm_weights loads the 4 bf16 norm weights at p (two words).
+__device__ __forceinline__ void norm_weights(const bf16* p, unsigned* wv) {
+    asm("ld.global.nc.v2.u32 {%0,%1}, [%2];" : "=r"(wv[0]), "=r"(wv[1]) : "l"(p));
+}
+
 template <int VEC>
 __device__ __forceinline__ void rmsnorm_row(float* row, const float* y1, const float* y2, const bf16* w, bf16* o,
-                                            size_t olo, int hidden, float eps, float* sh) {
+                                            size_t olo, int hidden, float eps, float* sh, const unsigned (*wk)[2]) {
     const int step = blockDim.x * VEC, first = threadIdx.x * VEC, kept = NORM_KEEP * step;
     float keep[NORM_KEEP][4];
     float ss = 0.f;
@@ -78,10 +83,15 @@ __device__ __forceinline__ void rmsnorm_row(float* row, const float* y1, const f
     // normalised values (and remainders) as bf16; 4 at a time in one
     // 16-byte and one (two) 8-byte stores, so that a warp's stores are
     // whole lines.
-    auto put = [&](int i, const float* v) {
+    auto put = [&](int i, const float* v, int r) {
         if (VEC == 4) {
             unsigned wv[2], h[2], l[2];
-            asm("ld.global.nc.v2.u32 {%0,%1}, [%2];" : "=r"(wv[0]), "=r"(wv[1]) : "l"(w + i));
+            if (r >= 0) {
+                wv[0] = wk[r][0];
+                wv[1] = wk[r][1];
+            } else {
+                norm_weights(w + i, wv);
+            }
 #pragma unroll
             for (int e = 0; e < 2; e++) {
                 const float x0 = v[2 * e] * inv * lo_bf16(wv[e]), x1 = v[2 * e + 1] * inv * hi_bf16(wv[e]);
@@ -108,13 +118,13 @@ __device__ __forceinline__ void rmsnorm_row(float* row, const float* y1, const f
     for (int r = 0; r < NORM_KEEP; r++) {
         const int i = first + r * step;
         if (i < hidden) {
-            put(i, keep[r]);
+            put(i, keep[r], r);
         }
     }
     for (int i = first + kept; i < hidden; i += step) {
         float v[4];
         norm_load<VEC>(row, y1, y2, i, v);
-        put(i, v);
+        put(i, v, -1);
     }
 }
 
@@ -122,7 +132,21 @@ extern "C" __global__ void __launch_bounds__(NORM_THREADS) rmsnorm(float* resid,
                                                                    bf16* out, int outlo, const int* rowmap, int hidden,
                                                                    float eps) {
     __shared__ float sh[32];
-    pdl_start();
+    pdl_trigger();
+    // The norm weights of this thread's kept elements are loaded before the
+    // wait (no kernel of the step writes them), so that the stores after
+    // the row's sum do not wait for them.
+    unsigned wk[NORM_KEEP][2] = {};
+    if ((hidden & 3) == 0) {
+#pragma unroll
+        for (int k = 0; k < NORM_KEEP; k++) {
+            const int i = threadIdx.x * 4 + k * blockDim.x * 4;
+            if (i < hidden) {
+                norm_weights(w + i, wk[k]);
+            }
+        }
+    }
+    pdl_wait();
     int r = blockIdx.x;
     size_t src = rowmap ? rowmap[r] : r;
     float* row = resid + src * hidden;
@@ -130,9 +154,9 @@ extern "C" __global__ void __launch_bounds__(NORM_THREADS) rmsnorm(float* resid,
     const float* y2 = y && lo ? y + (src + lo) * hidden : 0;
     bf16* o = out + (size_t)r * hidden;
     if ((hidden & 3) == 0) {
-        rmsnorm_row<4>(row, y1, y2, w, o, (size_t)outlo * hidden, hidden, eps, sh);
+        rmsnorm_row<4>(row, y1, y2, w, o, (size_t)outlo * hidden, hidden, eps, sh, wk);
     } else {
-        rmsnorm_row<1>(row, y1, y2, w, o, (size_t)outlo * hidden, hidden, eps, sh);
+        rmsnorm_row<1>(row, y1, y2, w, o, (size_t)outlo * hidden, hidden, eps, sh, wk);
     }
 }
 
