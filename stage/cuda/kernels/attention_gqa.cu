@@ -13,11 +13,10 @@
 // start once every block has its first tile in (pdl_trigger there, not
 // first). Warp w takes keys 16w..16w+15 of each tile: S = q·Kᵀ with q as
 // a bf16 value and remainder pair (two mma per fragment; K's fragments by
-// ldmatrix), an fp32 online
-// softmax per row (tc_softmax_row), O += P·V with P as a pair too (V's
-// fragments by ldmatrix.trans). The warps' states merge through shared
-// memory (att_warps_out); then,
-// with one part, the block writes the output (as attention_r*: fp32 rows
+// ldmatrix), an fp32 online softmax per row (tc_softmax_row), O += P·V
+// with P as a pair too (V's fragments by ldmatrix.trans). The warps'
+// states merge through shared memory (att_warps_out); then, with one
+// part, the block writes the output (as attention_r*: fp32 rows
 // to out, or the bf16 pair to out_bf), else its partial, and the last
 // block of the (token, kv head) merges the parts (att_merge_parts; unit
 // t * nkv + kv head, as attention_r* with one group). With whole set, the

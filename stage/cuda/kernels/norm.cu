@@ -53,15 +53,24 @@ __device__ __forceinline__ void norm_weights(const bf16* p, unsigned* wv) {
     asm("ld.global.nc.v2.u32 {%0,%1}, [%2];" : "=r"(wv[0]), "=r"(wv[1]) : "l"(p));
 }
 
+// norm_elem is the first element of this thread's round r of a row, VEC
+// elements a thread a round.
+template <int VEC>
+__device__ __forceinline__ int norm_elem(int r) {
+    return (threadIdx.x + r * blockDim.x) * VEC;
+}
+
+// rmsnorm_row normalises one row; wk holds the norm weights of this
+// thread's kept rounds, loaded before the kernel's wait (VEC 4 only).
 template <int VEC>
 __device__ __forceinline__ void rmsnorm_row(float* row, const float* y1, const float* y2, const bf16* w, bf16* o,
                                             size_t olo, int hidden, float eps, float* sh, const unsigned (*wk)[2]) {
-    const int step = blockDim.x * VEC, first = threadIdx.x * VEC, kept = NORM_KEEP * step;
+    const int step = blockDim.x * VEC, kept = norm_elem<VEC>(NORM_KEEP);
     float keep[NORM_KEEP][4];
     float ss = 0.f;
 #pragma unroll
     for (int r = 0; r < NORM_KEEP; r++) {
-        const int i = first + r * step;
+        const int i = norm_elem<VEC>(r);
         if (i < hidden) {
             norm_load<VEC>(row, y1, y2, i, keep[r]);
 #pragma unroll
@@ -70,7 +79,7 @@ __device__ __forceinline__ void rmsnorm_row(float* row, const float* y1, const f
             }
         }
     }
-    for (int i = first + kept; i < hidden; i += step) {
+    for (int i = kept; i < hidden; i += step) {
         float v[4];
         norm_load<VEC>(row, y1, y2, i, v);
 #pragma unroll
@@ -116,12 +125,12 @@ __device__ __forceinline__ void rmsnorm_row(float* row, const float* y1, const f
     };
 #pragma unroll
     for (int r = 0; r < NORM_KEEP; r++) {
-        const int i = first + r * step;
+        const int i = norm_elem<VEC>(r);
         if (i < hidden) {
             put(i, keep[r], r);
         }
     }
-    for (int i = first + kept; i < hidden; i += step) {
+    for (int i = kept; i < hidden; i += step) {
         float v[4];
         norm_load<VEC>(row, y1, y2, i, v);
         put(i, v, -1);
@@ -139,10 +148,10 @@ extern "C" __global__ void __launch_bounds__(NORM_THREADS) rmsnorm(float* resid,
     unsigned wk[NORM_KEEP][2] = {};
     if ((hidden & 3) == 0) {
 #pragma unroll
-        for (int k = 0; k < NORM_KEEP; k++) {
-            const int i = threadIdx.x * 4 + k * blockDim.x * 4;
+        for (int r = 0; r < NORM_KEEP; r++) {
+            const int i = norm_elem<4>(r);
             if (i < hidden) {
-                norm_weights(w + i, wk[k]);
+                norm_weights(w + i, wk[r]);
             }
         }
     }
