@@ -186,7 +186,8 @@ func (s *Stage) startLayer(i int, sh shape) error {
 	kc, vc := s.kvLayerPtrs(i)
 	if s.sk.use(T) {
 		err := s.gemv("qkv+norm+rope", &s.sk.qkv, lw.qkv, T, gemvIO{x: s.b.resid, g: lw.inNorm, out: s.b.q, ldo: s.qDim,
-			bias: lw.qkvBias, pos: s.word(lay.pos()), cacheRow: s.word(lay.cacheRow()), kcache: kc, vcache: vc})
+			bias: lw.qkvBias, pos: s.word(lay.pos()), cacheRow: s.word(lay.cacheRow()), kcache: kc, vcache: vc,
+			tables: s.word(lay.tables()), tableOff: s.word(lay.tableOff()), bs: s.pl.kv.blockSize})
 		if err != nil {
 			return fmt.Errorf("layer %d qkv: %w", s.lo+i, err)
 		}

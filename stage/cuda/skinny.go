@@ -236,7 +236,8 @@ func gemvNTFor(t int) int {
 // the column's own), the norm weight g (0: no norm), the output and its
 // row stride, and for q|k|v the bias, positions, cache rows and caches,
 // for the LM head the softmax partials; for a gemvt launch split along k,
-// its partials and counters.
+// its partials and counters; for q|k|v on gemvf, the block tables, so that
+// it can prefetch attention's first keys.
 type gemvIO struct {
 	x, rowmap, g          gpu.DevicePtr
 	out                   gpu.DevicePtr
@@ -244,6 +245,8 @@ type gemvIO struct {
 	bias, pos, cacheRow   gpu.DevicePtr
 	kcache, vcache, stats gpu.DevicePtr
 	part, counters        gpu.DevicePtr
+	tables, tableOff      gpu.DevicePtr
+	bs                    int
 }
 
 // gemv launches product p of weights w for t token rows.
@@ -382,6 +385,9 @@ func (c *gemvCall) args(a *gpu.KernelArgs, m *model.Config, w gpu.DevicePtr, t i
 		a.Int32(int32(c.pdelta))
 	}
 	a.Ptr(io.stats)
+	if c.v.mt == 0 {
+		a.Ptr(io.tables).Ptr(io.tableOff).Int32(int32(io.bs))
+	}
 	if l.splits > 0 {
 		a.Int32(int32(l.splits)).Ptr(io.part).Ptr(io.counters)
 	}
