@@ -191,7 +191,9 @@
 // in [0, MaxSeqs), and the sampled sequences of a batch with Handoff must
 // have distinct slots. On a stage that is both first and last,
 // Output.Handoff is HandoffInput itself: ApplyHandoff(ctx,
-// HandoffHeader.Rows) applies it with no copy.
+// HandoffHeader.Rows) applies it with no copy; and a batch with Handoff
+// that Launch runs has its sampler record each token in the table too (its
+// slots validated with the batch), so that no kernel runs after the step.
 //
 // # Sampling
 //

@@ -35,9 +35,9 @@ func (s *Stage) Forward(ctx context.Context, b *stage.Batch) (*stage.Output, err
 }
 
 // run orders the work of flight f: the upload of its description, the
-// forward pass, the hand-off kernel when the stage applies its own rows,
-// and the copies back of the status, the sampled tokens and the logits
-// asked for, between f's events. Device goroutine only.
+// forward pass (whose sampler applies the stage's own hand-off rows, if
+// it does: f.own), and the copies back of the status, the sampled tokens
+// and the logits asked for, between f's events. Device goroutine only.
 func (s *Stage) run(f *flight) error {
 	lay := s.pl.lay
 	p := &f.p
@@ -56,12 +56,7 @@ func (s *Stage) run(f *flight) error {
 	if err := s.forwardPass(f.step, f.sh); err != nil {
 		return err
 	}
-	if f.own && p.nSampled > 0 {
-		if err := s.handoffKernel(p.nSampled); err != nil {
-			return err
-		}
-	}
-	if p.placeholders || f.own {
+	if p.placeholders {
 		if err := gpu.CopyDtoHAsync(gpu.AsBytes(f.status), s.ho.status, st); err != nil {
 			return fmt.Errorf("read hand-off status: %w", err)
 		}
@@ -382,7 +377,7 @@ func (s *Stage) head(sh shape) error {
 	}
 	params := s.word(lay.sample())
 	a := s.args.Reset().Ptr(s.b.logits).Int32(int32(m.VocabSize)).Ptr(params).Ptr(s.b.sampleOut).Int32(MaxLogprobs).
-		Ptr(s.ho.out.Ptr()).Ptr(stats).Int32(int32(nstat))
+		Ptr(s.ho.out.Ptr()).Ptr(stats).Int32(int32(nstat)).Ptr(s.ho.tokens)
 	return s.launchDep("sample", kSample, gpu.Dim3{X: uint32(sh.sampled)}, gpu.Dim3{X: sampleThreads}, 0, a)
 }
 

@@ -241,7 +241,8 @@ const (
 	prefillThreads = 128  // PF_THREADS in attention_prefill.cu
 	maxHeadDim     = 256  // the widest rows attention.cu takes
 	sampleThreads  = 1024 // SAMPLE_THREADS in sample.cu
-	sampleParams   = 9    // SAMPLE_PARAMS in sample.cu
+	sampleParams   = 10   // SAMPLE_PARAMS in sample.cu
+	sampleApply    = 9    // the parameter that has the sampler record its token under the slot
 	statsChunk     = 8192 // LS_CHUNK in sample.cu: logits of a logit_stats block
 	statsThreads   = 256  // LS_THREADS
 	gemvThreads    = 256  // GEMV_THREADS in gemv.cu, GEMVF_THREADS in gemvf.cu

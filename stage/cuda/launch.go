@@ -32,7 +32,7 @@ type flight struct {
 	b      *stage.Batch
 	step   graphs.Step // the step's graph step (mode None: eager)
 	sh     shape       // what its kernels are launched for
-	own    bool        // the stage applies its own hand-off rows after it
+	own    bool        // the stage applies its own hand-off rows in the step
 	logits bool        // a sequence asks for logits
 	done   chan struct{}
 	err    error         // the waiter's
@@ -40,10 +40,10 @@ type flight struct {
 }
 
 // Launch implements stage.Launcher: it validates b and orders its work on
-// the stage's stream as Forward does, and after it, with Batch.Handoff on
-// a stage that is both first and last, the kernel that records its (slot,
-// token) rows, so that a batch launched next reads its placeholders from
-// them. A goroutine of the stage waits for the work, on a thread of its
+// the stage's stream as Forward does; with Batch.Handoff on a stage that
+// is both first and last, its sampler also records each token under its
+// sequence's slot, so that a batch launched next reads its placeholders
+// from them. A goroutine of the stage waits for the work, on a thread of its
 // own with the device's context current, so that the device goroutine
 // stays free to launch the next batch; the channel is closed once the
 // work is done.
@@ -107,8 +107,8 @@ func (s *Stage) Finish(ctx context.Context) (*stage.Output, error) {
 	return s.finish(f, f.err)
 }
 
-// startBatch validates b and orders its work in the next flight; own orders
-// the hand-off kernel of a first-and-last stage after it. The caller
+// startBatch validates b and orders its work in the next flight; own has
+// a first-and-last stage apply its hand-off in the step. The caller
 // records the batch as run (planner.commit).
 func (s *Stage) startBatch(ctx context.Context, b *stage.Batch, own bool) (*flight, error) {
 	if s.closed {
@@ -140,6 +140,9 @@ func (s *Stage) startBatch(ctx context.Context, b *stage.Batch, own bool) (*flig
 	}
 	f.b, f.step, f.sh = b, step, shape{tokens: f.p.tokens, rows: f.p.rows, sampled: f.p.nSampled, decode: f.p.tokens == len(b.Seqs)}
 	f.own, f.logits, f.err, f.gpu = own && b.Handoff && s.first && s.last, logits, nil, 0
+	if f.own {
+		s.pl.applyOwn(&f.p)
+	}
 	if step.Mode != graphs.None {
 		f.sh = s.pl.keyShape(step)
 		s.pl.pad(&f.p, f.sh)
@@ -174,7 +177,7 @@ func (s *Stage) finish(f *flight, err error) (*stage.Output, error) {
 		return nil, fmt.Errorf("cuda stage [%d,%d): batch %d (%s): %w", s.lo, s.hi, b.ID, f.step, err)
 	}
 	s.lastGPU = f.gpu
-	if f.p.placeholders || f.own {
+	if f.p.placeholders {
 		if err := s.statusError(f.status, b); err != nil {
 			return nil, fmt.Errorf("cuda stage [%d,%d): batch %d: %w", s.lo, s.hi, b.ID, err)
 		}

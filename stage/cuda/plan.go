@@ -234,6 +234,7 @@ func (pl *planner) addOutputs(s *stage.Seq, p *plan) error {
 	q[6] = int32(s.Index)
 	q[7] = int32(sp.Logprobs)
 	q[8] = int32(s.Slot)
+	q[sampleApply] = 0 // set by applyOwn
 	p.nSampled++
 	return nil
 }
@@ -269,6 +270,15 @@ func (l layout) prefillTiles(w []int32, T int) (some, all bool) {
 		all = all && whole
 	}
 	return some, all
+}
+
+// applyOwn has the sampler record each sampled token under its sequence's
+// hand-off slot (sample.cu, [9]): a stage that is first and last applies
+// its own hand-off rows in the step, with no kernel after it.
+func (pl *planner) applyOwn(p *plan) {
+	for i := range p.nSampled {
+		p.words[pl.lay.sample()+sampleParams*i+sampleApply] = 1
+	}
 }
 
 // pad fills the description past the batch's own rows up to sh, so that

@@ -42,8 +42,9 @@ type sampleResult struct {
 }
 
 // runSampleKernel runs the sample kernel over logits rows (all of one
-// vocabulary size) for reqs, request i in hand-off slot 7+i, and checks
-// the hand-off rows it reports, handing it the softmax partials stats says.
+// vocabulary size) for reqs, request i in hand-off slot 7+i, the odd ones
+// applied (sampleApply), and checks the hand-off rows it reports and the
+// slot tokens it records, handing it the softmax partials stats says.
 func runSampleKernel(t *testing.T, logits [][]float32, reqs []sampleReq, stats statsFrom) []sampleResult {
 	t.Helper()
 	dev := device(t)
@@ -61,7 +62,12 @@ func runSampleKernel(t *testing.T, logits [][]float32, reqs []sampleReq, stats s
 	for _, q := range reqs {
 		params = append(params, int32(q.row), int32(math.Float32bits(q.temperature)), int32(q.topK),
 			int32(math.Float32bits(q.topP)), int32(uint32(q.seed)), int32(uint32(q.seed>>32)), int32(q.index), int32(q.logprobs),
-			int32(7+len(params)/sampleParams))
+			int32(7+len(params)/sampleParams), int32(len(params)/sampleParams%2))
+	}
+	// The slot tokens start at -1: none recorded.
+	slots := make([]int32, 7+len(reqs))
+	for i := range slots {
+		slots[i] = -1
 	}
 	stride := 2 + 2*MaxLogprobs
 	out := make([]int32, len(reqs)*stride)
@@ -94,6 +100,10 @@ func runSampleKernel(t *testing.T, logits [][]float32, reqs []sampleReq, stats s
 			return err
 		}
 		op, err := up(gpu.AsBytes(out))
+		if err != nil {
+			return err
+		}
+		tp, err := up(gpu.AsBytes(slots))
 		if err != nil {
 			return err
 		}
@@ -146,11 +156,14 @@ func runSampleKernel(t *testing.T, logits [][]float32, reqs []sampleReq, stats s
 			}
 		}
 		var a gpu.KernelArgs
-		a.Ptr(lp).Int32(int32(vocab)).Ptr(pp).Ptr(op).Int32(MaxLogprobs).Ptr(hp).Ptr(sp).Int32(int32(nstat))
+		a.Ptr(lp).Int32(int32(vocab)).Ptr(pp).Ptr(op).Int32(MaxLogprobs).Ptr(hp).Ptr(sp).Int32(int32(nstat)).Ptr(tp)
 		if err := s.fn[kSample].Launch(gpu.Dim3{X: uint32(len(reqs))}, gpu.Dim3{X: sampleThreads}, 0, 0, &a); err != nil {
 			return err
 		}
 		if err := gpu.CopyDtoH(gpu.AsBytes(handoff), hp); err != nil {
+			return err
+		}
+		if err := gpu.CopyDtoH(gpu.AsBytes(slots), tp); err != nil {
 			return err
 		}
 		return gpu.CopyDtoH(gpu.AsBytes(out), op)
@@ -173,6 +186,9 @@ func runSampleKernel(t *testing.T, logits [][]float32, reqs []sampleReq, stats s
 		}
 		if slot, tok := handoff[2*i], handoff[2*i+1]; slot != int32(7+i) || tok != want {
 			t.Errorf("request %d: hand-off row (%d, %d), want (%d, %d)", i, slot, tok, 7+i, want)
+		}
+		if want := map[bool]int32{false: -1, true: want}[i%2 == 1]; slots[7+i] != want {
+			t.Errorf("request %d (applied: %v): slot %d holds token %d, want %d", i, i%2 == 1, 7+i, slots[7+i], want)
 		}
 	}
 	return res

@@ -5,14 +5,18 @@
 //   [0] logits row   [1] temperature (float bits)   [2] top_k (0: off)
 //   [3] top_p (float bits; 0 or >= 1: off)   [4] seed low   [5] seed high
 //   [6] sample index   [7] number of top alternatives wanted (<= maxlp)
-//   [8] hand-off slot
+//   [8] hand-off slot   [9] apply: also record the token under the slot in
+//   slot_tokens (a stage that is first and last, applying its own hand-off
+//   in the step, as handoff_apply would: the planner has validated the slot
+//   and no other row of the step names it)
 // out (2 + 2 * maxlp ints per sequence):
 //   [0] token   [1] log-probability (float bits)   then (token, logprob) pairs.
 //   A row holding NaN or an infinity has no distribution to draw from: then
 //   [0] is -1 and [1] the number of such values, and nothing else is set.
 // handoff (null: none) gets one (slot, token) row per sequence; token 0 for
 // a row that could not be sampled, so that the first stage accepts the
-// message (the leader fails that sequence's request).
+// message (the leader fails that sequence's request); slot_tokens (null:
+// none) gets the same token under the slot of each row with [9] set.
 // stats (null: none) holds, per logits row, nstat partial softmax statistics
 // of the LM head's blocks (GEMV_HEAD in gemv.cu, gemvf.cu) or of
 // logit_stats (below): with them, the maximum,
@@ -29,7 +33,7 @@
 // noise hashed from (seed, index, token id): the draw depends only on the
 // request's seed and sample index, never on the batch it shares.
 // Grid: (sequences). Block: SAMPLE_THREADS.
-#define SAMPLE_PARAMS 9
+#define SAMPLE_PARAMS 10
 #define SAMPLE_THREADS 1024
 
 // fkey maps a float to an unsigned key with the same order.
@@ -127,8 +131,20 @@ extern "C" __global__ void __launch_bounds__(LS_THREADS) logit_stats(const float
     }
 }
 
+// sample_handoff reports token tok of sequence i with params p: its
+// hand-off row, and its slot's token where the step applies it.
+__device__ __forceinline__ void sample_handoff(int* handoff, int* slot_tokens, const int* p, int i, int tok) {
+    if (handoff) {
+        handoff[2 * i] = p[8];
+        handoff[2 * i + 1] = tok;
+    }
+    if (slot_tokens && p[9]) {
+        slot_tokens[p[8]] = tok;
+    }
+}
+
 extern "C" __global__ void sample(const float* logits, int vocab, const int* params, int* out,
-                                  int maxlp, int* handoff, const float* stats, int nstat) {
+                                  int maxlp, int* handoff, const float* stats, int nstat, int* slot_tokens) {
     __shared__ float sh[32];
     __shared__ float shv[32];
     __shared__ int shi[32];
@@ -194,10 +210,7 @@ extern "C" __global__ void sample(const float* logits, int vocab, const int* par
             if (threadIdx.x == 0) {
                 o[0] = -1;
                 o[1] = (int)bad;
-                if (handoff) {
-                    handoff[2 * blockIdx.x] = p[8];
-                    handoff[2 * blockIdx.x + 1] = 0;
-                }
+                sample_handoff(handoff, slot_tokens, p, blockIdx.x, 0);
             }
             return;
         }
@@ -279,9 +292,6 @@ extern "C" __global__ void sample(const float* logits, int vocab, const int* par
     if (threadIdx.x == 0) {
         o[0] = tok;
         o[1] = __float_as_int(l[tok] - logz);
-        if (handoff) {
-            handoff[2 * blockIdx.x] = p[8];
-            handoff[2 * blockIdx.x + 1] = tok;
-        }
+        sample_handoff(handoff, slot_tokens, p, blockIdx.x, tok);
     }
 }
