@@ -56,15 +56,25 @@ func (s *Stage) run(f *flight) error {
 	if err := s.forwardPass(f.step, f.sh); err != nil {
 		return err
 	}
-	if p.placeholders {
-		if err := gpu.CopyDtoHAsync(gpu.AsBytes(f.status), s.ho.status, st); err != nil {
-			return fmt.Errorf("read hand-off status: %w", err)
-		}
+	n := 0 // words of the sampler's output
+	if s.last {
+		n = p.nSampled * sampleOutInts
 	}
-	if s.last && p.nSampled > 0 {
-		n := p.nSampled * (2 + 2*MaxLogprobs)
+	switch {
+	case f.back != nil && n > 0:
+		// A first and last stage's status words lie just before the
+		// sampler's output, on the device as in f.back: one copy.
+		if err := gpu.CopyDtoHAsync(gpu.AsBytes(f.back[:statusWords+n]), s.ho.status, st); err != nil {
+			return fmt.Errorf("read hand-off status and sampled tokens: %w", err)
+		}
+	case n > 0:
 		if err := gpu.CopyDtoHAsync(gpu.AsBytes(f.hostSample[:n]), s.b.sampleOut, st); err != nil {
 			return fmt.Errorf("copy sampled tokens: %w", err)
+		}
+	}
+	if p.placeholders && (f.back == nil || n == 0) {
+		if err := gpu.CopyDtoHAsync(gpu.AsBytes(f.status), s.ho.status, st); err != nil {
+			return fmt.Errorf("read hand-off status: %w", err)
 		}
 	}
 	// Logits asked for with Seq.Logits: each sequence's rows are
@@ -461,7 +471,7 @@ func (s *Stage) output(f *flight) *stage.Output {
 		return o
 	}
 	V := s.m.VocabSize
-	stride := 2 + 2*MaxLogprobs
+	stride := sampleOutInts
 	k, j := 0, 0
 	for i := range b.Seqs {
 		sq := &b.Seqs[i]

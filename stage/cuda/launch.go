@@ -26,6 +26,7 @@ type flight struct {
 	hostBatch  []byte  // pinned: p.words
 	hostSample []int32 // pinned (last stage): the sampler's output
 	status     []int32 // pinned (first stage): the status array read back
+	back       []int32 // pinned (first and last stage): status, then hostSample, one allocation
 	events     [2]gpu.Event
 	out        stage.Output
 
@@ -252,15 +253,23 @@ func (s *Stage) allocFlights(lay layout) error {
 		f.p.words = asInt32s(hb)
 		// Block table word 0 is the scratch block, which padding rows read.
 		f.p.words[lay.tables()] = int32(s.pl.kv.blocks)
-		if s.first {
+		switch {
+		case s.first && s.last:
+			// As the device has them (planWorkspace): one copy reads both.
+			hs, err := s.allocHost((statusWords+lay.maxSeqs*sampleOutInts)*4, "the hand-off status and sampled tokens")
+			if err != nil {
+				return err
+			}
+			f.back = asInt32s(hs)
+			f.status, f.hostSample = f.back[:statusWords:statusWords], f.back[statusWords:]
+		case s.first:
 			hs, err := s.allocHost(statusWords*4, "the hand-off status")
 			if err != nil {
 				return err
 			}
 			f.status = asInt32s(hs)
-		}
-		if s.last {
-			hs, err := s.allocHost(lay.maxSeqs*(2+2*MaxLogprobs)*4, "sampled tokens")
+		case s.last:
+			hs, err := s.allocHost(lay.maxSeqs*sampleOutInts*4, "sampled tokens")
 			if err != nil {
 				return err
 			}

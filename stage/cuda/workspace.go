@@ -87,13 +87,23 @@ func planWorkspace(m *model.Config, lay layout, first, last bool, sk *skinnyPlan
 			n = max(n, min(lay.maxLogitRows, sk.maxTokens)*sk.head.mma.grid, sk.fmaTokens*(sk.head.fma.grid+8))
 		}
 		w.stats = a.take(n * 4 * f32)
-		w.sampleOut = a.take(lay.maxSeqs * (2 + 2*MaxLogprobs) * i32)
+		if first {
+			// The status words end where the sampler's output begins, so
+			// that one copy reads both back (Stage.run); the sampler's
+			// output stays aligned.
+			w.sampleOut = a.take(256+lay.maxSeqs*sampleOutInts*i32) + 256
+			w.status = w.sampleOut - statusWords*i32
+		} else {
+			w.sampleOut = a.take(lay.maxSeqs * sampleOutInts * i32)
+		}
 		w.hoOut = a.take(lay.maxSeqs * stage.HandoffCols * i32)
 	}
 	if first {
 		w.hoIn = a.take(lay.maxSeqs * stage.HandoffCols * i32)
 		w.hoTokens = a.take(lay.maxSeqs * i32)
-		w.status = a.take(statusWords * i32)
+		if !last {
+			w.status = a.take(statusWords * i32)
+		}
 	}
 	w.batch = a.take(lay.words() * i32)
 	w.invFreq = a.take(m.HeadDim / 2 * f32)

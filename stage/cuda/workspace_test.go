@@ -31,11 +31,21 @@ func TestWorkspaceBytes(t *testing.T) {
 					t.Errorf("%s (first %v, last %v, skinny %d): %d bytes, estimate %d", sh.Name, pl.first, pl.last, skinny, w.size, est)
 				}
 				for _, off := range []int{w.in, w.resid, w.q, w.normed, w.qkv, w.attnB, w.y, w.gateUp, w.act, w.attnF, w.actF,
-					w.logits, w.stats, w.sampleOut, w.hoOut, w.hoIn, w.hoTokens, w.status, w.batch, w.invFreq, w.part, w.partML, w.counts,
+					w.logits, w.stats, w.sampleOut, w.hoOut, w.hoIn, w.hoTokens, w.batch, w.invFreq, w.part, w.partML, w.counts,
 					w.gtPart, w.gtCounts, w.blas} {
 					if off >= w.size || off%256 != 0 && off != -1 {
 						t.Errorf("%s: offset %d outside %d bytes or unaligned", sh.Name, off, w.size)
 					}
+				}
+				// A first and last stage's status words end where the
+				// sampler's output begins (one copy reads both back).
+				switch {
+				case pl.first && pl.last && w.status != w.sampleOut-statusWords*4:
+					t.Errorf("%s: status at %d, sampler's output at %d: not adjacent", sh.Name, w.status, w.sampleOut)
+				case pl.first && (w.status < 0 || w.status >= w.size || w.status%16 != 0):
+					t.Errorf("%s: status at %d of %d bytes, or not 16-byte aligned", sh.Name, w.status, w.size)
+				case !pl.first && w.status != -1:
+					t.Errorf("%s: a stage that is not first has a status array at %d", sh.Name, w.status)
 				}
 			}
 		}
