@@ -196,6 +196,11 @@ func AllocHost(bytes int) ([]byte, error) {
 	return unsafe.Slice((*byte)(p), bytes), nil
 }
 
+// HostPtr is the device address of page-locked memory b from AllocHost on
+// a device with unified addressing (DeviceInfo.UnifiedAddressing): its
+// host address, at which kernels read and write it directly.
+func HostPtr(b []byte) DevicePtr { return DevicePtr(uintptr(unsafe.Pointer(unsafe.SliceData(b)))) }
+
 // FreeHost frees memory returned by AllocHost. Device goroutine only.
 func FreeHost(b []byte) error {
 	c, err := driver()

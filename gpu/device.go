@@ -20,6 +20,10 @@ type DeviceInfo struct {
 	// MaxSharedPerBlock is the default shared memory limit of a block;
 	// MaxSharedPerBlockOptin the limit after SetMaxDynamicSharedMem.
 	MaxSharedPerBlock, MaxSharedPerBlockOptin int
+	// UnifiedAddressing says host and device share one address space:
+	// page-locked host memory (AllocHost) is addressed by kernels at its
+	// host address (HostPtr).
+	UnifiedAddressing bool
 }
 
 // Arch is the NVRTC/ptxas architecture name, e.g. "sm_90".
@@ -122,6 +126,7 @@ func (c *cudaLib) deviceInfo(dev int32) (DeviceInfo, error) {
 	}
 	info.TotalMem = int64(total)
 	// CUdevice_attribute values.
+	var unified int
 	attrs := []struct {
 		attr int
 		dst  *int
@@ -132,6 +137,7 @@ func (c *cudaLib) deviceInfo(dev int32) (DeviceInfo, error) {
 		{38, &info.L2Bytes},
 		{8, &info.MaxSharedPerBlock},
 		{97, &info.MaxSharedPerBlockOptin},
+		{41, &unified},
 	}
 	for _, a := range attrs {
 		var v int32
@@ -140,6 +146,7 @@ func (c *cudaLib) deviceInfo(dev int32) (DeviceInfo, error) {
 		}
 		*a.dst = int(v)
 	}
+	info.UnifiedAddressing = unified != 0
 	return info, nil
 }
 

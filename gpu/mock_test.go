@@ -82,7 +82,7 @@ func TestMockDeviceInfo(t *testing.T) {
 		t.Fatalf("DriverVersion = %d, %v", v, err)
 	}
 	d := openMock(t, 1)
-	want := DeviceInfo{Ordinal: 1, Name: "Mock GPU 1", Major: 9, Minor: 0, SMs: 132, TotalMem: 80 << 30, L2Bytes: 50 << 20, MaxSharedPerBlock: 48 << 10, MaxSharedPerBlockOptin: 227 << 10}
+	want := DeviceInfo{Ordinal: 1, Name: "Mock GPU 1", Major: 9, Minor: 0, SMs: 132, TotalMem: 80 << 30, L2Bytes: 50 << 20, MaxSharedPerBlock: 48 << 10, MaxSharedPerBlockOptin: 227 << 10, UnifiedAddressing: true}
 	if got := d.Info(); got != want {
 		t.Fatalf("Info = %+v, want %+v", got, want)
 	}

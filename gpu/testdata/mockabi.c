@@ -71,6 +71,7 @@ CUresult cuDeviceGetAttribute(int *v, int attr, int dev) {
 	case 38: *v = 50 << 20; return OK;   /* L2 bytes */
 	case 8: *v = 48 << 10; return OK;    /* shared per block */
 	case 97: *v = 227 << 10; return OK;  /* shared per block, opt-in */
+	case 41: *v = 1; return OK;          /* unified addressing */
 	}
 	return INVALID_VALUE;
 }

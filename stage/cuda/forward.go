@@ -47,7 +47,7 @@ func (s *Stage) run(f *flight) error {
 			return err
 		}
 	}
-	if err := gpu.CopyHtoDAsync(s.b.batch, f.hostBatch[:4*p.uploadWords(lay)], st); err != nil {
+	if err := s.upload(s.b.batch, f.hostBatch[:4*p.uploadWords(lay)]); err != nil {
 		return fmt.Errorf("upload batch description: %w", err)
 	}
 	if err := f.events[0].Record(st); err != nil {
@@ -64,16 +64,16 @@ func (s *Stage) run(f *flight) error {
 	case f.back != nil && n > 0:
 		// A first and last stage's status words lie just before the
 		// sampler's output, on the device as in f.back: one copy.
-		if err := gpu.CopyDtoHAsync(gpu.AsBytes(f.back[:statusWords+n]), s.ho.status, st); err != nil {
+		if err := s.readBack(f.back[:statusWords+n], s.ho.status); err != nil {
 			return fmt.Errorf("read hand-off status and sampled tokens: %w", err)
 		}
 	case n > 0:
-		if err := gpu.CopyDtoHAsync(gpu.AsBytes(f.hostSample[:n]), s.b.sampleOut, st); err != nil {
+		if err := s.readBack(f.hostSample[:n], s.b.sampleOut); err != nil {
 			return fmt.Errorf("copy sampled tokens: %w", err)
 		}
 	}
 	if p.placeholders && (f.back == nil || n == 0) {
-		if err := gpu.CopyDtoHAsync(gpu.AsBytes(f.status), s.ho.status, st); err != nil {
+		if err := s.readBack(f.status, s.ho.status); err != nil {
 			return fmt.Errorf("read hand-off status: %w", err)
 		}
 	}
@@ -88,6 +88,32 @@ func (s *Stage) run(f *flight) error {
 		}
 	}
 	return f.events[1].Record(st)
+}
+
+// upload orders the copy of pinned host bytes b to dst on the stage's
+// stream, and readBack that of device words src into pinned host words
+// dst: with unified addressing by copy_words, a kernel like the step's
+// others, which measured faster through the API than a copy (the stream
+// handing over to a copy engine and back: NOTES.md, phase 11).
+func (s *Stage) upload(dst gpu.DevicePtr, b []byte) error {
+	if s.zeroCopy {
+		return s.copyWords(dst, gpu.HostPtr(b), len(b)/4)
+	}
+	return gpu.CopyHtoDAsync(dst, b, s.stream)
+}
+
+func (s *Stage) readBack(dst []int32, src gpu.DevicePtr) error {
+	if s.zeroCopy {
+		return s.copyWords(gpu.HostPtr(gpu.AsBytes(dst)), src, len(dst))
+	}
+	return gpu.CopyDtoHAsync(gpu.AsBytes(dst), src, s.stream)
+}
+
+// copyWords orders copy_words of n words from src to dst.
+func (s *Stage) copyWords(dst, src gpu.DevicePtr, n int) error {
+	a := s.args.Reset().Ptr(src).Ptr(dst).Int32(int32(n))
+	blocks := max(1, min((n/4+copyThreads-1)/copyThreads, copyMaxBlocks))
+	return s.launch("copy", kCopyWords, gpu.Dim3{X: uint32(blocks)}, gpu.Dim3{X: copyThreads}, a)
 }
 
 // forwardPass orders the stage's work for a step of shape sh: the full

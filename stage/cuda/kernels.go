@@ -26,6 +26,7 @@ const (
 	kLogitStats  = "logit_stats"
 	kHandoff     = "handoff_apply"
 	kSpin        = "spin"
+	kCopyWords   = "copy_words"
 )
 
 // Epilogues of the skinny GEMM kernels (gemv.cu).
@@ -189,7 +190,7 @@ var optionalNames = func() []string {
 
 // kernelNames lists every entry point New looks up.
 var kernelNames = func() []string {
-	n := []string{kEmbed, kRMSNorm, kResidualAdd, kRopeQKV, kSiluMul, kSample, kLogitStats, kHandoff, kSpin}
+	n := []string{kEmbed, kRMSNorm, kResidualAdd, kRopeQKV, kSiluMul, kSample, kLogitStats, kHandoff, kSpin, kCopyWords}
 	for _, r := range attentionVariants {
 		for _, w := range attentionWarps {
 			n = append(n, attentionName(r, w))
@@ -241,6 +242,8 @@ const (
 	prefillThreads = 128               // PF_THREADS in attention_prefill.cu
 	maxHeadDim     = 256               // the widest rows attention.cu takes
 	sampleThreads  = 1024              // SAMPLE_THREADS in sample.cu
+	copyThreads    = 256               // copy_words's block
+	copyMaxBlocks  = 64                // copy_words's most blocks (each thread 16 bytes at a time)
 	sampleParams   = 10                // SAMPLE_PARAMS in sample.cu
 	sampleApply    = 9                 // the parameter that has the sampler record its token under the slot
 	sampleOutInts  = 2 + 2*MaxLogprobs // the sampler's output a sequence: token, log-probability, alternatives
