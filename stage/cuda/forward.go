@@ -11,7 +11,7 @@ import (
 )
 
 // Forward runs one batch: it validates the batch and its graph step,
-// uploads its packed description with one copy, then either orders every
+// uploads its packed description (upload), then either orders every
 // kernel and GEMM on the stage's stream (mode None) or replays the graphs
 // of the step's key, and waits. On the last stage it copies back the
 // sampled tokens and the requested logits. The Output and the buffers it
