@@ -63,7 +63,7 @@ func (s *Stage) run(f *flight) error {
 	switch {
 	case f.back != nil && n > 0:
 		// A first and last stage's status words lie just before the
-		// sampler's output, on the device as in f.back: one copy.
+		// sampler's output, on the device as in f.back: one read-back.
 		if err := s.readBack(f.back[:statusWords+n], s.ho.status); err != nil {
 			return fmt.Errorf("read hand-off status and sampled tokens: %w", err)
 		}
@@ -91,8 +91,7 @@ func (s *Stage) run(f *flight) error {
 }
 
 // upload orders the copy of pinned host bytes b to dst on the stage's
-// stream, and readBack that of device words src into pinned host words
-// dst: with unified addressing by copy_words, a kernel like the step's
+// stream: with unified addressing by copy_words, a kernel like the step's
 // others, which measured faster through the API than a copy (the stream
 // handing over to a copy engine and back: NOTES.md, phase 11).
 func (s *Stage) upload(dst gpu.DevicePtr, b []byte) error {
@@ -102,6 +101,8 @@ func (s *Stage) upload(dst gpu.DevicePtr, b []byte) error {
 	return gpu.CopyHtoDAsync(dst, b, s.stream)
 }
 
+// readBack orders the copy of device words src into pinned host words dst
+// on the stage's stream, by copy_words as upload does.
 func (s *Stage) readBack(dst []int32, src gpu.DevicePtr) error {
 	if s.zeroCopy {
 		return s.copyWords(gpu.HostPtr(gpu.AsBytes(dst)), src, len(dst))
