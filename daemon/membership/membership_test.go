@@ -85,22 +85,25 @@ func eventually(t *testing.T, timeout time.Duration, what string, cond func() bo
 	return time.Since(start)
 }
 
-// waitEvent reads events until one of kind for member arrives.
+// waitEvent reads events until one of kind for member arrives. A failure
+// names the events read meanwhile (a Fail where a Leave was awaited, say).
 func waitEvent(t *testing.T, m *Membership, kind EventKind, member string, timeout time.Duration) (Event, time.Duration) {
 	t.Helper()
 	start := time.Now()
 	deadline := time.After(timeout)
+	var seen []string
 	for {
 		select {
 		case ev, ok := <-m.Events():
 			if !ok {
-				t.Fatalf("events closed waiting for %v of %s", kind, member)
+				t.Fatalf("events closed waiting for %v of %s (read meanwhile: %q)", kind, member, seen)
 			}
 			if ev.Kind == kind && ev.Member.Name == member {
 				return ev, time.Since(start)
 			}
+			seen = append(seen, fmt.Sprintf("%v %s after %v", ev.Kind, ev.Member.Name, time.Since(start).Round(time.Millisecond)))
 		case <-deadline:
-			t.Fatalf("no %v event for %s within %v", kind, member, timeout)
+			t.Fatalf("no %v event for %s within %v (read meanwhile: %q)", kind, member, timeout, seen)
 		}
 	}
 }
