@@ -109,7 +109,8 @@ func (w *randomBF16) Tensor(name string) (*safetensors.Tensor, error) {
 }
 
 // TestDecodeTiming times, for each benchModels model: decode steps at
-// batch 1, 8 and 32 in each CUDA-graph mode (NONE, PIECEWISE, FULL,
+// batch 1, 8 and 32 (or the batches TANDEM_BENCH_BATCHES lists, e.g.
+// 1,4,8,16,24,32) in each CUDA-graph mode (NONE, PIECEWISE, FULL,
 // FULL_AND_PIECEWISE), next to the HBM floor (weight bytes over the
 // device-to-device copy bandwidth measured here); the per-kernel breakdown
 // of one eager decode step at batch 1 and 32 on the skinny path and on the
@@ -271,7 +272,18 @@ func timeDecode(t *testing.T, dev *gpu.Device, bw float64, bm benchModel) {
 	var table strings.Builder
 	fmt.Fprintf(&table, "%6s %-20s %9s %9s %7s\n", "batch", "mode", "wall ms", "GPU ms", "x floor")
 	var prof strings.Builder
-	for _, batch := range []int{1, 8, 32} {
+	batches := []int{1, 8, 32}
+	if v := os.Getenv("TANDEM_BENCH_BATCHES"); v != "" {
+		batches = nil
+		for _, f := range strings.Split(v, ",") {
+			n, err := strconv.Atoi(f)
+			if err != nil || n < 1 || n > maxSeqs {
+				t.Fatalf("TANDEM_BENCH_BATCHES: %q is not a batch of 1 to %d", f, maxSeqs)
+			}
+			batches = append(batches, n)
+		}
+	}
+	for _, batch := range batches {
 		ids := make([]uint64, 0, batch)
 		last := make([]int32, batch)
 		for i := 0; i < batch; i += 8 {
