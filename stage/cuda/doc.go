@@ -77,7 +77,15 @@
 // second pass and stores whole lines. The last stage's LM head is a norm of its rows and a GEMM,
 // then logit_stats writes the softmax partials the skinny LM head would
 // (blocks of 8,192 logits, one partial a warp), so the sampler again makes
-// no pass over the logits of a greedy row.
+// no pass over the logits of a greedy row. cuBLAS's products cannot start
+// before the kernel ahead of them ends, and at a few tokens they are bound
+// by that latency, not by their weights; so decode steps of 3-16 tokens
+// run their q|k|v and o products on gemvs.cu instead: dependent launches
+// that load their weights before the wait (mma.sync, the weights as A
+// loaded straight into registers), split k into 4 or 8 parts and leave
+// each part's sums in a plane of their output, which the consumer
+// (attention with rotary embeddings, the post-attention norm) adds up as
+// it reads them (gemvs.go: which steps, and why).
 //
 // Attention (every path) is causal grouped-query attention over the paged
 // KV cache, one block per (token, kv head, group of its query heads, part

@@ -172,7 +172,7 @@ func (s *Stage) segment(i int, sh shape) error {
 		} else if err := s.copyInput(T * H * 4); err != nil {
 			return err
 		}
-	} else if err := s.finishLayer(i-1, T); err != nil {
+	} else if err := s.finishLayer(i-1, sh); err != nil {
 		return err
 	}
 	if i < L {
@@ -230,14 +230,18 @@ func (s *Stage) startLayer(i int, sh shape) error {
 		y = s.b.y
 	}
 	lo := s.remainders(T)
-	if err := s.rmsnorm(T, y, lo, lw.inNorm, lo, 0); err != nil {
+	if err := s.rmsnorm(T, y, cublasPlanes(lo), lw.inNorm, lo, 0); err != nil {
 		return err
+	}
+	if s.ropeInAttention(sh) {
+		// Attention takes q|k|v as the product leaves it, in planes.
+		if _, err := s.smallProduct("qkv", s.b.qkv, s.b.normed, lw.qkv, T, lo, m.HiddenSize, s.qkvDim); err != nil {
+			return fmt.Errorf("layer %d qkv: %w", s.lo+i, err)
+		}
+		return nil
 	}
 	if err := s.linear("qkv", s.b.qkv, s.b.normed, lw.qkv, T+lo, m.HiddenSize, s.qkvDim); err != nil {
 		return fmt.Errorf("layer %d qkv: %w", s.lo+i, err)
-	}
-	if s.ropeInAttention(sh) {
-		return nil
 	}
 	a := s.args.Reset().Ptr(s.b.qkv).Int32(int32(lo)).Ptr(lw.qkvBias).Ptr(s.b.invFreq).Ptr(s.word(lay.pos())).
 		Ptr(s.word(lay.cacheRow())).Ptr(s.b.q).Ptr(kc).Ptr(vc).
@@ -251,8 +255,9 @@ func (s *Stage) startLayer(i int, sh shape) error {
 // into the residual stream, the post-attention norm, the MLP and the down
 // projection (on the cuBLAS path its output stays pending in y, added by
 // the next norm or, at the stage's end, by residual_add).
-func (s *Stage) finishLayer(i, T int) error {
+func (s *Stage) finishLayer(i int, sh shape) error {
 	m := &s.m
+	T := sh.tokens
 	H, I := m.HiddenSize, m.IntermediateSize
 	lw := s.layers[i]
 	layer := s.lo + i
@@ -269,10 +274,16 @@ func (s *Stage) finishLayer(i, T int) error {
 		return nil
 	}
 	lo := s.remainders(T)
-	if err := s.linear("o", s.b.y, s.b.attnB, lw.o, T+lo, s.qDim, H); err != nil {
+	p := cublasPlanes(lo)
+	if s.ropeInAttention(sh) {
+		var err error
+		if p, err = s.smallProduct("o", s.b.y, s.b.attnB, lw.o, T, lo, s.qDim, H); err != nil {
+			return fmt.Errorf("layer %d o_proj: %w", layer, err)
+		}
+	} else if err := s.linear("o", s.b.y, s.b.attnB, lw.o, T+lo, s.qDim, H); err != nil {
 		return fmt.Errorf("layer %d o_proj: %w", layer, err)
 	}
-	if err := s.rmsnorm(T, s.b.y, lo, lw.postNorm, lo, 0); err != nil {
+	if err := s.rmsnorm(T, s.b.y, p, lw.postNorm, lo, 0); err != nil {
 		return err
 	}
 	if err := s.linear("gate_up", s.b.gateUp, s.b.normed, lw.gateUp, T+lo, H, 2*I); err != nil {
@@ -361,7 +372,8 @@ func (s *Stage) attention(i int, sh shape) error {
 	if s.ropeInAttention(sh) {
 		lw := s.layers[i]
 		name = at.ropeName
-		a.Ptr(s.b.qkv).Ptr(lw.qkvBias).Ptr(s.b.invFreq).Ptr(s.word(lay.cacheRow()))
+		p := s.smallPlanes(T, lo, m.HiddenSize, s.qkvDim)
+		a.Ptr(s.b.qkv).Ptr(lw.qkvBias).Ptr(s.b.invFreq).Ptr(s.word(lay.cacheRow())).Int32(int32(p.n)).Int32(int32(p.stride))
 	}
 	grid := gpu.Dim3{X: uint32(T), Y: uint32(s.at.nkv * s.at.groups), Z: uint32(at.splits)}
 	if !sh.allTiles {
@@ -394,7 +406,7 @@ func (s *Stage) head(sh shape) error {
 			return fmt.Errorf("LM head: %w", err)
 		}
 	} else {
-		if err := s.rmsnorm(sh.rows, 0, 0, s.weights.norm, 0, rows); err != nil {
+		if err := s.rmsnorm(sh.rows, 0, planes{}, s.weights.norm, 0, rows); err != nil {
 			return err
 		}
 		if err := s.linear("lm_head", s.b.logits, s.b.normed, s.weights.lmHead, sh.rows, m.HiddenSize, m.VocabSize); err != nil {
@@ -418,14 +430,14 @@ func (s *Stage) head(sh shape) error {
 	return s.launchDep("sample", kSample, gpu.Dim3{X: uint32(sh.sampled)}, gpu.Dim3{X: sampleThreads}, 0, a)
 }
 
-// rmsnorm adds the pending GEMM output y (0: none; its second half ylo
-// rows on, 0: none) into the residual stream and normalises its rows with
+// rmsnorm adds the pending product output y (0: none; lying as p says)
+// into the residual stream and normalises its rows with
 // weight w into the bf16 buffer normed, the rounding remainders outlo rows
 // on (0: none); rowmap (0: none, else y must be 0) selects the rows (see
 // norm.cu).
-func (s *Stage) rmsnorm(rows int, y gpu.DevicePtr, ylo int, w gpu.DevicePtr, outlo int, rowmap gpu.DevicePtr) error {
-	a := s.args.Reset().Ptr(s.b.resid).Ptr(y).Int32(int32(ylo)).Ptr(w).Ptr(s.b.normed).Int32(int32(outlo)).
-		Ptr(rowmap).Int32(int32(s.m.HiddenSize)).Float32(float32(s.m.RMSNormEps))
+func (s *Stage) rmsnorm(rows int, y gpu.DevicePtr, p planes, w gpu.DevicePtr, outlo int, rowmap gpu.DevicePtr) error {
+	a := s.args.Reset().Ptr(s.b.resid).Ptr(y).Int32(int32(p.stride)).Ptr(w).Ptr(s.b.normed).Int32(int32(outlo)).
+		Ptr(rowmap).Int32(int32(s.m.HiddenSize)).Float32(float32(s.m.RMSNormEps)).Int32(int32(p.n))
 	return s.launchDep("rmsnorm", kRMSNorm, gpu.Dim3{X: uint32(rows)}, gpu.Dim3{X: uint32(normBlock(s.m.HiddenSize))}, 0, a)
 }
 

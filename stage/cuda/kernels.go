@@ -204,7 +204,7 @@ var kernelNames = func() []string {
 			n = append(n, gemvName(v, nt))
 		}
 	}
-	return append(append(n, gqaNames...), gemvfNames...)
+	return append(append(append(n, gqaNames...), gemvfNames...), gemvsNames...)
 }()
 
 // gqaNames lists the attention_gqa entry points.

@@ -17,7 +17,7 @@ func TestKernelSource(t *testing.T) {
 		t.Errorf("program does not start with the common definitions:\n%.200s", src)
 	}
 	for _, name := range append(slices.Clone(kernelNames), optionalNames...) {
-		re := regexp.MustCompile(`(extern "C" __global__ void (__launch_bounds__\(\w+\)\s+)?` + name + `\(|(GEMV[FT]?|GQA|GQA_ROPE)_ENTRY\(` + name + `,)`)
+		re := regexp.MustCompile(`(extern "C" __global__ void (__launch_bounds__\(\w+\)\s+)?` + name + `\(|(GEMV[FST]?|GQA|GQA_ROPE)_ENTRY\(` + name + `,)`)
 		if n := len(re.FindAllString(src, -1)); n != 1 {
 			t.Errorf("kernel %s defined %d times in the program; want once", name, n)
 		}
@@ -71,6 +71,9 @@ func TestKernelSource(t *testing.T) {
 		fmt.Sprintf("#define ATT_RMAX %d\n", attentionHeads),
 		fmt.Sprintf("#define GQA_STAGES %d\n", gqaStages),
 		fmt.Sprintf("#define GEMV_THREADS %d\n", gemvThreads),
+		fmt.Sprintf("#define GEMVS_THREADS %d\n", gemvsThreads),
+		fmt.Sprintf("#define GEMVS_PAD %d\n", gemvsPad),
+		fmt.Sprintf("#define MAX_PLANES %d\n", maxPlanes),
 		fmt.Sprintf("#define GEMV_WARPS %d\n", gemvWarps),
 		fmt.Sprintf("#define GT_WARPS %d\n", gtWarps),
 		fmt.Sprintf("#define GT_KC %d\n", gtKC),

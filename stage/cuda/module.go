@@ -189,6 +189,13 @@ func lookupKernels(mod gpu.Module, info gpu.DeviceInfo, optional bool) (map[stri
 			}
 		}
 	}
+	for _, nt := range gemvsNT {
+		if n := min(gemvsSmem(nt, gemvsMaxKB), info.MaxSharedPerBlockOptin); n > 48<<10 {
+			if err := fn[gemvsName(nt)].SetMaxDynamicSharedMem(n); err != nil {
+				return nil, err
+			}
+		}
+	}
 	if info.MaxSharedPerBlockOptin > 48<<10 {
 		for _, name := range gemvfNames {
 			if err := fn[name].SetMaxDynamicSharedMem(info.MaxSharedPerBlockOptin); err != nil {

@@ -189,6 +189,7 @@ type Stage struct {
 	compTokens int
 	at         attnPlan
 	pdl        bool     // launch kernels as programmatic dependents
+	gemvs      bool     // decode steps' small products on gemvs.cu (gemvs.go)
 	zeroCopy   bool     // upload and read back by kernels (unified addressing: upload, readBack)
 	prof       *profile // per-kernel events during ProfileStep, else nil
 	profPool   *profile // the events ProfileStep records, kept for the next
@@ -310,6 +311,7 @@ func (s *Stage) init(cfg *Config) error {
 	s.at.gqa = s.prefill && s.at.groups == 1 && gqaSmem(m.HeadDim, 8) <= info.MaxSharedPerBlockOptin
 	s.pdl = !cfg.NoDependentLaunch && info.Major >= 9 && gpu.LaunchDependentAvailable()
 	s.zeroCopy = info.UnifiedAddressing
+	s.gemvs = s.pdl // gemvs gains only as a dependent launch (gemvs.go)
 	s.pl = planner{lay: lay, first: s.first, last: s.last, vocab: m.VocabSize, maxPos: m.MaxPositions,
 		kv: newPagedKV(cfg.NumBlocks, cfg.BlockSize, cfg.MaxSeqLen)}
 	compiled := s.reportStep("compile kernels")

@@ -258,13 +258,27 @@ __device__ __forceinline__ void rope_rotate(float& x1, float& x2, int pos, float
     x1 = y1;
 }
 
+// A product's output may come in planes, ps elements apart, that its
+// consumer adds up in order: cuBLAS's two (the values' and the remainders'
+// rows) or one, gemvs.cu's one a split of k, at most MAX_PLANES.
+#define MAX_PLANES 8
+
 // qkv_in is element i of a q|k|v projection row as the GEMM path leaves
-// it: its two halves added (row, and row2 when lo: the remainders' rows)
-// and the bias, when there is one.
-__device__ __forceinline__ float qkv_in(const float* row, const float* row2, int lo, const bf16* bias, int i) {
-    float x = ldcg(row + i);
-    if (lo) {
-        x += ldcg(row2 + i);
+// it: its planes (at most P) added, and the bias, when there is one. P is
+// 2 for cuBLAS's output, so that its consumers keep their registers.
+template <int P>
+__device__ __forceinline__ float qkv_in(const float* row, size_t ps, int planes, const bf16* bias, int i) {
+    float v[P];
+#pragma unroll
+    for (int p = 0; p < P; p++) {
+        v[p] = p < planes ? ldcg(row + p * ps + i) : 0.f;
+    }
+    float x = v[0];
+#pragma unroll
+    for (int p = 1; p < P; p++) {
+        if (p < planes) {
+            x += v[p];
+        }
     }
     if (bias) {
         x += bf2f(bias[i]);

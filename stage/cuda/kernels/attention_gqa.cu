@@ -29,8 +29,9 @@
 //
 // attention_gqa_rope_d<HD>_w<W> also does rope_qkv's work, for a step
 // whose every token row is the one token of its sequence (a decode step):
-// with GQA_ROPE_PARAMS (the q|k|v projection's fp32 rows qkv in two halves
-// lo rows apart, as rope_qkv takes them; q unused), each block rotates its
+// with GQA_ROPE_PARAMS (the q|k|v projection's fp32 rows qkv in planes
+// planes pstride rows apart, added up: cuBLAS's two halves or one, gemvs's
+// splits; q unused), each block rotates its
 // R query heads' rows into shared memory, and the block of the part that
 // holds this step's key (the sequence's last) rotates it, writes it and
 // the value to the cache at cache_row[t] and into its tile. No block reads
@@ -93,7 +94,7 @@ __device__ __forceinline__ void tc_softmax_row(float (&sc)[NK][4], float (&o)[ND
 
 // GQA_ROPE_PARAMS: rope_qkv's inputs after ATT_PARAMS.
 #define GQA_ROPE_PARAMS \
-    ATT_PARAMS, const float *qkv, const bf16 *bias, const float *inv_freq, const int *cache_row
+    ATT_PARAMS, const float *qkv, const bf16 *bias, const float *inv_freq, const int *cache_row, int planes, int pstride
 
 template <int HD, int W, bool ROPE>
 __device__ __forceinline__ void gqa_body(GQA_ROPE_PARAMS) {
@@ -163,13 +164,16 @@ __device__ __forceinline__ void gqa_body(GQA_ROPE_PARAMS) {
         constexpr int half = HD / 2;
         const size_t width = (size_t)(nh + 2 * nkv) * HD;
         const float* row = qkv + (size_t)t * width;
-        const float* row2 = qkv + (size_t)(t + lo) * width;
+        const size_t ps = (size_t)pstride * width;  // elements between the planes
+        auto qkvp = [&](int i) {
+            return planes <= 2 ? qkv_in<2>(row, ps, planes, bias, i) : qkv_in<MAX_PLANES>(row, ps, planes, bias, i);
+        };
         const int items = (R + (je == n ? 1 : 0)) * half;
         const int kj = n - 1 - jb;  // this step's key in the part's first tiles, if < S * KEYS
         for (int e = tid; e < items; e += NT) {
             const int r = e / half, i = e % half;
             const int off = r < R ? (kh * R + r) * HD : (nh + kh) * HD;
-            float y1 = qkv_in(row, row2, lo, bias, off + i), y2 = qkv_in(row, row2, lo, bias, off + i + half);
+            float y1 = qkvp( off + i), y2 = qkvp( off + i + half);
             rope_rotate(y1, y2, pos[t], inv_freq[i]);
             if (r < R) {
                 qs[r * HD + i] = y1;
@@ -177,7 +181,7 @@ __device__ __forceinline__ void gqa_body(GQA_ROPE_PARAMS) {
                 continue;
             }
             const int voff = (nh + nkv) * HD + kh * HD;
-            const float v1 = qkv_in(row, row2, lo, bias, voff + i), v2 = qkv_in(row, row2, lo, bias, voff + i + half);
+            const float v1 = qkvp( voff + i), v2 = qkvp( voff + i + half);
             const bf16 k1 = f2bf(y1), k2 = f2bf(y2), w1 = f2bf(v1), w2 = f2bf(v2);
             const size_t dst = ((size_t)cache_row[t] * nkv + kh) * HD;
             bf16* kc = (bf16*)kcache;  // ATT_PARAMS's caches are read-only elsewhere
@@ -340,11 +344,11 @@ __device__ __forceinline__ void gqa_body(GQA_ROPE_PARAMS) {
 
 #define GQA_ENTRY(name, hd, w)                                                           \
     extern "C" __global__ void __launch_bounds__(w * 32) name(ATT_PARAMS) {              \
-        gqa_body<hd, w, false>(ATT_ARGS, nullptr, nullptr, nullptr, nullptr);            \
+        gqa_body<hd, w, false>(ATT_ARGS, nullptr, nullptr, nullptr, nullptr, 0, 0);         \
     }
 #define GQA_ROPE_ENTRY(name, hd, w)                                                      \
     extern "C" __global__ void __launch_bounds__(w * 32) name(GQA_ROPE_PARAMS) {         \
-        gqa_body<hd, w, true>(ATT_ARGS, qkv, bias, inv_freq, cache_row);                 \
+        gqa_body<hd, w, true>(ATT_ARGS, qkv, bias, inv_freq, cache_row, planes, pstride);         \
     }
 
 GQA_ENTRY(attention_gqa_d64_w4, 64, 4)

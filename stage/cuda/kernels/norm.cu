@@ -1,8 +1,9 @@
 // rmsnorm normalises rows of the fp32 residual stream into bf16 GEMM inputs
 // (the cuBLAS path; the skinny path folds the norm into its products). The
-// pending output y of the layer's last GEMM (null: none), in two halves lo
-// rows apart (lo 0: one), is first added to the residual and written back:
-//   x = resid[src] (+ y[src] + y[src + lo]), out[r] = bf16(x * rsqrt(mean(x^2) + eps) * w)
+// pending output y of the layer's last product (null: none), in planes
+// planes lo rows apart (cuBLAS's two halves or one, gemvs.cu's splits), is
+// first added to the residual and written back:
+//   x = resid[src] (+ (y[src] + y[src + lo] + ...)), out[r] = bf16(x * rsqrt(mean(x^2) + eps) * w)
 // with src = rowmap ? rowmap[r] : r (the last stage normalising only the
 // rows it needs logits for, a row possibly more than once; then y must be
 // null). When outlo is not 0, the rounding remainder of each output goes to
@@ -19,32 +20,49 @@
 #define NORM_KEEP 4
 
 // norm_load is elements i..i+VEC-1 of the row with the pending output
-// added: x (+ y1 + y2), summed as rmsnorm has always summed. v holds 4.
-template <int VEC>
-__device__ __forceinline__ void norm_load(const float* row, const float* y1, const float* y2, int i, float* v) {
-    float a[4], b[4];
+// added: x + (y1 + y1[ps] + ...: planes planes, at most P, ps elements
+// apart), every load issued first. v holds 4. P is 2 for cuBLAS's output
+// (two halves or one), so that the common case keeps its registers.
+template <int VEC, int P>
+__device__ __forceinline__ void norm_load(const float* row, const float* y1, size_t ps, int planes, int i, float* v) {
+    float a[4];
     if (VEC == 4) {
         ldcg_u4(row + i, (unsigned*)v);
         if (y1) {
             ldcg_u4(y1 + i, (unsigned*)a);
-        }
-        if (y2) {
-            ldcg_u4(y2 + i, (unsigned*)b);
         }
     } else {
         v[0] = ldcg(row + i);
         if (y1) {
             a[0] = ldcg(y1 + i);
         }
-        if (y2) {
-            b[0] = ldcg(y2 + i);
+    }
+    if (!y1) {
+        return;
+    }
+    float b[P][4];
+#pragma unroll
+    for (int p = 1; p < P; p++) {
+        if (p < planes) {
+            if (VEC == 4) {
+                ldcg_u4(y1 + p * ps + i, (unsigned*)b[p]);
+            } else {
+                b[p][0] = ldcg(y1 + p * ps + i);
+            }
         }
     }
-    if (y1) {
 #pragma unroll
-        for (int e = 0; e < VEC; e++) {
-            v[e] += y2 ? a[e] + b[e] : a[e];
+    for (int p = 1; p < P; p++) {
+        if (p < planes) {
+#pragma unroll
+            for (int e = 0; e < VEC; e++) {
+                a[e] += b[p][e];
+            }
         }
+    }
+#pragma unroll
+    for (int e = 0; e < VEC; e++) {
+        v[e] += a[e];
     }
 }
 
@@ -62,8 +80,8 @@ __device__ __forceinline__ int norm_elem(int r) {
 
 // rmsnorm_row normalises one row; wk holds the norm weights of this
 // thread's kept rounds, loaded before the kernel's wait (VEC 4 only).
-template <int VEC>
-__device__ __forceinline__ void rmsnorm_row(float* row, const float* y1, const float* y2, const bf16* w, bf16* o,
+template <int VEC, int P>
+__device__ __forceinline__ void rmsnorm_row(float* row, const float* y1, size_t ps, int planes, const bf16* w, bf16* o,
                                             size_t olo, int hidden, float eps, float* sh, const unsigned (*wk)[2]) {
     const int step = blockDim.x * VEC, kept = norm_elem<VEC>(NORM_KEEP);
     float keep[NORM_KEEP][4];
@@ -72,7 +90,7 @@ __device__ __forceinline__ void rmsnorm_row(float* row, const float* y1, const f
     for (int r = 0; r < NORM_KEEP; r++) {
         const int i = norm_elem<VEC>(r);
         if (i < hidden) {
-            norm_load<VEC>(row, y1, y2, i, keep[r]);
+            norm_load<VEC, P>(row, y1, ps, planes, i, keep[r]);
 #pragma unroll
             for (int e = 0; e < VEC; e++) {
                 ss += keep[r][e] * keep[r][e];
@@ -81,7 +99,7 @@ __device__ __forceinline__ void rmsnorm_row(float* row, const float* y1, const f
     }
     for (int i = kept; i < hidden; i += step) {
         float v[4];
-        norm_load<VEC>(row, y1, y2, i, v);
+        norm_load<VEC, P>(row, y1, ps, planes, i, v);
 #pragma unroll
         for (int e = 0; e < VEC; e++) {
             ss += v[e] * v[e];
@@ -132,14 +150,14 @@ __device__ __forceinline__ void rmsnorm_row(float* row, const float* y1, const f
     }
     for (int i = kept; i < hidden; i += step) {
         float v[4];
-        norm_load<VEC>(row, y1, y2, i, v);
+        norm_load<VEC, P>(row, y1, ps, planes, i, v);
         put(i, v, -1);
     }
 }
 
 extern "C" __global__ void __launch_bounds__(NORM_THREADS) rmsnorm(float* resid, const float* y, int lo, const bf16* w,
                                                                    bf16* out, int outlo, const int* rowmap, int hidden,
-                                                                   float eps) {
+                                                                   float eps, int planes) {
     __shared__ float sh[32];
     pdl_trigger();
     // The norm weights of this thread's kept elements are loaded before the
@@ -160,12 +178,15 @@ extern "C" __global__ void __launch_bounds__(NORM_THREADS) rmsnorm(float* resid,
     size_t src = rowmap ? rowmap[r] : r;
     float* row = resid + src * hidden;
     const float* y1 = y ? y + src * hidden : 0;
-    const float* y2 = y && lo ? y + (src + lo) * hidden : 0;
+    const size_t ps = (size_t)lo * hidden;
     bf16* o = out + (size_t)r * hidden;
-    if ((hidden & 3) == 0) {
-        rmsnorm_row<4>(row, y1, y2, w, o, (size_t)outlo * hidden, hidden, eps, sh, wk);
+    const size_t olo = (size_t)outlo * hidden;
+    if ((hidden & 3) != 0) {
+        rmsnorm_row<1, MAX_PLANES>(row, y1, ps, planes, w, o, olo, hidden, eps, sh, wk);
+    } else if (planes <= 2) {
+        rmsnorm_row<4, 2>(row, y1, ps, planes, w, o, olo, hidden, eps, sh, wk);
     } else {
-        rmsnorm_row<1>(row, y1, y2, w, o, (size_t)outlo * hidden, hidden, eps, sh, wk);
+        rmsnorm_row<4, MAX_PLANES>(row, y1, ps, planes, w, o, olo, hidden, eps, sh, wk);
     }
 }
 

@@ -20,9 +20,10 @@ extern "C" __global__ void rope_qkv(const float* qkv, int lo, const bf16* bias,
     int t = blockIdx.x, h = e / half, i = e % half;
     size_t width = (size_t)(nh + 2 * nkv) * hd;
     const float* row = qkv + t * width;
-    const float* row2 = qkv + (t + lo) * width;
+    const size_t ps = lo * width;
+    const int planes = lo ? 2 : 1;
     int off = h * hd;
-    float y1 = qkv_in(row, row2, lo, bias, off + i), y2 = qkv_in(row, row2, lo, bias, off + i + half);
+    float y1 = qkv_in<2>(row, ps, planes, bias, off + i), y2 = qkv_in<2>(row, ps, planes, bias, off + i + half);
     rope_rotate(y1, y2, pos[t], inv_freq[i]);
     if (h < nh) {
         float* q = q_out + ((size_t)t * nh + h) * hd;
@@ -35,7 +36,7 @@ extern "C" __global__ void rope_qkv(const float* qkv, int lo, const bf16* bias,
     kcache[dst + i] = f2bf(y1);
     kcache[dst + i + half] = f2bf(y2);
     int voff = (nh + nkv) * hd + kh * hd;
-    float v1 = qkv_in(row, row2, lo, bias, voff + i), v2 = qkv_in(row, row2, lo, bias, voff + i + half);
+    float v1 = qkv_in<2>(row, ps, planes, bias, voff + i), v2 = qkv_in<2>(row, ps, planes, bias, voff + i + half);
     vcache[dst + i] = f2bf(v1);
     vcache[dst + i + half] = f2bf(v2);
 }

@@ -1,0 +1,186 @@
+package cuda
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/tandem-llm/tandem/gpu"
+	"github.com/tandem-llm/tandem/graphs"
+	"github.com/tandem-llm/tandem/stage"
+)
+
+// TestGemvsKernel checks gemvs_nt* against a float64 product on random
+// bf16 inputs at the 1B and 8B shapes' q|k|v and o: the planes, poisoned
+// first, add up to x·Wᵀ for every row count's n-tiles and both splits.
+func TestGemvsKernel(t *testing.T) {
+	r := newKernelRig(t)
+	rng := rand.New(rand.NewPCG(3, 3))
+	for _, p := range []struct {
+		name    string
+		out, in int
+	}{{"1B qkv", 3072, 2048}, {"1B o", 2048, 2048}, {"8B qkv", 6144, 4096}, {"8B o", 4096, 4096}} {
+		w := r.alloc(t, p.out*p.in*2)
+		r.fill(t, w, p.out*p.in, true, 0.05, 0)
+		wv := r.bf16s(t, w, p.out*p.in)
+		for _, tc := range []struct{ tokens, lo int }{{3, 3}, {8, 8}, {13, 13}, {16, 16}, {5, 0}, {20, 0}, {32, 0}} {
+			rows := tc.tokens + tc.lo
+			x := r.alloc(t, rows*p.in*2)
+			r.fill(t, x, rows*p.in, true, 1, 0)
+			xv := r.bf16s(t, x, rows*p.in)
+			for _, kb := range []int{256, 512, 1024} {
+				t.Run(fmt.Sprintf("%s/t%d_lo%d/kb%d", p.name, tc.tokens, tc.lo, kb), func(t *testing.T) {
+					splits := p.in / kb
+					y := r.alloc(t, splits*tc.tokens*p.out*4)
+					r.poison(t, y, splits*tc.tokens*p.out*4)
+					nt := gemvsNTFor(tc.tokens, tc.lo)
+					err := r.dev.Do(func() error {
+						a := r.args.Reset().Ptr(w).Ptr(x).Ptr(y).Int32(int32(p.out)).Int32(int32(p.in)).
+							Int32(int32(tc.tokens)).Int32(int32(tc.lo)).Int32(int32(kb))
+						grid := gpu.Dim3{X: uint32(p.out / gemvsRowBlock), Y: uint32(splits)}
+						if err := r.fn[gemvsName(nt)].Launch(grid, gpu.Dim3{X: gemvsThreads}, gemvsSmem(nt, kb), r.st, a); err != nil {
+							return err
+						}
+						return r.st.Synchronize()
+					})
+					if err != nil {
+						t.Fatal(err)
+					}
+					yv := r.f32s(t, y, splits*tc.tokens*p.out)
+					worst := 0.0
+					for i := 0; i < 400; i++ {
+						tok, f := rng.IntN(tc.tokens), rng.IntN(p.out)
+						if i < 4 { // the corners
+							tok, f = (i&1)*(tc.tokens-1), (i>>1)*(p.out-1)
+						}
+						var want, scale float64
+						for k := 0; k < p.in; k++ {
+							xk := xv[tok*p.in+k]
+							if tc.lo > 0 {
+								xk += xv[(tok+tc.lo)*p.in+k]
+							}
+							v := xk * wv[f*p.in+k]
+							want += v
+							scale += v * v
+						}
+						var got float64
+						for s := 0; s < splits; s++ {
+							got += float64(yv[(s*tc.tokens+tok)*p.out+f])
+						}
+						e := math.Abs(got-want) / math.Sqrt(scale)
+						if !(e <= 1e-5) {
+							t.Fatalf("token %d feature %d: got %v, want %v (error %.3g of the terms' norm)", tok, f, got, want, e)
+						}
+						worst = max(worst, e)
+					}
+					t.Logf("worst error %.3g of the terms' norm", worst)
+				})
+			}
+		}
+	}
+}
+
+// TestGemvsStep runs decode steps of the bench shapes (TANDEM_BENCH_SHAPES)
+// on two stages of the same weights, one with the small products on gemvs
+// and one on cuBLAS, from FULL and PIECEWISE graphs in turn (the latter
+// running attention eagerly between captured products), and compares
+// their logits.
+func TestGemvsStep(t *testing.T) {
+	models := benchModels(t)
+	if len(models) == 0 {
+		t.Skip("TANDEM_BENCH_SHAPES is not set: no shape to run")
+	}
+	for _, bm := range models {
+		t.Run(bm.name, func(t *testing.T) {
+			cfg := bm.cfg
+			const prompt = 64
+			c := Config{Model: cfg, Lo: 0, Hi: cfg.NumLayers, Weights: bm.weights, MaxTokens: 512, MaxSeqs: 32,
+				MaxSeqLen: 1024, MaxLogitRows: 64}
+			sts := []*Stage{openTestStage(t, c), openTestStage(t, c)}
+			if !sts[0].gemvs {
+				t.Skip("the device cannot run gemvs")
+			}
+			sts[1].gemvs = false
+			ds := []*graphs.Dispatcher{
+				mustDispatcher(t, graphs.Config{Mode: graphs.Full, MaxCaptureSize: 64, MaxNumSeqs: 32}),
+				mustDispatcher(t, graphs.Config{Mode: graphs.Piecewise, MaxCaptureSize: 64, MaxNumSeqs: 32}),
+			}
+			keys := append(ds[0].Keys(), ds[1].Keys()...)
+			for _, st := range sts {
+				if err := st.Capture(keys); err != nil {
+					t.Fatal(err)
+				}
+			}
+			tables := tablesFor(sts...)
+			rng := rand.New(rand.NewPCG(7, 7))
+			ctx := context.Background()
+			next := uint64(1)
+			for _, batch := range []int{3, 8, 32} {
+				ids := make([]uint64, batch)
+				last := make([]int32, batch)
+				for i := 0; i < batch; i += 8 {
+					b := &stage.Batch{ID: next}
+					next++
+					for j := i; j < min(i+8, batch); j++ {
+						ids[j] = next*1000 + uint64(j)
+						toks := make([]int32, prompt)
+						for k := range toks {
+							toks[k] = int32(rng.IntN(cfg.VocabSize))
+						}
+						b.Seqs = append(b.Seqs, stage.Seq{ID: ids[j], Tokens: toks, Sample: true})
+					}
+					fill(t, tables, b)
+					for _, st := range sts {
+						out, err := st.Forward(ctx, b)
+						if err != nil {
+							t.Fatal(err)
+						}
+						for k, s := range out.Sampled {
+							last[i+k] = s.Token
+						}
+					}
+				}
+				worst := 0.0
+				for step := 0; step < 8; step++ {
+					b := decodeBatch(t, tables, next, ids, last, prompt, step)
+					next++
+					for k := range b.Seqs {
+						b.Seqs[k].Logits = true
+					}
+					m, desc := ds[step%2].Dispatch(batch, true, batch)
+					b.Graph = graphs.Step{Mode: m, Desc: desc}
+					var outs [2]*stage.Output
+					for i, st := range sts {
+						out, err := st.Forward(ctx, b)
+						if err != nil {
+							t.Fatal(err)
+						}
+						outs[i] = out
+					}
+					for k := range outs[0].Logits {
+						g, c := outs[0].Logits[k].Rows[0], outs[1].Logits[k].Rows[0]
+						var num, den float64
+						for v := range g {
+							num += (float64(g[v]) - float64(c[v])) * (float64(g[v]) - float64(c[v]))
+							den += float64(c[v]) * float64(c[v])
+						}
+						worst = max(worst, math.Sqrt(num/den))
+						last[k] = outs[1].Sampled[k].Token
+					}
+				}
+				t.Logf("%s batch %d: logits on gemvs and on cuBLAS at most %.3g apart (relative L2)", bm.name, batch, worst)
+				if !(worst < tuneTol) {
+					t.Errorf("%s batch %d: logits %.3g apart", bm.name, batch, worst)
+				}
+				for _, id := range ids {
+					for _, st := range sts {
+						st.Free(id)
+					}
+					tables.Free(id)
+				}
+			}
+		})
+	}
+}

@@ -1,0 +1,110 @@
+// gemvs_nt<NT>: the cuBLAS path's small products (q|k|v, o) of decode
+// steps of 3-16 tokens (gemvs.go says which), as dependent launches. cuBLAS's products of
+// these few rows are bound by their own latency, not their bytes (NOTES.md,
+// phase 12), and cannot start before the kernel ahead of them ends; these
+// load their weights before griddepcontrol.wait.
+//
+// y_s = x · Wᵀ over split s of k, for the bf16 rows x of t tokens (with lo,
+// each token's rounding remainder lo rows on: the pair is summed here) and
+// W [n x k], into fp32 plane s of y: y + s * t * n, row-major [t x n]. The
+// consumer adds the planes up (rmsnorm's and attention_gqa_rope's planes
+// parameters: at most MAX_PLANES), so no kernel sums the splits. Grid
+// (n / 128, k / kb); block GEMVS_THREADS: warp w takes weight rows
+// 16 w..16 w + 15 of the block's 128 over the split's kb (a multiple of
+// 256), as mma A fragments loaded straight from global memory (16 bytes of
+// rows g and g + 8 a lane and 32-k chunk: k permuted within the chunk, the
+// same way for x), 256 k (16 loads a lane) at a time, the first 256 before
+// the wait. The block stages its split of x in shared memory, NT * 8 rows
+// (the tokens' values from row 0, with lo their remainders from row NT * 4;
+// rows between zero), rows GEMVS_PAD bf16 apart beyond kb so that a quarter
+// warp's 16-byte reads fall in distinct banks, and every warp reads its B
+// fragments there. Dynamic shared memory: gemvsSmem(NT, kb).
+#define GEMVS_THREADS 256
+#define GEMVS_PAD 32
+
+template <int NT>
+__device__ __forceinline__ void gemvs_body(const bf16* __restrict__ w, const bf16* __restrict__ x, float* __restrict__ y,
+                                           int n, int k, int t, int lo, int kb) {
+    extern __shared__ unsigned gemvs_sm[];
+    const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5, g = lane >> 2, c = lane & 3;
+    const int n0 = blockIdx.x * 128 + wid * 16, k0 = blockIdx.y * kb, stride = kb + GEMVS_PAD;
+    pdl_trigger();
+    // Rows n0 + g and n0 + g + 8 of W, this lane's 16 bytes of each 32-k chunk.
+    const bf16* w0 = w + (size_t)(n0 + g) * k + k0 + 8 * c;
+    const bf16* w1 = w0 + (size_t)8 * k;
+    u32x4 a[8][2];
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        a[j][0] = ldg_weights(w0 + 32 * j);
+        a[j][1] = ldg_weights(w1 + 32 * j);
+    }
+    pdl_wait();
+    const unsigned sbase = smem_addr(gemvs_sm);
+    const int cpr = kb / 8;  // 16-byte chunks of a staged row
+    constexpr int HALF = NT * 4;
+    for (int e = tid; e < NT * 8 * cpr; e += GEMVS_THREADS) {
+        const int r = e / cpr, ch = e % cpr;
+        // Staged row r holds x's row xr (none: -1).
+        const int xr = r < t ? r : (lo && r >= HALF && r - HALF < t ? r - HALF + lo : -1);
+        unsigned v[4] = {0, 0, 0, 0};
+        if (xr >= 0) {
+            ldcg_u4(x + (size_t)xr * k + k0 + ch * 8, v);
+        }
+        asm volatile("st.shared.v4.u32 [%0], {%1,%2,%3,%4};" ::"r"(sbase + (unsigned)((r * stride + ch * 8) * 2)),
+                     "r"(v[0]), "r"(v[1]), "r"(v[2]), "r"(v[3])
+                     : "memory");
+    }
+    __syncthreads();
+    float acc[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) acc[nt][i] = 0.f;
+    // B fragments of row g of n-tile nt: its 16 bytes at the lane's k.
+    const unsigned blane = sbase + (unsigned)((g * stride + 8 * c) * 2);
+    for (int kc = 0; kc < kb; kc += 256) {
+        if (kc > 0) {
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                a[j][0] = ldg_weights(w0 + kc + 32 * j);
+                a[j][1] = ldg_weights(w1 + kc + 32 * j);
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                unsigned b[4];
+                asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];"
+                             : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3])
+                             : "r"(blane + (unsigned)((nt * 8 * stride + kc + 32 * j) * 2)));
+                mma_bf16(acc[nt], a[j][0].x, a[j][1].x, a[j][0].y, a[j][1].y, b[0], b[1]);
+                mma_bf16(acc[nt], a[j][0].z, a[j][1].z, a[j][0].w, a[j][1].w, b[2], b[3]);
+            }
+        }
+    }
+    // acc[nt]: staged rows 2c, 2c + 1 of n-tile nt, features n0 + g and
+    // n0 + g + 8; with lo, n-tile nt + NT / 2 holds the same tokens'
+    // remainders.
+    float* yp = y + (size_t)blockIdx.y * t * n;
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int r = nt * 8 + 2 * c + (i & 1), f = n0 + g + (i >> 1) * 8;
+            if (r < t && (!lo || nt < NT / 2)) {
+                yp[(size_t)r * n + f] = lo ? acc[nt][i] + acc[nt + NT / 2][i] : acc[nt][i];
+            }
+        }
+}
+
+#define GEMVS_ENTRY(name, nt)                                                                               \
+    extern "C" __global__ void __launch_bounds__(GEMVS_THREADS, 2)                                          \
+        name(const bf16* __restrict__ w, const bf16* __restrict__ x, float* __restrict__ y, int n, \
+                     int k, int t, int lo, int kb) {                                                        \
+        gemvs_body<nt>(w, x, y, n, k, t, lo, kb);                                                           \
+    }
+
+GEMVS_ENTRY(gemvs_nt1, 1)
+GEMVS_ENTRY(gemvs_nt2, 2)
+GEMVS_ENTRY(gemvs_nt4, 4)
