@@ -372,8 +372,11 @@ func (s *Stage) attention(i int, sh shape) error {
 	if s.ropeInAttention(sh) {
 		lw := s.layers[i]
 		name = at.ropeName
-		p := s.smallPlanes(T, lo, m.HiddenSize, s.qkvDim)
-		a.Ptr(s.b.qkv).Ptr(lw.qkvBias).Ptr(s.b.invFreq).Ptr(s.word(lay.cacheRow())).Int32(int32(p.n)).Int32(int32(p.stride))
+		a.Ptr(s.b.qkv).Ptr(lw.qkvBias).Ptr(s.b.invFreq).Ptr(s.word(lay.cacheRow()))
+		if p := s.smallPlanes(T, lo, m.HiddenSize, s.qkvDim); p.n > 2 {
+			name = at.ropePlanesName
+			a.Int32(int32(p.n)).Int32(int32(p.stride))
+		}
 	}
 	grid := gpu.Dim3{X: uint32(T), Y: uint32(s.at.nkv * s.at.groups), Z: uint32(at.splits)}
 	if !sh.allTiles {
@@ -437,8 +440,13 @@ func (s *Stage) head(sh shape) error {
 // norm.cu).
 func (s *Stage) rmsnorm(rows int, y gpu.DevicePtr, p planes, w gpu.DevicePtr, outlo int, rowmap gpu.DevicePtr) error {
 	a := s.args.Reset().Ptr(s.b.resid).Ptr(y).Int32(int32(p.stride)).Ptr(w).Ptr(s.b.normed).Int32(int32(outlo)).
-		Ptr(rowmap).Int32(int32(s.m.HiddenSize)).Float32(float32(s.m.RMSNormEps)).Int32(int32(p.n))
-	return s.launchDep("rmsnorm", kRMSNorm, gpu.Dim3{X: uint32(rows)}, gpu.Dim3{X: uint32(normBlock(s.m.HiddenSize))}, 0, a)
+		Ptr(rowmap).Int32(int32(s.m.HiddenSize)).Float32(float32(s.m.RMSNormEps))
+	name := kRMSNorm // cuBLAS's output: two planes or one
+	if p.n > 2 {
+		name = kRMSNormP
+		a.Int32(int32(p.n))
+	}
+	return s.launchDep("rmsnorm", name, gpu.Dim3{X: uint32(rows)}, gpu.Dim3{X: uint32(normBlock(s.m.HiddenSize))}, 0, a)
 }
 
 // linear computes the fp32 row-major y[rows×out] = x·Wᵀ for bf16 x

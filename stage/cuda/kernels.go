@@ -19,6 +19,7 @@ var kernelFS embed.FS
 const (
 	kEmbed       = "embed"
 	kRMSNorm     = "rmsnorm"
+	kRMSNormP    = "rmsnorm_planes"
 	kResidualAdd = "residual_add"
 	kRopeQKV     = "rope_qkv"
 	kSiluMul     = "silu_mul"
@@ -80,6 +81,10 @@ func gqaName(hd, w int, rope bool) string {
 	}
 	return fmt.Sprintf("attention_gqa_d%d_w%d", hd, w)
 }
+
+// gqaPlanesName is the entry of attention_gqa_rope's work that takes
+// q|k|v in gemvs.cu's planes.
+func gqaPlanesName(hd, w int) string { return fmt.Sprintf("attention_gqa_ropep_d%d_w%d", hd, w) }
 
 var gqaWarps = []int{4, 8}
 
@@ -190,7 +195,7 @@ var optionalNames = func() []string {
 
 // kernelNames lists every entry point New looks up.
 var kernelNames = func() []string {
-	n := []string{kEmbed, kRMSNorm, kResidualAdd, kRopeQKV, kSiluMul, kSample, kLogitStats, kHandoff, kSpin, kCopyWords}
+	n := []string{kEmbed, kRMSNorm, kRMSNormP, kResidualAdd, kRopeQKV, kSiluMul, kSample, kLogitStats, kHandoff, kSpin, kCopyWords}
 	for _, r := range attentionVariants {
 		for _, w := range attentionWarps {
 			n = append(n, attentionName(r, w))
@@ -212,7 +217,7 @@ var gqaNames = func() []string {
 	var n []string
 	for _, hd := range prefillHeadDims {
 		for _, w := range gqaWarps {
-			n = append(n, gqaName(hd, w, false), gqaName(hd, w, true))
+			n = append(n, gqaName(hd, w, false), gqaName(hd, w, true), gqaPlanesName(hd, w))
 		}
 	}
 	return n

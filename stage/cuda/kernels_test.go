@@ -17,7 +17,7 @@ func TestKernelSource(t *testing.T) {
 		t.Errorf("program does not start with the common definitions:\n%.200s", src)
 	}
 	for _, name := range append(slices.Clone(kernelNames), optionalNames...) {
-		re := regexp.MustCompile(`(extern "C" __global__ void (__launch_bounds__\(\w+\)\s+)?` + name + `\(|(GEMV[FST]?|GQA|GQA_ROPE)_ENTRY\(` + name + `,)`)
+		re := regexp.MustCompile(`(extern "C" __global__ void (__launch_bounds__\(\w+\)\s+)?` + name + `\(|(GEMV[FST]?|GQA|GQA_ROPEP?)_ENTRY\(` + name + `,)`)
 		if n := len(re.FindAllString(src, -1)); n != 1 {
 			t.Errorf("kernel %s defined %d times in the program; want once", name, n)
 		}

@@ -181,8 +181,8 @@ func lookupKernels(mod gpu.Module, info gpu.DeviceInfo, optional bool) (map[stri
 	for _, hd := range prefillHeadDims {
 		for _, w := range gqaWarps {
 			if n := gqaSmem(hd, w); n > 48<<10 && n <= info.MaxSharedPerBlockOptin {
-				for _, rope := range []bool{false, true} {
-					if err := fn[gqaName(hd, w, rope)].SetMaxDynamicSharedMem(n); err != nil {
+				for _, name := range []string{gqaName(hd, w, false), gqaName(hd, w, true), gqaPlanesName(hd, w)} {
+					if err := fn[name].SetMaxDynamicSharedMem(n); err != nil {
 						return nil, err
 					}
 				}

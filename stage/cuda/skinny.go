@@ -440,9 +440,11 @@ type attnPlan struct {
 
 // attnLaunch is attention's launch for a step: the kernel, its block,
 // dynamic shared memory, splits and least part; ropeName, when not empty,
-// the kernel's form that also rotates and caches q|k|v (decode steps).
+// the kernel's form that also rotates and caches q|k|v (decode steps), and
+// ropePlanesName its form for q|k|v in gemvs.cu's planes.
 type attnLaunch struct {
 	name, ropeName   string
+	ropePlanesName   string
 	threads, smem    int
 	splits, minChunk int
 }
@@ -485,7 +487,7 @@ func (a attnPlan) launch(t int) attnLaunch {
 		if a.gqaWarps > 0 {
 			w = a.gqaWarps
 		}
-		return attnLaunch{name: gqaName(a.hd, w, false), ropeName: gqaName(a.hd, w, true), threads: 32 * w,
+		return attnLaunch{name: gqaName(a.hd, w, false), ropeName: gqaName(a.hd, w, true), ropePlanesName: gqaPlanesName(a.hd, w), threads: 32 * w,
 			smem: gqaSmem(a.hd, w), splits: max(1, min(attnMaxSplits, a.sms/units)), minChunk: gqaStages * 16 * w}
 	}
 	w, target, chunk := 4, a.sms*attnBlocksPerSM, 64

@@ -1203,8 +1203,7 @@ func checkAttentionRope(t *testing.T, r *kernelRig, nh, nkv, hd int, ctx []int, 
 			args := a.args(r, al, splits, loRows, 0)
 			if fused {
 				name = al.ropeName
-				p := cublasPlanes(loRows)
-				args.Ptr(qkv).Ptr(bias).Ptr(inv).Ptr(cacheRow).Int32(int32(p.n)).Int32(int32(p.stride))
+				args.Ptr(qkv).Ptr(bias).Ptr(inv).Ptr(cacheRow)
 			}
 			grid := gpu.Dim3{X: uint32(T), Y: uint32(nkv), Z: uint32(splits)}
 			if err := r.fn[name].LaunchDependent(grid, gpu.Dim3{X: uint32(al.threads)}, al.smem, r.st, args); err != nil {

@@ -29,9 +29,9 @@
 //
 // attention_gqa_rope_d<HD>_w<W> also does rope_qkv's work, for a step
 // whose every token row is the one token of its sequence (a decode step):
-// with GQA_ROPE_PARAMS (the q|k|v projection's fp32 rows qkv in planes
-// planes pstride rows apart, added up: cuBLAS's two halves or one, gemvs's
-// splits; q unused), each block rotates its
+// with GQA_ROPE_PARAMS (the q|k|v projection's fp32 rows qkv in two halves
+// lo rows apart, as rope_qkv takes them, or, for attention_gqa_ropep_*,
+// in planes; q unused), each block rotates its
 // R query heads' rows into shared memory, and the block of the part that
 // holds this step's key (the sequence's last) rotates it, writes it and
 // the value to the cache at cache_row[t] and into its tile. No block reads
@@ -94,10 +94,10 @@ __device__ __forceinline__ void tc_softmax_row(float (&sc)[NK][4], float (&o)[ND
 
 // GQA_ROPE_PARAMS: rope_qkv's inputs after ATT_PARAMS.
 #define GQA_ROPE_PARAMS \
-    ATT_PARAMS, const float *qkv, const bf16 *bias, const float *inv_freq, const int *cache_row, int planes, int pstride
+    ATT_PARAMS, const float *qkv, const bf16 *bias, const float *inv_freq, const int *cache_row
 
-template <int HD, int W, bool ROPE>
-__device__ __forceinline__ void gqa_body(GQA_ROPE_PARAMS) {
+template <int HD, int W, bool ROPE, int P>
+__device__ __forceinline__ void gqa_body(GQA_ROPE_PARAMS, int planes, int pstride) {
     constexpr int KS = HD / 16;     // k-steps of q·Kᵀ
     constexpr int ND = HD / 8;      // column tiles of the output
     constexpr int RS = HD + 8;      // shared row stride in bf16
@@ -165,9 +165,7 @@ __device__ __forceinline__ void gqa_body(GQA_ROPE_PARAMS) {
         const size_t width = (size_t)(nh + 2 * nkv) * HD;
         const float* row = qkv + (size_t)t * width;
         const size_t ps = (size_t)pstride * width;  // elements between the planes
-        auto qkvp = [&](int i) {
-            return planes <= 2 ? qkv_in<2>(row, ps, planes, bias, i) : qkv_in<MAX_PLANES>(row, ps, planes, bias, i);
-        };
+        auto qkvp = [&](int i) { return qkv_in<P>(row, ps, planes, bias, i); };
         const int items = (R + (je == n ? 1 : 0)) * half;
         const int kj = n - 1 - jb;  // this step's key in the part's first tiles, if < S * KEYS
         for (int e = tid; e < items; e += NT) {
@@ -344,11 +342,17 @@ __device__ __forceinline__ void gqa_body(GQA_ROPE_PARAMS) {
 
 #define GQA_ENTRY(name, hd, w)                                                           \
     extern "C" __global__ void __launch_bounds__(w * 32) name(ATT_PARAMS) {              \
-        gqa_body<hd, w, false>(ATT_ARGS, nullptr, nullptr, nullptr, nullptr, 0, 0);         \
+        gqa_body<hd, w, false, 2>(ATT_ARGS, nullptr, nullptr, nullptr, nullptr, 0, 0);   \
     }
 #define GQA_ROPE_ENTRY(name, hd, w)                                                      \
     extern "C" __global__ void __launch_bounds__(w * 32) name(GQA_ROPE_PARAMS) {         \
-        gqa_body<hd, w, true>(ATT_ARGS, qkv, bias, inv_freq, cache_row, planes, pstride);         \
+        gqa_body<hd, w, true, 2>(ATT_ARGS, qkv, bias, inv_freq, cache_row, lo ? 2 : 1, lo); \
+    }
+// attention_gqa_ropep_*: the same, q|k|v in planes planes pstride rows
+// apart (gemvs.cu's splits), up to MAX_PLANES.
+#define GQA_ROPEP_ENTRY(name, hd, w)                                                              \
+    extern "C" __global__ void __launch_bounds__(w * 32) name(GQA_ROPE_PARAMS, int planes, int pstride) { \
+        gqa_body<hd, w, true, MAX_PLANES>(ATT_ARGS, qkv, bias, inv_freq, cache_row, planes, pstride); \
     }
 
 GQA_ENTRY(attention_gqa_d64_w4, 64, 4)
@@ -359,3 +363,7 @@ GQA_ROPE_ENTRY(attention_gqa_rope_d64_w4, 64, 4)
 GQA_ROPE_ENTRY(attention_gqa_rope_d64_w8, 64, 8)
 GQA_ROPE_ENTRY(attention_gqa_rope_d128_w4, 128, 4)
 GQA_ROPE_ENTRY(attention_gqa_rope_d128_w8, 128, 8)
+GQA_ROPEP_ENTRY(attention_gqa_ropep_d64_w4, 64, 4)
+GQA_ROPEP_ENTRY(attention_gqa_ropep_d64_w8, 64, 8)
+GQA_ROPEP_ENTRY(attention_gqa_ropep_d128_w4, 128, 4)
+GQA_ROPEP_ENTRY(attention_gqa_ropep_d128_w8, 128, 8)

@@ -1,8 +1,8 @@
 // rmsnorm normalises rows of the fp32 residual stream into bf16 GEMM inputs
 // (the cuBLAS path; the skinny path folds the norm into its products). The
-// pending output y of the layer's last product (null: none), in planes
-// planes lo rows apart (cuBLAS's two halves or one, gemvs.cu's splits), is
-// first added to the residual and written back:
+// pending output y of the layer's last product (null: none), in planes lo
+// rows apart (cuBLAS's two halves or one; rmsnorm_planes: gemvs.cu's
+// splits), is first added to the residual and written back:
 //   x = resid[src] (+ (y[src] + y[src + lo] + ...)), out[r] = bf16(x * rsqrt(mean(x^2) + eps) * w)
 // with src = rowmap ? rowmap[r] : r (the last stage normalising only the
 // rows it needs logits for, a row possibly more than once; then y must be
@@ -155,9 +155,10 @@ __device__ __forceinline__ void rmsnorm_row(float* row, const float* y1, size_t 
     }
 }
 
-extern "C" __global__ void __launch_bounds__(NORM_THREADS) rmsnorm(float* resid, const float* y, int lo, const bf16* w,
-                                                                   bf16* out, int outlo, const int* rowmap, int hidden,
-                                                                   float eps, int planes) {
+// rmsnorm_body is rmsnorm's work with y in at most P planes.
+template <int P>
+__device__ __forceinline__ void rmsnorm_body(float* resid, const float* y, int lo, const bf16* w, bf16* out, int outlo,
+                                             const int* rowmap, int hidden, float eps, int planes) {
     __shared__ float sh[32];
     pdl_trigger();
     // The norm weights of this thread's kept elements are loaded before the
@@ -180,14 +181,27 @@ extern "C" __global__ void __launch_bounds__(NORM_THREADS) rmsnorm(float* resid,
     const float* y1 = y ? y + src * hidden : 0;
     const size_t ps = (size_t)lo * hidden;
     bf16* o = out + (size_t)r * hidden;
-    const size_t olo = (size_t)outlo * hidden;
-    if ((hidden & 3) != 0) {
-        rmsnorm_row<1, MAX_PLANES>(row, y1, ps, planes, w, o, olo, hidden, eps, sh, wk);
-    } else if (planes <= 2) {
-        rmsnorm_row<4, 2>(row, y1, ps, planes, w, o, olo, hidden, eps, sh, wk);
+    if ((hidden & 3) == 0) {
+        rmsnorm_row<4, P>(row, y1, ps, planes, w, o, (size_t)outlo * hidden, hidden, eps, sh, wk);
     } else {
-        rmsnorm_row<4, MAX_PLANES>(row, y1, ps, planes, w, o, olo, hidden, eps, sh, wk);
+        rmsnorm_row<1, P>(row, y1, ps, planes, w, o, (size_t)outlo * hidden, hidden, eps, sh, wk);
     }
+}
+
+// rmsnorm: y (cuBLAS's output) in two halves lo rows apart, lo 0: one.
+extern "C" __global__ void __launch_bounds__(NORM_THREADS) rmsnorm(float* resid, const float* y, int lo, const bf16* w,
+                                                                   bf16* out, int outlo, const int* rowmap, int hidden,
+                                                                   float eps) {
+    rmsnorm_body<2>(resid, y, lo, w, out, outlo, rowmap, hidden, eps, lo ? 2 : 1);
+}
+
+// rmsnorm_planes: y (gemvs.cu's output) in planes planes lo rows apart, up
+// to MAX_PLANES.
+extern "C" __global__ void __launch_bounds__(NORM_THREADS) rmsnorm_planes(float* resid, const float* y, int lo,
+                                                                          const bf16* w, bf16* out, int outlo,
+                                                                          const int* rowmap, int hidden, float eps,
+                                                                          int planes) {
+    rmsnorm_body<MAX_PLANES>(resid, y, lo, w, out, outlo, rowmap, hidden, eps, planes);
 }
 
 // residual_add adds a GEMM output y (two halves lo rows apart; lo 0: one)
