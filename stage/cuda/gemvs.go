@@ -46,27 +46,40 @@ func cublasPlanes(lo int) planes {
 }
 
 // gemvsKB is the split of k (kb) gemvs takes for a product in -> out of a
-// decode step of T tokens (remainders lo rows on, 0: none), and whether it
-// takes it at all. Measured on one H200 (NOTES.md, phase 12, call 6, the
-// same binary with gemvs off as the reference): steps of 4-8 tokens gain
-// 8-10% (1B) and 4-5% (8B) with 4 splits; at 16 tokens, 8 splits gain 4%
-// where a split is one burst of 256 k a warp (1B) and lose where it is
-// two (8B); past 16 tokens the products' tensor-core work after the wait
-// and their consumers' planes cost more than the early start gains, so
-// those stay on cuBLAS. Hence
-// 2 * NT splits (4 up to 8 tokens, 8 of 256 k up to 16), out a multiple of
-// 128, kb a multiple of 256 of at most gemvsMaxKB, and the planes' rows
-// within the output buffer's 2 * maxTokens.
+// decode step of T tokens (remainders lo rows on, 0: none) on this stage,
+// and whether it takes it at all (gemvsSplit).
 func (s *Stage) gemvsKB(T, lo, in, out int) (int, bool) {
-	nt := gemvsNTFor(T, lo)
-	if !s.gemvs || nt == 0 || out%gemvsRowBlock != 0 {
+	if !s.gemvs {
 		return 0, false
 	}
-	splits := 2 * nt
+	return gemvsSplit(T, lo, in, out, s.dev.Info().MaxSharedPerBlockOptin, s.pl.lay.maxTokens)
+}
+
+// gemvsSplit is gemvsKB's rule, for a device of smem bytes of shared
+// memory a block and a workspace of maxTokens token rows. Measured on one
+// H200 (NOTES.md, phase 12, call 6, the same binary with gemvs off as the
+// reference): steps of 4-8 tokens gain 8-10% (1B) and 4-5% (8B) with 4
+// splits; at 16 tokens, 8 splits gain 4% where a split is one burst of 256
+// k a warp (1B) and lose where it is two (8B); past 16 tokens the
+// products' tensor-core work after the wait and their consumers' planes
+// cost more than the early start gains, so those stay on cuBLAS. Hence
+// 4 splits up to 8 tokens, 8 of 256 k up to 16 (with or without the
+// remainders, which only add work), out a multiple of 128, kb a multiple
+// of 256 of at most gemvsMaxKB, and the planes' rows within the output
+// buffer's 2 * maxTokens.
+func gemvsSplit(T, lo, in, out, smem, maxTokens int) (int, bool) {
+	nt := gemvsNTFor(T, lo)
+	if nt == 0 || T > 16 || out%gemvsRowBlock != 0 {
+		return 0, false
+	}
+	splits := 4
+	if T > 8 {
+		splits = 8
+	}
 	kb := in / splits
 	switch {
-	case in%splits != 0, kb%256 != 0, kb > gemvsMaxKB, nt == 4 && kb != 256,
-		gemvsSmem(nt, kb) > s.dev.Info().MaxSharedPerBlockOptin, splits*T > 2*s.pl.lay.maxTokens:
+	case in%splits != 0, kb%256 != 0, kb > gemvsMaxKB, splits == 8 && kb != 256,
+		gemvsSmem(nt, kb) > smem, splits*T > 2*maxTokens:
 		return 0, false
 	}
 	return kb, true
