@@ -1,8 +1,8 @@
 // gemvs_nt<NT>: the cuBLAS path's small products (q|k|v, o) of decode
-// steps of 3-16 tokens (gemvs.go says which), as dependent launches. cuBLAS's products of
-// these few rows are bound by their own latency, not their bytes (NOTES.md,
-// phase 12), and cannot start before the kernel ahead of them ends; these
-// load their weights before griddepcontrol.wait.
+// steps of 3-16 tokens (gemvs.go says which), as dependent launches.
+// cuBLAS's products of these few rows are bound by their own latency, not
+// their bytes (NOTES.md, phase 12), and cannot start before the kernel
+// ahead of them ends; these load their weights before griddepcontrol.wait.
 //
 // y_s = x · Wᵀ over split s of k, for the bf16 rows x of t tokens (with lo,
 // each token's rounding remainder lo rows on: the pair is summed here) and
