@@ -117,7 +117,7 @@ func TestGemvsStep(t *testing.T) {
 			rng := rand.New(rand.NewPCG(7, 7))
 			ctx := context.Background()
 			next := uint64(1)
-			for _, batch := range []int{3, 8, 32} {
+			for _, batch := range []int{3, 8, 16, 32} {
 				ids := make([]uint64, batch)
 				last := make([]int32, batch)
 				for i := 0; i < batch; i += 8 {
