@@ -94,6 +94,8 @@ BIN=$(cd "$HERE/.." && pwd)/cuda
 [ -x "$BIN/cuda.test" ] || BIN=$PWD/.carry/cuda
 BASE=$BIN/../base
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
+# The decode steps TestDecodeTiming times, here and for the baseline.
+export TANDEM_BENCH_BATCHES=${TANDEM_BENCH_BATCHES:-1,2,4,8,16,32}
 OUT=${OUT:-/tmp/tandem-gpu-check}
 WORK=${WORK:-/tmp/tandem-hf}
 RESULTS=$WORK/results

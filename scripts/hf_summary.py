@@ -45,7 +45,8 @@ def decode_tables(work, res):
             print(f"     {tr['tokens']:>3} rows: skinny {tr['skinny_ms']:.3f} ms, cuBLAS {tr['cublas_ms']:.3f} ms, outputs {tr['rel_diff']:.2g} apart")
         print(f"{'batch':>6} {'tandem wall':>12} {'GPU':>7} {'x floor':>8} {'before':>8} {'HF eager':>9} {'HF graph':>9} "
               f"{'HF compile':>11} {'vs compile':>11} {'tok/s':>8}")
-        for b in ("1", "8", "32"):
+        steps = sorted(int(k.split("_")[1]) for k in dec if k.startswith("batch_") and k.endswith("_FULL_AND_PIECEWISE"))
+        for b in map(str, steps):
             d = dec.get(f"batch_{b}_FULL_AND_PIECEWISE")
             if not d:
                 continue

@@ -41,10 +41,12 @@
 // gemvt.cu is the optional part of the program: where NVRTC cannot
 // compile it (or TANDEM_CUDA_OPTIONAL=off), the stage says so and steps of
 // more than 8 tokens run on cuBLAS. With Config.SkinnyTokens 0, New times
-// a pass of 4, 8 (and with gemvt.cu 16 and 32) padding rows on the skinny
-// kernels and on cuBLAS (Stage.Skinny) and keeps the skinny kernels up to
-// the largest size at which they were faster and agreed with cuBLAS; steps
-// of 1 or 2 rows always run on the fp32 ones.
+// a pass of 2 padding rows on the fp32 kernels and on cuBLAS (its small
+// products on gemvs) and gives 2-row steps to cuBLAS if it was faster and
+// agreed; if not, a pass of 4, 8 (and with gemvt.cu 16 and 32) rows on the
+// skinny kernels and on cuBLAS (Stage.Skinny), keeping the skinny kernels
+// up to the largest size at which they were faster and agreed with
+// cuBLAS. Steps of one row always run on the fp32 kernels.
 //
 // On the two skinny paths a layer is four product kernels and attention:
 // the q|k|v product with the input RMSNorm folded into it (the norm's sum
@@ -79,7 +81,8 @@
 // (blocks of 8,192 logits, one partial a warp), so the sampler again makes
 // no pass over the logits of a greedy row. cuBLAS's products cannot start
 // before the kernel ahead of them ends, and at a few tokens they are bound
-// by that latency, not by their weights; so decode steps of 3-16 tokens
+// by that latency, not by their weights; so decode steps of 2-16 tokens
+// (2 where New found the cuBLAS path faster than the fp32 kernels there)
 // run their q|k|v and o products on gemvs.cu instead: dependent launches
 // that load their weights before the wait (mma.sync, the weights as A
 // loaded straight into registers), split k into 4 or 8 parts and leave

@@ -110,7 +110,9 @@ func (s *Stage) smallPlanes(T, lo, in, out int) planes {
 
 // smallProduct computes y = x·Wᵀ for a decode step of T tokens (x's
 // remainder rows lo rows on, 0: none) on gemvs where it applies, else with
-// cuBLAS, and says how its output lies.
+// cuBLAS, and says how its output lies. The layer's large products (gate|up,
+// down) stay on cuBLAS: on gemvs, with 1-8 splits, they were slower at 4-16
+// tokens (NOTES.md, phase 13).
 func (s *Stage) smallProduct(label string, y, x, w gpu.DevicePtr, T, lo, in, out int) (planes, error) {
 	kb, ok := s.gemvsKB(T, lo, in, out)
 	if !ok {

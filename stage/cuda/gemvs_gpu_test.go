@@ -25,7 +25,7 @@ func TestGemvsKernel(t *testing.T) {
 		w := r.alloc(t, p.out*p.in*2)
 		r.fill(t, w, p.out*p.in, true, 0.05, 0)
 		wv := r.bf16s(t, w, p.out*p.in)
-		for _, tc := range []struct{ tokens, lo int }{{3, 3}, {8, 8}, {13, 13}, {16, 16}, {5, 0}, {20, 0}, {32, 0}} {
+		for _, tc := range []struct{ tokens, lo int }{{2, 2}, {3, 3}, {8, 8}, {13, 13}, {16, 16}, {5, 0}, {20, 0}, {32, 0}} {
 			rows := tc.tokens + tc.lo
 			x := r.alloc(t, rows*p.in*2)
 			r.fill(t, x, rows*p.in, true, 1, 0)
@@ -117,7 +117,7 @@ func TestGemvsStep(t *testing.T) {
 			rng := rand.New(rand.NewPCG(7, 7))
 			ctx := context.Background()
 			next := uint64(1)
-			for _, batch := range []int{3, 8, 16, 32} {
+			for _, batch := range []int{2, 3, 8, 16, 32} {
 				ids := make([]uint64, batch)
 				last := make([]int32, batch)
 				for i := 0; i < batch; i += 8 {

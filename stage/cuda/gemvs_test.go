@@ -11,6 +11,7 @@ func TestGemvsSplit(t *testing.T) {
 		tokens, lo, in, out   int
 		smem, maxTokens, want int // want 0: cuBLAS
 	}{
+		{"1B qkv, 2 tokens (the tune's choice)", 2, 2, 2048, 3072, smem, maxTokens, 512},
 		{"1B qkv, 3 tokens", 3, 3, 2048, 3072, smem, maxTokens, 512},
 		{"1B qkv, 8 tokens", 8, 8, 2048, 3072, smem, maxTokens, 512},
 		{"1B o, 9 tokens", 9, 9, 2048, 2048, smem, maxTokens, 256},

@@ -74,11 +74,11 @@ type Config struct {
 	// the stage's own skinny kernels, with the norms and the rest of the
 	// layer fused into them, rather than on cuBLAS (at most 32; negative:
 	// never). 0 lets the stage choose: on a device with tensor cores New
-	// times steps of 4, 8 and (where the gemvt kernels compiled) 16 and 32
-	// rows both ways and keeps the skinny kernels up to the largest size
-	// where they were faster (and agreed with cuBLAS); steps of 1 or 2
-	// rows always run on them. Stages that must give bit-identical
-	// results (tests comparing two stages) set it.
+	// times steps of 2, then 4, 8 and (where the gemvt kernels compiled)
+	// 16 and 32 rows both ways and keeps the skinny kernels up to the
+	// largest size where they were faster (and agreed with cuBLAS); steps
+	// of one row always run on them (tuneSkinny). Stages that must give
+	// bit-identical results (tests comparing two stages) set it.
 	SkinnyTokens int
 	// CompensatedTokens is the most token rows of a step whose cuBLAS
 	// GEMMs are compensated: they multiply each bf16-rounded activation

@@ -46,20 +46,47 @@ func (s *Stage) Skinny() SkinnyChoice { return s.skinnyChoice }
 // tuneSizes are the step sizes tuneSkinny measures, in order.
 var tuneSizes = []int{4, 8, 16, 32}
 
-// tuneSkinny narrows the plan's tensor-core skinny steps by measurement:
-// for 4, 8, 16, then 32 token rows (those the plan takes), it runs a pass
-// of padding rows (distinct tokens, or distinct activations on a later
-// stage, each row with a KV block of its own) on the skinny kernels and on
-// cuBLAS, and keeps the skinny kernels up to the largest size at which
-// they, and they at every smaller size tried, were faster and agreed with
-// cuBLAS; the fp32 kernels' steps (of 1 or 2 rows) always. Measured on one
-// H200: gemv.cu's kernels lose to cuBLAS from 4 rows (a pass of 4 rows 1.63
-// against 1.26 ms on the 1B shape, 6.90 against 5.23 on the 8B).
-// Device goroutine only, before any step.
-func (s *Stage) tuneSkinny() error {
+// tuneSkinny narrows the plan's skinny steps by measurement. It runs
+// passes of padding rows (distinct tokens, or distinct activations on a
+// later stage, each row with a KV block of its own) on the skinny kernels
+// and on cuBLAS: first at the fp32 kernels' largest step (2 rows; cuBLAS
+// taking it, its small products on gemvs), which goes to cuBLAS if cuBLAS
+// is faster there and agrees with them, and nothing larger is tried; then
+// at 4, 8, 16 and 32 rows (those the plan takes), keeping the skinny
+// kernels up to the largest size at which they, and they at every smaller
+// size tried, were faster and agreed with cuBLAS. Steps of one row always
+// run on the fp32 kernels. Measured on one H200: gemv.cu's kernels lose to
+// cuBLAS from 4 rows (a pass of 4 rows 1.63 against 1.26 ms on the 1B
+// shape, 6.90 against 5.23 on the 8B), and since the cuBLAS path's small
+// products run on gemvs, a step of 2 rows on it beats the fp32 kernels'
+// (NOTES.md, phase 13). Device goroutine only, before any step.
+func (s *Stage) tuneSkinny() (err error) {
 	top := s.sk.maxTokens
 	s.sk.tune = false
 	choice := SkinnyChoice{MaxTokens: s.sk.fmaTokens}
+	defer func() {
+		if err != nil {
+			return
+		}
+		s.sk.maxTokens = choice.MaxTokens
+		s.skinnyChoice = choice
+		for _, tr := range choice.Tried {
+			s.log.Info("cuda stage: skinny kernels against cuBLAS", "layers", fmt.Sprintf("[%d,%d)", s.lo, s.hi), "tokens", tr.Tokens,
+				"skinny", tr.Skinny, "cublas", tr.CuBLAS, "rel_diff", tr.RelDiff)
+		}
+		s.log.Info("cuda stage: skinny kernels chosen", "layers", fmt.Sprintf("[%d,%d)", s.lo, s.hi), "max_tokens", choice.MaxTokens)
+	}()
+	if f := s.sk.fmaTokens; f > 1 && f <= s.pl.lay.maxTokens && f <= s.pl.kv.blocks {
+		tr, err := s.trySkinny(f, f-1)
+		if err != nil {
+			return fmt.Errorf("measure the fp32 kernels at %d tokens: %w", f, err)
+		}
+		choice.Tried = append(choice.Tried, tr)
+		if tr.CuBLAS < tr.Skinny && tr.RelDiff <= tuneTol {
+			choice.MaxTokens = f - 1
+			return nil
+		}
+	}
 	for _, T := range tuneSizes {
 		if T <= s.sk.fmaTokens {
 			continue
@@ -67,7 +94,7 @@ func (s *Stage) tuneSkinny() error {
 		if T > top || T > s.pl.lay.maxTokens || T > s.pl.kv.blocks {
 			break
 		}
-		tr, err := s.trySkinny(T)
+		tr, err := s.trySkinny(T, s.sk.fmaTokens)
 		if err != nil {
 			return fmt.Errorf("measure the skinny kernels at %d tokens: %w", T, err)
 		}
@@ -77,19 +104,13 @@ func (s *Stage) tuneSkinny() error {
 		}
 		choice.MaxTokens = T
 	}
-	s.sk.maxTokens = choice.MaxTokens
-	s.skinnyChoice = choice
-	for _, tr := range choice.Tried {
-		s.log.Info("cuda stage: skinny kernels against cuBLAS", "layers", fmt.Sprintf("[%d,%d)", s.lo, s.hi), "tokens", tr.Tokens,
-			"skinny", tr.Skinny, "cublas", tr.CuBLAS, "rel_diff", tr.RelDiff)
-	}
-	s.log.Info("cuda stage: skinny kernels chosen", "layers", fmt.Sprintf("[%d,%d)", s.lo, s.hi), "max_tokens", choice.MaxTokens)
 	return nil
 }
 
-// trySkinny times and compares the two paths on T padding rows. Device
-// goroutine only.
-func (s *Stage) trySkinny(T int) (SkinnyTrial, error) {
+// trySkinny times and compares the two paths on T padding rows: the
+// skinny kernels, and cuBLAS with the skinny kernels limited to below
+// (< T) rows. Device goroutine only.
+func (s *Stage) trySkinny(T, below int) (SkinnyTrial, error) {
 	tr := SkinnyTrial{Tokens: T}
 	lay := s.pl.lay
 	f := &s.fl[s.oldest]
@@ -130,7 +151,7 @@ func (s *Stage) trySkinny(T int) (SkinnyTrial, error) {
 	saved := s.sk.maxTokens
 	defer func() { s.sk.maxTokens = saved }()
 	var outs [2][]float32
-	for i, limit := range []int{T, s.sk.fmaTokens} {
+	for i, limit := range []int{T, below} {
 		s.sk.maxTokens = limit
 		// Warm-up, and the output compared.
 		if err := s.forwardPass(graphs.Step{}, sh); err != nil {

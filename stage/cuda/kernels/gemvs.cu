@@ -1,5 +1,5 @@
 // gemvs_nt<NT>: the cuBLAS path's small products (q|k|v, o) of decode
-// steps of 3-16 tokens (gemvs.go says which), as dependent launches.
+// steps of 2-16 tokens (gemvs.go says which), as dependent launches.
 // cuBLAS's products of these few rows are bound by their own latency, not
 // their bytes (NOTES.md, phase 12), and cannot start before the kernel
 // ahead of them ends; these load their weights before griddepcontrol.wait.
