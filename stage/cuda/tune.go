@@ -57,9 +57,10 @@ var tuneSizes = []int{4, 8, 16, 32}
 // size tried, were faster and agreed with cuBLAS. Steps of one row always
 // run on the fp32 kernels. Measured on one H200: gemv.cu's kernels lose to
 // cuBLAS from 4 rows (a pass of 4 rows 1.63 against 1.26 ms on the 1B
-// shape, 6.90 against 5.23 on the 8B), and since the cuBLAS path's small
-// products run on gemvs, a step of 2 rows on it beats the fp32 kernels'
-// (NOTES.md, phase 13). Device goroutine only, before any step.
+// shape, 6.90 against 5.23 on the 8B); with its small products on gemvs
+// the cuBLAS path's pass of 2 rows beats the fp32 kernels' on the 8B shape
+// (5.05 against 5.25 ms) but not on the 1B (1.13 against 1.07; NOTES.md,
+// phase 13). Device goroutine only, before any step.
 func (s *Stage) tuneSkinny() (err error) {
 	top := s.sk.maxTokens
 	s.sk.tune = false
