@@ -40,7 +40,7 @@ def decode_tables(work, res):
               f"{dec.get('skinny_tokens')} tokens, dependent launches {dec.get('dependent_launch')}")
         print(f"   graphs: {dec['graph_keys']} keys, {dec['graphs']} graphs, captured in {dec['capture_s']:.3f} s, "
               f"{dec['graph_bytes'] / 2**20:.1f} MiB")
-        print(f"   gemvt kernels (9-32 rows) compiled: {dec.get('gemvt')}; measured at New (eager, device time):")
+        print(f"   gemvt kernels (9-32 rows) compiled: {dec.get('gemvt')}; measured at New (a pass replayed as a graph, device time):")
         for tr in dec.get("skinny_tried") or []:
             print(f"     {tr['tokens']:>3} rows: skinny {tr['skinny_ms']:.3f} ms, cuBLAS {tr['cublas_ms']:.3f} ms, outputs {tr['rel_diff']:.2g} apart")
         print(f"{'batch':>6} {'tandem wall':>12} {'GPU':>7} {'x floor':>8} {'before':>8} {'HF eager':>9} {'HF graph':>9} "

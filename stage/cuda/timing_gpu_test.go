@@ -158,7 +158,7 @@ func timeDecode(t *testing.T, dev *gpu.Device, bw float64, bm benchModel) {
 	choice := st.Skinny()
 	var tried []map[string]any
 	for _, tr := range choice.Tried {
-		t.Logf("%s: skinny kernels at %d tokens: %.3f ms, cuBLAS %.3f ms (eager, device time), outputs %.2g apart", bm.name, tr.Tokens,
+		t.Logf("%s: skinny kernels at %d tokens: %.3f ms, cuBLAS %.3f ms (replayed graph, device time), outputs %.2g apart", bm.name, tr.Tokens,
 			float64(tr.Skinny)/1e6, float64(tr.CuBLAS)/1e6, tr.RelDiff)
 		tried = append(tried, map[string]any{"tokens": tr.Tokens, "skinny_ms": float64(tr.Skinny) / 1e6, "cublas_ms": float64(tr.CuBLAS) / 1e6, "rel_diff": tr.RelDiff})
 	}

@@ -1,6 +1,7 @@
 package cuda
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"time"
@@ -34,9 +35,8 @@ type SkinnyTrial struct {
 // activations to about 16 bits, so they agree far closer than this.
 const tuneTol = 1e-2
 
-// tuneSpin holds the stream busy before each timed pass, so that the host
-// has ordered every launch before the device starts: the eager pass is
-// then timed as a replayed graph runs, launch overhead aside.
+// tuneSpin holds the stream busy before each timed replay, so that the
+// device starts it only once the host has queued it.
 const tuneSpin = 5 * time.Millisecond
 
 // Skinny reports the choice the stage made (zero when it made none: a
@@ -57,10 +57,10 @@ var tuneSizes = []int{4, 8, 16, 32}
 // size tried, were faster and agreed with cuBLAS. Steps of one row always
 // run on the fp32 kernels. Measured on one H200: gemv.cu's kernels lose to
 // cuBLAS from 4 rows (a pass of 4 rows 1.63 against 1.26 ms on the 1B
-// shape, 6.90 against 5.23 on the 8B); with its small products on gemvs
-// the cuBLAS path's pass of 2 rows beats the fp32 kernels' on the 8B shape
-// (5.05 against 5.25 ms) but not on the 1B (1.13 against 1.07; NOTES.md,
-// phase 13). Device goroutine only, before any step.
+// shape, 6.90 against 5.23 on the 8B, eager); with its small products on
+// gemvs the cuBLAS path's pass of 2 rows beats the fp32 kernels' (1B 0.98
+// against 1.05 ms, 8B 4.53 against 5.10, replayed; NOTES.md, phase 13).
+// Device goroutine only, before any step.
 func (s *Stage) tuneSkinny() (err error) {
 	top := s.sk.maxTokens
 	s.sk.tune = false
@@ -171,28 +171,9 @@ func (s *Stage) trySkinny(T, below int) (SkinnyTrial, error) {
 			return tr, err
 		}
 		outs[i] = out
-		best := time.Duration(math.MaxInt64)
-		for range 3 {
-			if err := s.spin(tuneSpin); err != nil {
-				return tr, err
-			}
-			if err := f.events[0].Record(s.stream); err != nil {
-				return tr, err
-			}
-			if err := s.forwardPass(graphs.Step{}, sh); err != nil {
-				return tr, err
-			}
-			if err := f.events[1].Record(s.stream); err != nil {
-				return tr, err
-			}
-			if err := f.events[1].Synchronize(); err != nil {
-				return tr, err
-			}
-			d, err := gpu.Elapsed(f.events[0], f.events[1])
-			if err != nil {
-				return tr, err
-			}
-			best = min(best, d)
+		best, err := s.timeReplay(f, sh)
+		if err != nil {
+			return tr, err
 		}
 		if i == 0 {
 			tr.Skinny = best
@@ -207,6 +188,57 @@ func (s *Stage) trySkinny(T, below int) (SkinnyTrial, error) {
 		w[lay.tables()+1+r] = 0
 	}
 	return tr, nil
+}
+
+// timeReplay captures one pass of shape sh into a graph and times its
+// replays, the best of three, as decode steps run. Passes ordered eagerly
+// misjudged the 1B shape's 2-row steps: on two H200s its fp32 kernels took
+// 1.072 and 1.089 ms eagerly, the cuBLAS path 1.128 and 1.074, while
+// replayed they took 1.049 against 0.983 (NOTES.md, phase 13). Device
+// goroutine only.
+func (s *Stage) timeReplay(f *flight, sh shape) (time.Duration, error) {
+	if err := s.stream.BeginCapture(gpu.CaptureThreadLocal); err != nil {
+		return 0, fmt.Errorf("capture a trial pass: %w", err)
+	}
+	berr := s.forwardPass(graphs.Step{}, sh)
+	g, err := s.stream.EndCapture()
+	if berr != nil || err != nil {
+		if g != 0 {
+			err = errors.Join(err, g.Destroy())
+		}
+		return 0, fmt.Errorf("capture a trial pass: %w", errors.Join(berr, err))
+	}
+	exec, err := g.Instantiate()
+	if derr := g.Destroy(); err == nil && derr != nil {
+		err = errors.Join(derr, exec.Destroy())
+	}
+	if err != nil {
+		return 0, fmt.Errorf("instantiate a trial pass: %w", err)
+	}
+	best := time.Duration(math.MaxInt64)
+	for range 3 {
+		if err = s.spin(tuneSpin); err != nil {
+			break
+		}
+		if err = f.events[0].Record(s.stream); err != nil {
+			break
+		}
+		if err = exec.Launch(s.stream); err != nil {
+			break
+		}
+		if err = f.events[1].Record(s.stream); err != nil {
+			break
+		}
+		if err = f.events[1].Synchronize(); err != nil {
+			break
+		}
+		var d time.Duration
+		if d, err = gpu.Elapsed(f.events[0], f.events[1]); err != nil {
+			break
+		}
+		best = min(best, d)
+	}
+	return best, errors.Join(err, exec.Destroy())
 }
 
 // relDistance is ‖a−b‖/‖b‖, +Inf when either holds a NaN or an infinity.
