@@ -98,27 +98,9 @@ func (w *wrapper) call(s *Stage, step graphs.Step, seg int, body func() error) e
 // capture records body into a graph on the stage's stream, instantiates it
 // and uploads it. Device goroutine only.
 func (w *wrapper) capture(s *Stage, k segKey, body func() error) error {
-	if err := s.stream.BeginCapture(gpu.CaptureThreadLocal); err != nil {
-		return fmt.Errorf("capture key %s, segment %d: %w", k.step, k.seg, err)
-	}
-	berr := body()
-	g, err := s.stream.EndCapture()
-	if berr != nil || err != nil {
-		if g != 0 {
-			err = errors.Join(err, g.Destroy())
-		}
-		return fmt.Errorf("capture key %s, segment %d: %w", k.step, k.seg, errors.Join(berr, err))
-	}
-	nodes, err := g.NodeCount()
+	exec, nodes, err := s.captureExec(body)
 	if err != nil {
-		nodes = 0 // cuGraphGetNodes is optional: the report counts no nodes
-	}
-	exec, err := g.Instantiate()
-	if derr := g.Destroy(); err == nil && derr != nil {
-		err = errors.Join(derr, exec.Destroy())
-	}
-	if err != nil {
-		return fmt.Errorf("instantiate graph of key %s, segment %d: %w", k.step, k.seg, err)
+		return fmt.Errorf("graph of key %s, segment %d: %w", k.step, k.seg, err)
 	}
 	w.graphs[k] = graphExec{exec: exec, inputs: s.graphInputs()}
 	s.g.graphCount++
@@ -127,6 +109,35 @@ func (w *wrapper) capture(s *Stage, k segKey, body func() error) error {
 		return fmt.Errorf("upload graph of key %s, segment %d: %w", k.step, k.seg, err)
 	}
 	return nil
+}
+
+// captureExec records body into a graph on the stage's stream and
+// instantiates it; nodes is the graph's node count (0 where the driver
+// cannot say). Device goroutine only.
+func (s *Stage) captureExec(body func() error) (exec gpu.GraphExec, nodes int, err error) {
+	if err := s.stream.BeginCapture(gpu.CaptureThreadLocal); err != nil {
+		return 0, 0, fmt.Errorf("capture: %w", err)
+	}
+	berr := body()
+	g, err := s.stream.EndCapture()
+	if berr != nil || err != nil {
+		if g != 0 {
+			err = errors.Join(err, g.Destroy())
+		}
+		return 0, 0, fmt.Errorf("capture: %w", errors.Join(berr, err))
+	}
+	nodes, err = g.NodeCount()
+	if err != nil {
+		nodes = 0 // cuGraphGetNodes is optional: the report counts no nodes
+	}
+	exec, err = g.Instantiate()
+	if derr := g.Destroy(); err == nil && derr != nil {
+		err = errors.Join(derr, exec.Destroy())
+	}
+	if err != nil {
+		return 0, 0, fmt.Errorf("instantiate graph: %w", err)
+	}
+	return exec, nodes, nil
 }
 
 // release destroys the graphs and frees the memory held back for them.

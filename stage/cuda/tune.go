@@ -197,23 +197,9 @@ func (s *Stage) trySkinny(T, below int) (SkinnyTrial, error) {
 // replayed they took 1.049 against 0.983 (NOTES.md, phase 13). Device
 // goroutine only.
 func (s *Stage) timeReplay(f *flight, sh shape) (time.Duration, error) {
-	if err := s.stream.BeginCapture(gpu.CaptureThreadLocal); err != nil {
-		return 0, fmt.Errorf("capture a trial pass: %w", err)
-	}
-	berr := s.forwardPass(graphs.Step{}, sh)
-	g, err := s.stream.EndCapture()
-	if berr != nil || err != nil {
-		if g != 0 {
-			err = errors.Join(err, g.Destroy())
-		}
-		return 0, fmt.Errorf("capture a trial pass: %w", errors.Join(berr, err))
-	}
-	exec, err := g.Instantiate()
-	if derr := g.Destroy(); err == nil && derr != nil {
-		err = errors.Join(derr, exec.Destroy())
-	}
+	exec, _, err := s.captureExec(func() error { return s.forwardPass(graphs.Step{}, sh) })
 	if err != nil {
-		return 0, fmt.Errorf("instantiate a trial pass: %w", err)
+		return 0, fmt.Errorf("trial pass: %w", err)
 	}
 	best := time.Duration(math.MaxInt64)
 	for range 3 {
