@@ -171,7 +171,7 @@ __device__ __forceinline__ void gqa_body(GQA_ROPE_PARAMS, int planes, int pstrid
         for (int e = tid; e < items; e += NT) {
             const int r = e / half, i = e % half;
             const int off = r < R ? (kh * R + r) * HD : (nh + kh) * HD;
-            float y1 = qkvp( off + i), y2 = qkvp( off + i + half);
+            float y1 = qkvp(off + i), y2 = qkvp(off + i + half);
             rope_rotate(y1, y2, pos[t], inv_freq[i]);
             if (r < R) {
                 qs[r * HD + i] = y1;
@@ -179,7 +179,7 @@ __device__ __forceinline__ void gqa_body(GQA_ROPE_PARAMS, int planes, int pstrid
                 continue;
             }
             const int voff = (nh + nkv) * HD + kh * HD;
-            const float v1 = qkvp( voff + i), v2 = qkvp( voff + i + half);
+            const float v1 = qkvp(voff + i), v2 = qkvp(voff + i + half);
             const bf16 k1 = f2bf(y1), k2 = f2bf(y2), w1 = f2bf(v1), w2 = f2bf(v2);
             const size_t dst = ((size_t)cache_row[t] * nkv + kh) * HD;
             bf16* kc = (bf16*)kcache;  // ATT_PARAMS's caches are read-only elsewhere
