@@ -43,6 +43,9 @@ def decode_tables(work, res):
         print(f"   gemvt kernels (9-32 rows) compiled: {dec.get('gemvt')}; measured at New (a pass replayed as a graph, device time):")
         for tr in dec.get("skinny_tried") or []:
             print(f"     {tr['tokens']:>3} rows: skinny {tr['skinny_ms']:.3f} ms, cuBLAS {tr['cublas_ms']:.3f} ms, outputs {tr['rel_diff']:.2g} apart")
+        if dec.get("o_splits_tried"):
+            tried = ", ".join(f"{tr['splits']}: {tr['ms']:.3f} ms" for tr in dec["o_splits_tried"])
+            print(f"     warps a unit of the o product, one-row pass: {tried}; chosen {dec.get('o_splits')}")
         print(f"{'batch':>6} {'tandem wall':>12} {'GPU':>7} {'x floor':>8} {'before':>8} {'HF eager':>9} {'HF graph':>9} "
               f"{'HF compile':>11} {'vs compile':>11} {'tok/s':>8}")
         steps = sorted(int(k.split("_")[1]) for k in dec if k.startswith("batch_") and k.endswith("_FULL_AND_PIECEWISE"))

@@ -323,16 +323,24 @@ func (c *gemvCall) fmaSplits(sms, smemOptin int) int {
 	per := gemvfBlocksPerSM(gemvfSmem(gemvfTokens[len(gemvfTokens)-1], c.k), smemOptin)
 	slots := float64(max(1, sms) * per * gemvWarps)
 	best, bestEff := 1, 0.0
-	for ks := 1; ks <= gemvWarps; ks *= 2 {
-		if ks > 1 && c.k/ks < gemvfMinPart {
-			break
-		}
+	for _, ks := range c.splitCounts() {
 		rounds := float64(c.grid*ks) / slots
 		if eff := rounds / math.Ceil(rounds); eff > bestEff+0.02 {
 			best, bestEff = ks, eff
 		}
 	}
 	return best
+}
+
+// splitCounts is the counts of warps that may share a unit of gemvf launch
+// c, in increasing order: 1, 2, 4 and 8 (dividing a block's warps) while
+// each warp keeps at least gemvfMinPart elements.
+func (c *gemvCall) splitCounts() []int {
+	n := []int{1}
+	for ks := 2; ks <= gemvWarps && c.k/ks >= gemvfMinPart; ks *= 2 {
+		n = append(n, ks)
+	}
+	return n
 }
 
 // gemvfTT is the gemvf kernel for t tokens: the fewest rows compiled

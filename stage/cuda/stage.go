@@ -77,7 +77,9 @@ type Config struct {
 	// times steps of 2, then 4, 8 and (where the gemvt kernels compiled)
 	// 16 and 32 rows both ways and keeps the skinny kernels up to the
 	// largest size where they were faster (and agreed with cuBLAS); steps
-	// of one row always run on them (tuneSkinny). Stages that must give
+	// of one row always run on them (tuneSkinny). It also times one-row
+	// steps with each count of warps a unit of the attention output
+	// product and keeps the fastest (tuneOSplits). Stages that must give
 	// bit-identical results (tests comparing two stages) set it.
 	SkinnyTokens int
 	// CompensatedTokens is the most token rows of a step whose cuBLAS

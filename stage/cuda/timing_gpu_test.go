@@ -162,7 +162,13 @@ func timeDecode(t *testing.T, dev *gpu.Device, bw float64, bm benchModel) {
 			float64(tr.Skinny)/1e6, float64(tr.CuBLAS)/1e6, tr.RelDiff)
 		tried = append(tried, map[string]any{"tokens": tr.Tokens, "skinny_ms": float64(tr.Skinny) / 1e6, "cublas_ms": float64(tr.CuBLAS) / 1e6, "rel_diff": tr.RelDiff})
 	}
-	t.Logf("%s: steps of up to %d tokens run on the skinny kernels (gemvt.cu compiled: %v)", bm.name, st.sk.maxTokens, st.sk.qkv.mma.wide)
+	var oTried []map[string]any
+	for _, tr := range choice.OTried {
+		t.Logf("%s: o product on %d warps a unit: one-row pass %.3f ms (replayed graph, device time)", bm.name, tr.Splits, float64(tr.Time)/1e6)
+		oTried = append(oTried, map[string]any{"splits": tr.Splits, "ms": float64(tr.Time) / 1e6})
+	}
+	t.Logf("%s: steps of up to %d tokens run on the skinny kernels (gemvt.cu compiled: %v); o on %d warps a unit", bm.name, st.sk.maxTokens,
+		st.sk.qkv.mma.wide, choice.OSplits)
 	floor := float64(st.Memory().WeightBytes) / bw
 	modes := []graphs.Mode{graphs.None, graphs.Piecewise, graphs.Full, graphs.FullAndPiecewise}
 	ds := map[graphs.Mode]*graphs.Dispatcher{}
@@ -193,7 +199,8 @@ func timeDecode(t *testing.T, dev *gpu.Device, bw float64, bm benchModel) {
 		"device": dev.Info().Name, "capture_s": captureWall.Seconds(), "graph_keys": rep.Keys, "graphs": rep.Graphs,
 		"graph_nodes": rep.Nodes, "graph_bytes": rep.Bytes, "full_graph_bytes": full.Bytes, "full_graphs": full.Graphs,
 		"piecewise_graph_bytes": piecewise.Bytes, "piecewise_graphs": piecewise.Graphs,
-		"skinny_tokens": st.sk.maxTokens, "dependent_launch": st.pdl, "gemvt": st.sk.qkv.mma.wide, "skinny_tried": tried}
+		"skinny_tokens": st.sk.maxTokens, "dependent_launch": st.pdl, "gemvt": st.sk.qkv.mma.wide, "skinny_tried": tried,
+		"o_splits": choice.OSplits, "o_splits_tried": oTried}
 	rng := rand.New(rand.NewPCG(1, 1))
 	ctx := context.Background()
 	tables := tablesFor(st)

@@ -19,6 +19,18 @@ type SkinnyChoice struct {
 	// skinny kernels.
 	MaxTokens int
 	Tried     []SkinnyTrial
+	// OSplits is how many warps share a unit of the attention output
+	// product (o) on the fp32 kernels, chosen by measurement
+	// (tuneOSplits); OTried the passes timed for each count.
+	OSplits int
+	OTried  []SplitsTrial
+}
+
+// SplitsTrial is one count of warps a unit tried: the device time of a
+// replayed one-row pass with it.
+type SplitsTrial struct {
+	Splits int
+	Time   time.Duration
 }
 
 // SkinnyTrial is one size tried.
@@ -46,20 +58,20 @@ func (s *Stage) Skinny() SkinnyChoice { return s.skinnyChoice }
 // tuneSizes are the step sizes tuneSkinny measures, in order.
 var tuneSizes = []int{4, 8, 16, 32}
 
-// tuneSkinny narrows the plan's skinny steps by measurement. It runs
-// passes of padding rows (distinct tokens, or distinct activations on a
-// later stage, each row with a KV block of its own) on the skinny kernels
-// and on cuBLAS: first at the fp32 kernels' largest step (2 rows; cuBLAS
-// taking it, its small products on gemvs), which goes to cuBLAS if cuBLAS
-// is faster there and agrees with them, and nothing larger is tried; then
-// at 4, 8, 16 and 32 rows (those the plan takes), keeping the skinny
-// kernels up to the largest size at which they, and they at every smaller
-// size tried, were faster and agreed with cuBLAS. Steps of one row always
-// run on the fp32 kernels. Measured on one H200: gemv.cu's kernels lose to
-// cuBLAS from 4 rows (a pass of 4 rows 1.63 against 1.26 ms on the 1B
-// shape, 6.90 against 5.23 on the 8B, eager); with its small products on
-// gemvs the cuBLAS path's pass of 2 rows beats the fp32 kernels' (1B 0.98
-// against 1.05 ms, 8B 4.53 against 5.10, replayed; NOTES.md, phase 13).
+// tuneSkinny narrows the plan's skinny steps by measurement, once the o
+// product's splits are chosen (tuneOSplits). It runs passes of padding rows
+// (padPass) on the skinny kernels and on cuBLAS: first at the fp32 kernels'
+// largest step (2 rows; cuBLAS taking it, its small products on gemvs),
+// which goes to cuBLAS if cuBLAS is faster there and agrees with them, and
+// nothing larger is tried; then at 4, 8, 16 and 32 rows (those the plan
+// takes), keeping the skinny kernels up to the largest size at which they,
+// and they at every smaller size tried, were faster and agreed with cuBLAS.
+// Steps of one row always run on the fp32 kernels. Measured on one H200:
+// gemv.cu's kernels lose to cuBLAS from 4 rows (a pass of 4 rows 1.63
+// against 1.26 ms on the 1B shape, 6.90 against 5.23 on the 8B, eager);
+// with its small products on gemvs the cuBLAS path's pass of 2 rows beats
+// the fp32 kernels' (1B 0.98 against 1.05 ms, 8B 4.53 against 5.10,
+// replayed; NOTES.md, phase 13).
 // Device goroutine only, before any step.
 func (s *Stage) tuneSkinny() (err error) {
 	top := s.sk.maxTokens
@@ -75,8 +87,16 @@ func (s *Stage) tuneSkinny() (err error) {
 			s.log.Info("cuda stage: skinny kernels against cuBLAS", "layers", fmt.Sprintf("[%d,%d)", s.lo, s.hi), "tokens", tr.Tokens,
 				"skinny", tr.Skinny, "cublas", tr.CuBLAS, "rel_diff", tr.RelDiff)
 		}
-		s.log.Info("cuda stage: skinny kernels chosen", "layers", fmt.Sprintf("[%d,%d)", s.lo, s.hi), "max_tokens", choice.MaxTokens)
+		for _, tr := range choice.OTried {
+			s.log.Info("cuda stage: warps a unit of the o product", "layers", fmt.Sprintf("[%d,%d)", s.lo, s.hi), "splits", tr.Splits,
+				"pass", tr.Time)
+		}
+		s.log.Info("cuda stage: skinny kernels chosen", "layers", fmt.Sprintf("[%d,%d)", s.lo, s.hi), "max_tokens", choice.MaxTokens,
+			"o_splits", choice.OSplits)
 	}()
+	if err := s.tuneOSplits(&choice); err != nil {
+		return fmt.Errorf("measure the o product's splits: %w", err)
+	}
 	if f := s.sk.fmaTokens; f > 1 && f <= s.pl.lay.maxTokens && f <= s.pl.kv.blocks {
 		tr, err := s.trySkinny(f, f-1)
 		if err != nil {
@@ -113,42 +133,12 @@ func (s *Stage) tuneSkinny() (err error) {
 // (< T) rows. Device goroutine only.
 func (s *Stage) trySkinny(T, below int) (SkinnyTrial, error) {
 	tr := SkinnyTrial{Tokens: T}
-	lay := s.pl.lay
-	f := &s.fl[s.oldest]
-	sh := shape{tokens: T, decode: true} // each padding row its own sequence, as in decode steps
-	if s.last {
-		sh.rows = min(T, lay.maxLogitRows)
-	}
-	s.pl.padding(&f.p, sh)
-	w := f.p.words
-	bs := s.pl.kv.blockSize
-	for r := 0; r < T; r++ {
-		if s.first {
-			w[lay.tokens()+r] = int32((r*7919 + 13) % s.m.VocabSize)
-		}
-		w[lay.tables()+1+r] = int32(r)
-		w[lay.tableOff()+r] = int32(1 + r)
-		w[lay.cacheRow()+r] = int32(r * bs)
-	}
-	for r := 0; r < sh.rows; r++ {
-		w[lay.logitRows()+r] = int32(r)
-	}
-	// Scratch block back in word 0 for the steps to come.
-	if err := gpu.CopyHtoDAsync(s.b.batch, f.hostBatch[:4*lay.words()], s.stream); err != nil {
+	f, sh, err := s.padPass(T)
+	if err != nil {
 		return tr, err
 	}
+	defer s.unpad(f, sh)
 	H := s.m.HiddenSize
-	if !s.first {
-		in := make([]float32, T*H)
-		for r := 0; r < T; r++ {
-			for i := 0; i < H; i++ {
-				in[r*H+i] = float32(0.5 * math.Sin(0.37*float64(i)+1.3*float64(r)))
-			}
-		}
-		if err := gpu.CopyHtoDAsync(s.b.in, gpu.AsBytes(in), s.stream); err != nil {
-			return tr, err
-		}
-	}
 	saved := s.sk.maxTokens
 	defer func() { s.sk.maxTokens = saved }()
 	var outs [2][]float32
@@ -182,12 +172,111 @@ func (s *Stage) trySkinny(T, below int) (SkinnyTrial, error) {
 		}
 	}
 	tr.RelDiff = relDistance(outs[0], outs[1])
-	// The padding's description again, scratch rows and all.
-	s.pl.padding(&f.p, sh)
-	for r := 0; r < T; r++ {
-		w[lay.tables()+1+r] = 0
-	}
 	return tr, nil
+}
+
+// padPass readies a pass of T padding rows (distinct tokens, or distinct
+// activations on a later stage, each row its own sequence with a KV block
+// of its own) in the oldest flight: its description on the device, the
+// shape to run. unpad undoes it. Device goroutine only.
+func (s *Stage) padPass(T int) (*flight, shape, error) {
+	lay := s.pl.lay
+	f := &s.fl[s.oldest]
+	sh := shape{tokens: T, decode: true} // each padding row its own sequence, as in decode steps
+	if s.last {
+		sh.rows = min(T, lay.maxLogitRows)
+	}
+	s.pl.padding(&f.p, sh)
+	w := f.p.words
+	bs := s.pl.kv.blockSize
+	for r := 0; r < T; r++ {
+		if s.first {
+			w[lay.tokens()+r] = int32((r*7919 + 13) % s.m.VocabSize)
+		}
+		w[lay.tables()+1+r] = int32(r)
+		w[lay.tableOff()+r] = int32(1 + r)
+		w[lay.cacheRow()+r] = int32(r * bs)
+	}
+	for r := 0; r < sh.rows; r++ {
+		w[lay.logitRows()+r] = int32(r)
+	}
+	// Scratch block back in word 0 for the steps to come.
+	if err := gpu.CopyHtoDAsync(s.b.batch, f.hostBatch[:4*lay.words()], s.stream); err != nil {
+		return f, sh, err
+	}
+	H := s.m.HiddenSize
+	if !s.first {
+		in := make([]float32, T*H)
+		for r := 0; r < T; r++ {
+			for i := 0; i < H; i++ {
+				in[r*H+i] = float32(0.5 * math.Sin(0.37*float64(i)+1.3*float64(r)))
+			}
+		}
+		if err := gpu.CopyHtoDAsync(s.b.in, gpu.AsBytes(in), s.stream); err != nil {
+			return f, sh, err
+		}
+	}
+	return f, sh, nil
+}
+
+// unpad writes the padding's description of f again, scratch rows and
+// all, after a pass padPass readied. Device goroutine only.
+func (s *Stage) unpad(f *flight, sh shape) {
+	s.pl.padding(&f.p, sh)
+	for r := 0; r < sh.tokens; r++ {
+		f.p.words[s.pl.lay.tables()+1+r] = 0
+	}
+}
+
+// tuneOSplitsMargin is how much faster than fmaSplits' count another
+// count of warps a unit of the o product must make a pass to replace it.
+const tuneOSplitsMargin = 0.005
+
+// tuneOSplits chooses how many warps share a unit of the o product on the
+// fp32 kernels (one- and two-row steps) by timing a replayed one-row pass
+// with each count gemvf can take. fmaSplits' count fills every resident
+// warp slot; a smaller one leaves slots free, where the gate|up product's
+// blocks start as dependents while o runs and load their first weights
+// before their wait. Measured on one H200 (NOTES.md, phase 14): the 1B
+// shape's o on 2 warps a unit (128 blocks) instead of 4 (256) took 5.1 us
+// a layer instead of 2.7 and its gate|up 16.3 instead of 19.6: the step
+// 0.838 -> 0.823 ms; the 8B shape's o (33.5 MB, not one burst a warp) on
+// 1 instead of 2 lost (4.163 -> 4.289 ms). Another count replaces
+// fmaSplits' only when its pass is faster by more than tuneOSplitsMargin.
+// Device goroutine only, before any step.
+func (s *Stage) tuneOSplits(choice *SkinnyChoice) error {
+	c := &s.sk.o.fma
+	info := s.dev.Info()
+	def := c.fmaSplits(info.SMs, info.MaxSharedPerBlockOptin)
+	counts := c.splitCounts()
+	if len(counts) < 2 || s.sk.fmaTokens < 1 || s.pl.kv.blocks < 1 {
+		return nil
+	}
+	f, sh, err := s.padPass(1)
+	if err != nil {
+		return err
+	}
+	defer s.unpad(f, sh)
+	best, defTime, bestTime := def, time.Duration(0), time.Duration(0)
+	for _, ks := range counts {
+		c.ks = ks
+		d, err := s.timeReplay(f, sh)
+		if err != nil {
+			c.ks = 0
+			return fmt.Errorf("%d warps a unit: %w", ks, err)
+		}
+		choice.OTried = append(choice.OTried, SplitsTrial{Splits: ks, Time: d})
+		if ks == def {
+			defTime = d
+		}
+	}
+	for _, tr := range choice.OTried {
+		if tr.Splits != def && float64(tr.Time) < float64(defTime)*(1-tuneOSplitsMargin) && (best == def || tr.Time < bestTime) {
+			best, bestTime = tr.Splits, tr.Time
+		}
+	}
+	c.ks, choice.OSplits = best, best
+	return nil
 }
 
 // timeReplay captures one pass of shape sh into a graph and times its

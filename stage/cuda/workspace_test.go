@@ -1,6 +1,7 @@
 package cuda
 
 import (
+	"slices"
 	"testing"
 
 	"github.com/tandem-llm/tandem/model"
@@ -229,5 +230,12 @@ func TestPlanFmaSplits(t *testing.T) {
 	c.ks = 8
 	if l := c.launch(1, 132, smemOptinDefault); l.ks != 8 || l.grid != 132*2 { // 512 blocks' work on the resident 264
 		t.Errorf("fixed 8 warps a unit: %+v", l)
+	}
+	// The counts tuneOSplits tries: each warp keeps at least 512 elements.
+	for k, want := range map[int][]int{256: {1}, 512: {1}, 1024: {1, 2}, 2048: {1, 2, 4}, 4096: {1, 2, 4, 8}, 14336: {1, 2, 4, 8}} {
+		c := gemvCall{k: k}
+		if got := c.splitCounts(); !slices.Equal(got, want) {
+			t.Errorf("k %d: split counts %v, want %v", k, got, want)
+		}
 	}
 }
