@@ -30,6 +30,7 @@ __device__ int __float_as_int(float);
 __device__ float __uint_as_float(unsigned);
 __device__ unsigned __float_as_uint(float);
 __device__ int atomicAdd(int*, int);
+__device__ unsigned atomicAdd(unsigned*, unsigned);
 __device__ int atomicCAS(int*, int, int);
 __device__ int atomicMin(int*, int);
 __device__ float rsqrtf(float);
@@ -42,6 +43,7 @@ __device__ float fabsf(float);
 __device__ void sincosf(float, float*, float*);
 __device__ int min(int, int);
 __device__ int max(int, int);
+__device__ unsigned min(unsigned, unsigned);
 __device__ long long clock64();
 H
 {
@@ -52,6 +54,9 @@ H
 		echo
 	done
 } >"$dir/prog.cu"
-"$CLANG" -x cuda --cuda-device-only --cuda-gpu-arch=sm_90 -nocudainc -nocudalib -O2 -S \
-	-Wno-unknown-cuda-version -o "$dir/prog.ptx" "$dir/prog.cu"
-echo "kernel program: $(grep -c '^.visible .entry' "$dir/prog.ptx") entry points compiled to PTX for sm_90"
+# As the stages compile it, and with the block timeline (TANDEM_TIMELINE).
+for defs in "" -DTANDEM_TIMELINE; do
+	"$CLANG" -x cuda --cuda-device-only --cuda-gpu-arch=sm_90 -nocudainc -nocudalib -O2 -S \
+		-Wno-unknown-cuda-version $defs -o "$dir/prog.ptx" "$dir/prog.cu"
+	echo "kernel program${defs:+ ($defs)}: $(grep -c '^.visible .entry' "$dir/prog.ptx") entry points compiled to PTX for sm_90"
+done

@@ -35,6 +35,9 @@ func (s *Stage) compileKey(optional bool) (compileKey, error) {
 	}
 	arch := s.dev.Info().Arch()
 	opts := []string{"--gpu-architecture=" + arch}
+	if s.timeline {
+		opts = append(opts, "-DTANDEM_TIMELINE")
+	}
 	return compileKey{src: src, opts: opts, key: cacheKey(src, arch, fmt.Sprintf("%d.%d", major, minor), opts)}, nil
 }
 

@@ -96,6 +96,10 @@ type Config struct {
 	// launches where the driver offers them (the next kernel starts, and
 	// reads its weights, while the one before it ends).
 	NoDependentLaunch bool
+	// timeline compiles the kernel program with the block timeline
+	// (00_common.cu's TANDEM_TIMELINE; TestStepTimeline reads it): a
+	// diagnostic for this package's tests.
+	timeline bool
 }
 
 // DefaultCompensatedTokens is Config.CompensatedTokens when unset: decode
@@ -164,6 +168,7 @@ type Stage struct {
 	stream      gpu.Stream
 	blas        *gpu.BLAS
 	mod         gpu.Module
+	timeline    bool // Config.timeline
 	fn          map[string]gpu.Function
 	mems        []gpu.Mem // every device allocation, freed by Close
 	hosts       [][]byte  // pinned host buffers, freed by Close
@@ -220,6 +225,7 @@ func New(cfg Config) (*Stage, error) {
 	}
 	s := &Stage{m: *cfg.Model, lo: cfg.Lo, hi: cfg.Hi, dev: cfg.Device, progress: cfg.Progress, log: cmp.Or(cfg.Log, slog.Default())}
 	s.g.debug = cfg.GraphDebug
+	s.timeline = cfg.timeline
 	s.g.full = wrapper{mode: graphs.Full, graphs: map[segKey]graphExec{}}
 	s.g.piecewise = wrapper{mode: graphs.Piecewise, graphs: map[segKey]graphExec{}}
 	if s.dev == nil {

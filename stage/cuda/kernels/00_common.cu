@@ -34,6 +34,73 @@ __device__ __forceinline__ void pdl_wait() {
 #endif
 }
 
+// A block timeline (a diagnostic: compiled only with TANDEM_TIMELINE, which
+// the stage's Config.timeline sets; timeline.go reads it). Every gemvf
+// block and every decode-attention block records, from the global timer,
+// when it started, when its pdl_wait returned, a mark (gemvf: activations
+// staged; attention: first key tile in, dependents triggered) and when it
+// ended, in 4 words: tag << 56 | multiprocessor << 48 | blocks of the grid
+// << 24 | block; start (ns); wait | mark << 32 (ns after start); end (ns
+// after start). Tags: TL_ATTENTION, TL_ATTENTION_EMPTY (a part past its
+// sequence's end), TL_GEMVF + the gemvf epilogue. tl_reset empties the
+// records, tl_read copies them out with their count.
+#ifdef TANDEM_TIMELINE
+#define TL_MAX 65536
+#define TL_ATTENTION 1
+#define TL_ATTENTION_EMPTY 2
+#define TL_GEMVF 10
+__device__ unsigned long long tl_rec[TL_MAX * 4];
+__device__ unsigned tl_cnt;
+__device__ __forceinline__ unsigned long long tl_now() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+__device__ __forceinline__ unsigned tl_smid() {
+    unsigned r;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(r));
+    return r;
+}
+__device__ __forceinline__ void tl_put(unsigned tag, unsigned long long t0, unsigned long long t1,
+                                       unsigned long long t2) {
+    unsigned long long e = tl_now();
+    unsigned i = atomicAdd(&tl_cnt, 1u);
+    if (i < TL_MAX) {
+        unsigned blk = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+        unsigned grid = gridDim.x * gridDim.y * gridDim.z;
+        tl_rec[4 * i] = ((unsigned long long)tag << 56) | ((unsigned long long)tl_smid() << 48) |
+                        ((unsigned long long)grid << 24) | blk;
+        tl_rec[4 * i + 1] = t0;
+        tl_rec[4 * i + 2] = (t1 - t0) | ((t2 - t0) << 32);
+        tl_rec[4 * i + 3] = e - t0;
+    }
+}
+extern "C" __global__ void tl_reset() { tl_cnt = 0; }
+extern "C" __global__ void tl_read(unsigned long long* out, unsigned* n) {
+    unsigned c = min(tl_cnt, (unsigned)TL_MAX);
+    for (unsigned i = threadIdx.x + blockIdx.x * blockDim.x; i < c * 4; i += blockDim.x * gridDim.x) out[i] = tl_rec[i];
+    if (threadIdx.x == 0 && blockIdx.x == 0) *n = c;
+}
+#define TL_BEGIN unsigned long long tl0 = tl_now(), tl1 = tl0, tl2 = tl0;
+#define TL_WAIT tl1 = tl_now();
+#define TL_MARK tl2 = tl_now();
+// TL_END records once every thread of the block is done; TL_END_NOW at once
+// (a block leaving together).
+#define TL_END(tag)                                       \
+    {                                                     \
+        __syncthreads();                                  \
+        if (threadIdx.x == 0) tl_put(tag, tl0, tl1, tl2); \
+    }
+#define TL_END_NOW(tag) \
+    if (threadIdx.x == 0) tl_put(tag, tl0, tl1, tl2);
+#else
+#define TL_BEGIN
+#define TL_WAIT
+#define TL_MARK
+#define TL_END(tag)
+#define TL_END_NOW(tag)
+#endif
+
 // pdl_start is where a kernel that prefetches nothing begins.
 __device__ __forceinline__ void pdl_start() {
     pdl_trigger();

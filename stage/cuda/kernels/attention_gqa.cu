@@ -120,8 +120,11 @@ __device__ __forceinline__ void gqa_body(GQA_ROPE_PARAMS, int planes, int pstrid
     const int n = pos[t] + 1;
     const int chunk = max((n + splits - 1) / splits, min_chunk);
     const int parts = (n + chunk - 1) / chunk;
+    TL_BEGIN
     if (sp >= parts || (whole && pf_tile_whole(t, gridDim.x, table_off, pos))) {
         pdl_wait();
+        TL_WAIT
+        TL_END_NOW(TL_ATTENTION_EMPTY)
         return;
     }
     const int jb = sp * chunk, je = min(n, jb + chunk);
@@ -157,6 +160,7 @@ __device__ __forceinline__ void gqa_body(GQA_ROPE_PARAMS, int planes, int pstrid
         }
     }
     pdl_wait();
+    TL_WAIT
     // With ROPE: the rotated q rows (scaled), and this step's key and value
     // written by this block (see above) instead of copied.
     __shared__ float qs[ROPE ? 8 * HD : 1];
@@ -255,6 +259,7 @@ __device__ __forceinline__ void gqa_body(GQA_ROPE_PARAMS, int planes, int pstrid
             // this one, they load their weights while this block's q and
             // key round trips wait behind those loads (NOTES.md, phase 9).
             pdl_trigger();
+            TL_MARK
         }
         const int k0 = wid * 16;  // this warp's keys of the tile
         if (kb + k0 < je) {
@@ -338,6 +343,7 @@ __device__ __forceinline__ void gqa_body(GQA_ROPE_PARAMS, int planes, int pstrid
     if (parts > 1) {
         att_merge_parts(part, part_ml, counters, unit, splits, parts, R, HD, t, nh, kh * R, out, out_bf, olo, &last);
     }
+    TL_END(TL_ATTENTION)
 }
 
 #define GQA_ENTRY(name, hd, w)                                                           \

@@ -70,6 +70,7 @@ __device__ __forceinline__ void gemvf_body(GEMVF_PARAMS) {
     const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
     const int warps = gridDim.x * (GEMVF_THREADS / 32);
     const int gw = blockIdx.x * (GEMVF_THREADS / 32) + wid;
+    TL_BEGIN
     pdl_trigger();
 
     // Weight rows of warp unit wu, and whether each is valid.
@@ -126,6 +127,7 @@ __device__ __forceinline__ void gemvf_body(GEMVF_PARAMS) {
         }
     }
     const int tok = pdl_wait_token();
+    TL_WAIT
 
     // Stage the activations times the norm weight, and their squares' sums.
     float ss[TT];
@@ -174,6 +176,7 @@ __device__ __forceinline__ void gemvf_body(GEMVF_PARAMS) {
         inv[tt] = g ? rsqrtf(block_sum(ss[tt], scratch) / (float)k + eps) : 1.f;
     }
     __syncthreads();
+    TL_MARK
 
     float hm[TT], hs[TT];  // GEMV_HEAD: running maximum and sum of this warp
     int hi[TT], hbad = 0;
@@ -350,6 +353,7 @@ __device__ __forceinline__ void gemvf_body(GEMVF_PARAMS) {
             }
         }
     }
+    TL_END(TL_GEMVF + EPI)
 }
 
 #define GEMVF_ENTRY(name, epi, tt)                                                       \
