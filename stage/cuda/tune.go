@@ -21,7 +21,8 @@ type SkinnyChoice struct {
 	Tried     []SkinnyTrial
 	// OSplits is how many warps share a unit of the attention output
 	// product (o) on the fp32 kernels, chosen by measurement
-	// (tuneOSplits); OTried the passes timed for each count.
+	// (tuneOSplits; 0 when nothing was measured: fmaSplits' count);
+	// OTried the passes timed for each count.
 	OSplits int
 	OTried  []SplitsTrial
 }
