@@ -19,7 +19,8 @@
 // versioned binary encoding (meta.go); peers' metadata is untrusted and
 // checked when decoded. A graceful Leave first gossips a leaving flag and
 // hands it to every live peer in a push/pull exchange, so peers report
-// Leave rather than Fail.
+// Leave rather than Fail, then gossips the departure and hands that over
+// the same way: gossip alone may spend its few sends on dead members.
 //
 // # Usage
 //

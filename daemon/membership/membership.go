@@ -109,6 +109,9 @@ type Membership struct {
 	dropped atomic.Uint64
 	// nowForTest replaces time.Now in tests of the dead-member retention.
 	nowForTest func() time.Time
+	// mlConfigForTest, when set before Start, adjusts memberlist's
+	// configuration (a lossy transport, no periodic push/pull).
+	mlConfigForTest func(*memberlist.Config) error
 }
 
 // New validates cfg and returns a Membership that has not started: nothing
@@ -235,7 +238,13 @@ func (m *Membership) Start(ctx context.Context) error {
 	if m.started {
 		return errors.New("membership start: already started")
 	}
-	ml, err := memberlist.Create(m.mlConfig())
+	c := m.mlConfig()
+	if m.mlConfigForTest != nil {
+		if err := m.mlConfigForTest(c); err != nil {
+			return fmt.Errorf("membership start: %w", err)
+		}
+	}
+	ml, err := memberlist.Create(c)
 	if err != nil {
 		return fmt.Errorf("membership start: gossip on %s: %w",
 			net.JoinHostPort(m.cfg.BindAddr, strconv.Itoa(m.cfg.BindPort)), err)
@@ -379,14 +388,19 @@ func (m *Membership) Events() <-chan Event { return m.events }
 // fell behind.
 func (m *Membership) Dropped() uint64 { return m.dropped.Load() }
 
-// syncPeers hands this node's state, the leaving flag included, to every
-// live peer by a push/pull exchange over TCP (memberlist's Join), waiting
-// until each is done or deadline. Gossip alone does not order the flag
-// before the departure: UpdateNode returns once the update went to one
-// gossip target, which may be a recently dead node, and the departure,
-// transmitted fewer times, then travels ahead of the update, so a peer
-// would take a graceful leave for a failure and abort the requests in
-// flight instead of draining them. The exchanges run on goroutines that
+// syncPeers hands this node's state to every live peer by a push/pull
+// exchange over TCP (memberlist's Join), waiting until each is done or
+// deadline. Leave calls it twice: for the leaving flag, then for the
+// departure itself, since gossip guarantees neither. A broadcast counts as
+// sent once it went out memberlist's retransmit limit of times (twice in a
+// small cluster), whoever it went to: a member dead for less than
+// GossipToTheDeadTime is still a gossip target, and queued broadcasts also
+// ride on the pings this node sends when a peer asks it to probe a dead
+// member indirectly. So the update may reach no live peer, or reach one
+// after the departure (a peer would then take a graceful leave for a
+// failure and abort the requests in flight instead of draining them), and
+// the departure may reach no live peer at all (it would keep the node as
+// alive until it stops answering). The exchanges run on goroutines that
 // Shutdown waits for; a peer that does not answer costs at most the TCP
 // timeout.
 func (m *Membership) syncPeers(deadline time.Time) {
@@ -439,9 +453,11 @@ func (m *Membership) UpdateMeta(meta Meta) error {
 }
 
 // Leave announces that this node is leaving, so peers see a Leave event
-// rather than a Fail, and waits up to timeout for the announcement to go
-// out (timeout must be positive), unless no peer is left to hear it. The
-// node keeps gossiping until Shutdown.
+// rather than a Fail: it gossips the leaving flag, hands it to every live
+// peer in a push/pull exchange, gossips the departure and hands that to
+// every live peer the same way. It waits up to timeout for all this
+// (timeout must be positive), unless no peer is left to hear it. The node
+// keeps gossiping until Shutdown.
 func (m *Membership) Leave(timeout time.Duration) error {
 	m.life.Lock()
 	defer m.life.Unlock()
@@ -477,8 +493,18 @@ func (m *Membership) Leave(timeout time.Duration) error {
 		return fmt.Errorf("leave: announce: %w", err)
 	}
 	m.syncPeers(deadline)
-	if err := m.ml.Leave(time.Until(deadline)); err != nil {
-		return fmt.Errorf("leave: %w", err)
+	// memberlist's Leave marks this node left and queues the departure;
+	// its wait ends once the departure was sent its retransmit limit of
+	// times, which may all have gone to dead members (see syncPeers). It
+	// waits without bound for a timeout that is not positive.
+	leaveErr := m.ml.Leave(max(time.Until(deadline), time.Nanosecond))
+	// This node's state now lists it as left, which a peer merges as a
+	// graceful departure; without this exchange a live peer may never
+	// hear of it (once GossipToTheDeadTime has passed, this node drops
+	// its own entry and no later push/pull carries it).
+	m.syncPeers(deadline)
+	if leaveErr != nil {
+		return fmt.Errorf("leave: %w", leaveErr)
 	}
 	return nil
 }
