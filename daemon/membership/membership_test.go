@@ -56,6 +56,13 @@ func testMeta(name string, i int) Meta {
 // at the end of the test.
 func startNode(t *testing.T, name string, i int, key []byte, log *slog.Logger, seeds ...string) *Membership {
 	t.Helper()
+	return startNodeWith(t, name, i, key, log, nil, seeds...)
+}
+
+// startNodeWith is startNode with memberlist's configuration adjusted by
+// hook (Membership.mlConfigForTest) when not nil.
+func startNodeWith(t *testing.T, name string, i int, key []byte, log *slog.Logger, hook func(*memberlist.Config) error, seeds ...string) *Membership {
+	t.Helper()
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
@@ -63,6 +70,7 @@ func startNode(t *testing.T, name string, i int, key []byte, log *slog.Logger, s
 	if err != nil {
 		t.Fatal(err)
 	}
+	m.mlConfigForTest = hook
 	if err := m.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -189,14 +197,7 @@ func TestClusterLifecycle(t *testing.T) {
 	})
 
 	t.Run("leave", func(t *testing.T) {
-		if err := n2.Leave(2 * time.Second); err != nil {
-			t.Fatal(err)
-		}
-		ev, took := waitEvent(t, n1, Leave, "n2", 5*time.Second)
-		t.Logf("n2 left: n1 saw it after %v", took)
-		if ev.Member.State != Left {
-			t.Errorf("leave event state %v", ev.Member.State)
-		}
+		leaveSeen(t, n2, "n2", n1)
 		if err := n2.Shutdown(); err != nil {
 			t.Fatal(err)
 		}
@@ -243,20 +244,7 @@ func TestLeaveReachesPeersWithoutGossip(t *testing.T) {
 		return nil
 	}
 	start := func(name string, i int, hook func(*memberlist.Config) error, seeds ...string) *Membership {
-		m, err := New(Config{NodeName: name, Seeds: seeds, Meta: testMeta(name, i), Logger: slog.New(slog.DiscardHandler), Fast: true})
-		if err != nil {
-			t.Fatal(err)
-		}
-		m.mlConfigForTest = hook
-		if err := m.Start(context.Background()); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			if err := m.Shutdown(); err != nil {
-				t.Error(err)
-			}
-		})
-		return m
+		return startNodeWith(t, name, i, nil, nil, hook, seeds...)
 	}
 	n1 := start("n1", 0, noPushPull)
 	var lossy *lossyTransport
@@ -275,11 +263,18 @@ func TestLeaveReachesPeersWithoutGossip(t *testing.T) {
 		return sees(n1, "n2", Alive, withName(testMeta("n2", 1), "n2")) && sees(n2, "n1", Alive, withName(testMeta("n1", 0), "n1"))
 	})
 	lossy.drop.Store(true)
-	if err := n2.Leave(2 * time.Second); err != nil {
+	leaveSeen(t, n2, "n2", n1)
+}
+
+// leaveSeen has m (named name) leave and waits for a Leave event of it on
+// watcher, with m in state Left.
+func leaveSeen(t *testing.T, m *Membership, name string, watcher *Membership) {
+	t.Helper()
+	if err := m.Leave(2 * time.Second); err != nil {
 		t.Fatal(err)
 	}
-	ev, took := waitEvent(t, n1, Leave, "n2", 5*time.Second)
-	t.Logf("n2 left with its datagrams lost: n1 saw it after %v", took)
+	ev, took := waitEvent(t, watcher, Leave, name, 5*time.Second)
+	t.Logf("%s left: seen after %v", name, took)
 	if ev.Member.State != Left {
 		t.Errorf("leave event state %v", ev.Member.State)
 	}
