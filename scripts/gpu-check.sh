@@ -229,6 +229,8 @@ else
 	step "(3, 4, 5, 7) stage/cuda GPU tests"
 	TANDEM_HF_DIR=$WORK TANDEM_BENCH_CHECKPOINT=$WORK/llama1b TANDEM_BENCH_SHAPES=llama8b \
 		gotest tests -test.skip "$KERNELS" -test.timeout 400s || status=1
+	# TestStepTimeline's tables: where a batch-1 step's time goes, block by block.
+	grep -A8 'block timeline of one FULL' "$OUT/tests.log" || true
 	if [ -x "$BASE/cuda.test" ]; then
 		step "(5b) decode timing of the baseline revision $(cat "$BASE/REVISION" 2>/dev/null), same checkpoint"
 		mkdir -p "$WORK/base-results"
