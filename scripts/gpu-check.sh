@@ -28,6 +28,12 @@
 #                per-kernel breakdowns (TestSplitDecodeTiming; random
 #                Llama-3.2-1B and Llama-3.1-8B weights): what each stage of a
 #                two-GPU pipeline costs, and how evenly a split divides it
+#       timeline where one batch-1 decode step's time goes, block by block
+#                (TestStepTimeline: the program compiled again with
+#                TANDEM_TIMELINE; random Llama-3.2-1B and Llama-3.1-8B
+#                weights). Not part of the whole check, which it would push
+#                past the device tool's 10 minutes (about a minute, most of
+#                it the second compile)
 #
 # The full device part (1) makes random-init checkpoints with transformers and
 # saves them in bf16 (a Llama-3.2-1B shape and a small Qwen2 shape with q/k/v
@@ -85,7 +91,7 @@ if [ "${1:-build}" = build ]; then
 	exit 0
 fi
 if [ "$1" != device ]; then
-	echo "usage: gpu-check.sh [build [DIR]] | device [quick|kernels|nccl|split]" >&2
+	echo "usage: gpu-check.sh [build [DIR]] | device [quick|kernels|nccl|split|timeline]" >&2
 	exit 2
 fi
 
@@ -126,6 +132,13 @@ fi
 if [ "$MODE" = split ]; then
 	step "two-stage split of one GPU: each half's decode step against the whole"
 	TANDEM_BENCH_SPLIT=1 TANDEM_BENCH_SHAPES=llama1b,llama8b "$BIN/cuda.test" -test.v -test.run 'TestSplitDecodeTiming' -test.timeout 400s 2>&1 | tee -a "$LOG" || status=1
+	exit $status
+fi
+
+if [ "$MODE" = timeline ]; then
+	step "block timeline of a batch-1 decode step"
+	TANDEM_BENCH_SHAPES=llama1b,llama8b "$BIN/cuda.test" -test.v -test.run 'TestStepTimeline$' -test.timeout 300s 2>&1 | tee "$OUT/timeline.log" >>"$LOG" || status=1
+	grep -E -A8 -- 'block timeline of one FULL|^--- FAIL' "$OUT/timeline.log"
 	exit $status
 fi
 
@@ -228,9 +241,7 @@ if [ -n "$quick" ]; then
 else
 	step "(3, 4, 5, 7) stage/cuda GPU tests"
 	TANDEM_HF_DIR=$WORK TANDEM_BENCH_CHECKPOINT=$WORK/llama1b TANDEM_BENCH_SHAPES=llama8b \
-		gotest tests -test.skip "$KERNELS" -test.timeout 400s || status=1
-	# TestStepTimeline's tables: where a batch-1 step's time goes, block by block.
-	grep -A8 'block timeline of one FULL' "$OUT/tests.log" || true
+		gotest tests -test.skip "$KERNELS|TestStepTimeline" -test.timeout 400s || status=1
 	if [ -x "$BASE/cuda.test" ]; then
 		step "(5b) decode timing of the baseline revision $(cat "$BASE/REVISION" 2>/dev/null), same checkpoint"
 		mkdir -p "$WORK/base-results"

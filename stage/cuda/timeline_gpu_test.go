@@ -98,7 +98,8 @@ func readTimeline(t *testing.T, s *Stage) []blockRecord {
 // first block's return from the wait to its last block's end, the gap
 // before it, its mark (activations staged; attention's first tile) and
 // when its first block started against its wait (negative: early). Set
-// TANDEM_BENCH_SHAPES (or TANDEM_BENCH_CHECKPOINT) as for TestDecodeTiming.
+// TANDEM_BENCH_SHAPES (or TANDEM_BENCH_CHECKPOINT) as for TestDecodeTiming;
+// `scripts/gpu-check.sh device timeline` runs it for both shapes.
 func TestStepTimeline(t *testing.T) {
 	models := benchModels(t)
 	if len(models) == 0 {
