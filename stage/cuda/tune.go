@@ -258,7 +258,7 @@ func (s *Stage) tuneOSplits(choice *SkinnyChoice) error {
 		return err
 	}
 	defer s.unpad(f, sh)
-	best, defTime, bestTime := def, time.Duration(0), time.Duration(0)
+	var defTime time.Duration
 	for _, ks := range counts {
 		c.ks = ks
 		d, err := s.timeReplay(f, sh)
@@ -271,13 +271,21 @@ func (s *Stage) tuneOSplits(choice *SkinnyChoice) error {
 			defTime = d
 		}
 	}
-	for _, tr := range choice.OTried {
-		if tr.Splits != def && float64(tr.Time) < float64(defTime)*(1-tuneOSplitsMargin) && (best == def || tr.Time < bestTime) {
-			best, bestTime = tr.Splits, tr.Time
-		}
-	}
+	best := pickSplits(def, defTime, choice.OTried)
 	c.ks, choice.OSplits = best, best
 	return nil
+}
+
+// pickSplits is the count among tried whose pass beat def's (of defTime) by
+// more than tuneOSplitsMargin, the fastest of them, else def.
+func pickSplits(def int, defTime time.Duration, tried []SplitsTrial) int {
+	best, bar := def, time.Duration(float64(defTime)*(1-tuneOSplitsMargin))
+	for _, tr := range tried {
+		if tr.Splits != def && tr.Time < bar {
+			best, bar = tr.Splits, tr.Time
+		}
+	}
+	return best
 }
 
 // timeReplay captures one pass of shape sh into a graph and times its
