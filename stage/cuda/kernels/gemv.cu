@@ -67,10 +67,13 @@ struct u32x4 {
 };
 
 // ldg_weights loads 16 bytes that no kernel writes, keeping them out of L1
-// and fetching 256 bytes into L2 at a time.
+// and fetching 128 bytes into L2 at a time. The 256-byte hint streams the
+// same bytes slower: measured on one H200 beside it (NOTES.md, phase 17),
+// the batch-1 step 0.820 -> 0.803 ms (1B) and 4.176 -> 4.081 ms (8B); the
+// 64-byte hint and none at all were level with 128 (0.802-0.805 ms, 1B).
 __device__ __forceinline__ u32x4 ldg_weights(const bf16* p) {
     u32x4 r;
-    asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];"
+    asm("ld.global.nc.L1::no_allocate.L2::128B.v4.u32 {%0,%1,%2,%3}, [%4];"
         : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
         : "l"(p));
     return r;
