@@ -7,7 +7,8 @@
 // with the activations kept in fp32 (no bf16 split: closer still).
 //
 // Each block stages its activation rows, times the norm weight, in shared
-// memory (and their sums of squares for the norm), then its warps work
+// memory (and their sums of squares for the norm; rows without a norm by
+// cp.async, as they are), then its warps work
 // through warp units of 4 weight rows: rows a, a+1, a+d, a+d+1 with
 //   a = (wu / s) * u + (wu % s) * 2
 // for warp unit wu (plain: s 1, u 4, d 2; gate|up: u 2, d the intermediate
@@ -132,9 +133,23 @@ __device__ __forceinline__ void gemvf_body(GEMVF_PARAMS) {
     // Stage the activations times the norm weight, and their squares' sums.
     float ss[TT];
 #pragma unroll
+    for (int tt = 0; tt < TT; tt++) ss[tt] = 0.f;
+    if (!g) {
+        // No norm (the o and down products): the rows are copied as they
+        // are by cp.async, all of a thread's 16-byte pieces in flight at
+        // once and no register held (the loads below go GEMVF_XB groups
+        // at a time). Measured on one H200 beside the loads (NOTES.md,
+        // phase 17): 1B batch 1 0.804 -> 0.796 ms, 8B 4.088 -> 4.050.
+        for (int tt = 0; tt < t; tt++) {
+            const float* xp = x + (size_t)((rowmap ? rowmap[tt] : tt) + tok) * k;
+            for (int i = tid * 4; i < k; i += GEMVF_THREADS * 4) cp_async16(smem_addr(xs + tt * k + i), xp + i, 16);
+        }
+        cp_async_commit();
+        cp_async_wait<0>();
+    }
+#pragma unroll
     for (int tt = 0; tt < TT; tt++) {
-        ss[tt] = 0.f;
-        if (tt >= t) {
+        if (tt >= t || !g) {
             continue;
         }
         int xr = (rowmap ? rowmap[tt] : tt) + tok;
