@@ -166,9 +166,7 @@ __device__ __forceinline__ void gemvf_body(GEMVF_PARAMS) {
                     asm("ld.global.cg.v4.f32 {%0,%1,%2,%3}, [%4];"
                         : "=f"(v[b][0]), "=f"(v[b][1]), "=f"(v[b][2]), "=f"(v[b][3])
                         : "l"(xp + i));
-                    if (g) {
-                        asm("ld.global.nc.v2.u32 {%0,%1}, [%2];" : "=r"(gv[b][0]), "=r"(gv[b][1]) : "l"(g + i));
-                    }
+                    asm("ld.global.nc.v2.u32 {%0,%1}, [%2];" : "=r"(gv[b][0]), "=r"(gv[b][1]) : "l"(g + i));
                 }
             }
 #pragma unroll
@@ -179,7 +177,7 @@ __device__ __forceinline__ void gemvf_body(GEMVF_PARAMS) {
                     for (int q = 0; q < 4; q++) {
                         ss[tt] += v[b][q] * v[b][q];
                         const float gq = (q & 1) ? hi_bf16(gv[b][q >> 1]) : lo_bf16(gv[b][q >> 1]);
-                        xs[tt * k + i + q] = g ? v[b][q] * gq : v[b][q];
+                        xs[tt * k + i + q] = v[b][q] * gq;
                     }
                 }
             }
