@@ -258,7 +258,6 @@ func (s *Stage) tuneOSplits(choice *SkinnyChoice) error {
 		return err
 	}
 	defer s.unpad(f, sh)
-	var defTime time.Duration
 	for _, ks := range counts {
 		c.ks = ks
 		d, err := s.timeReplay(f, sh)
@@ -267,18 +266,22 @@ func (s *Stage) tuneOSplits(choice *SkinnyChoice) error {
 			return fmt.Errorf("%d warps a unit: %w", ks, err)
 		}
 		choice.OTried = append(choice.OTried, SplitsTrial{Splits: ks, Time: d})
-		if ks == def {
-			defTime = d
-		}
 	}
-	best := pickSplits(def, defTime, choice.OTried)
+	best := pickSplits(def, choice.OTried)
 	c.ks, choice.OSplits = best, best
 	return nil
 }
 
-// pickSplits is the count among tried whose pass beat def's (of defTime) by
-// more than tuneOSplitsMargin, the fastest of them, else def.
-func pickSplits(def int, defTime time.Duration, tried []SplitsTrial) int {
+// pickSplits is the count among tried whose pass beat def's by more than
+// tuneOSplitsMargin, the fastest of them, else def (also when def was not
+// tried).
+func pickSplits(def int, tried []SplitsTrial) int {
+	var defTime time.Duration
+	for _, tr := range tried {
+		if tr.Splits == def {
+			defTime = tr.Time
+		}
+	}
 	best, bar := def, time.Duration(float64(defTime)*(1-tuneOSplitsMargin))
 	for _, tr := range tried {
 		if tr.Splits != def && tr.Time < bar {

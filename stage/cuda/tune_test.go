@@ -1,6 +1,7 @@
 package cuda
 
 import (
+	"slices"
 	"testing"
 	"time"
 )
@@ -30,16 +31,10 @@ func TestPickSplits(t *testing.T) {
 		{"the fastest of several past the margin", 8, trials(700, 650, 690, 1000), 2},
 		{"only the default tried", 1, trials(800), 1},
 	} {
-		defTime := time.Duration(-1)
-		for _, tr := range tc.tried {
-			if tr.Splits == tc.def {
-				defTime = tr.Time
-			}
-		}
-		if defTime < 0 {
+		if !slices.ContainsFunc(tc.tried, func(tr SplitsTrial) bool { return tr.Splits == tc.def }) {
 			t.Fatalf("%s: the default %d is not among the counts tried", tc.name, tc.def)
 		}
-		if got := pickSplits(tc.def, defTime, tc.tried); got != tc.want {
+		if got := pickSplits(tc.def, tc.tried); got != tc.want {
 			t.Errorf("%s: %d warps a unit, want %d", tc.name, got, tc.want)
 		}
 	}
