@@ -1,7 +1,7 @@
 // Package cuda is the CUDA backend of a pipeline stage: it runs the forward
 // pass of layers [Lo, Hi) of a Llama-family model (Llama, Mistral, Qwen2) on
-// one GPU with bf16 weights, compensated bf16 GEMM inputs (long prefills
-// excepted), fp32 accumulation,
+// one GPU with bf16 weights, compensated bf16 GEMM inputs (in steps of up
+// to 16 rows), fp32 accumulation,
 // an fp32 residual stream, and on the last stage samples on the device; it
 // captures and replays CUDA graphs of its steps.
 //
@@ -115,12 +115,14 @@
 // on the tensor-core skinny path two products into one accumulator), so
 // x·Wᵀ is computed as if x had about 16 significant bits; the fp32 skinny
 // path multiplies the fp32 activations themselves. Steps of more than
-// Config.CompensatedTokens rows (64: long prefills, where the GEMMs are
-// bound by the tensor cores, not the weights) take the rounded values
-// alone, as transformers' bf16 model does. What is still rounded to bf16:
-// the KV cache, and on the cuBLAS path the LM head's input.
-// Against transformers' float32 forward on the same bf16 weights the
-// logits stray about a quarter as far as transformers' own bf16 forward
+// Config.CompensatedTokens rows (16: decode of more sequences, where the
+// doubled rows cost 4-5% of the step, and prefills, where the GEMMs are
+// bound by the tensor cores) take the rounded values alone, as
+// transformers' bf16 model does. What is still rounded to bf16: the KV
+// cache, and on the cuBLAS path the LM head's input. Against
+// transformers' float32 forward on the same bf16 weights the logits of
+// compensated steps stray about a quarter as far as transformers' own
+// bf16 forward, those of the others about half as far
 // (scripts/gpu-check.sh measures both; NOTES.md).
 //
 // ProfileStep runs a step eagerly with CUDA events around every kernel and
