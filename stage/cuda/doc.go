@@ -83,7 +83,8 @@
 // before the kernel ahead of them ends, and at a few tokens they are bound
 // by that latency, not by their weights; so decode steps of 2-16 tokens
 // (2 where New found the cuBLAS path faster than the fp32 kernels there)
-// run their q|k|v and o products on gemvs.cu instead: dependent launches
+// run their q|k|v and o products, and plain steps of 17-32 tokens their
+// q|k|v product, on gemvs.cu instead: dependent launches
 // that load their weights before the wait (mma.sync, the weights as A
 // loaded straight into registers), split k into 4 or 8 parts and leave
 // each part's sums in a plane of their output, which the consumer

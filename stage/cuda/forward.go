@@ -235,7 +235,7 @@ func (s *Stage) startLayer(i int, sh shape) error {
 	}
 	if s.ropeInAttention(sh) {
 		// Attention takes q|k|v as the product leaves it, in planes.
-		if _, err := s.smallProduct("qkv", s.b.qkv, s.b.normed, lw.qkv, T, lo, m.HiddenSize, s.qkvDim); err != nil {
+		if _, err := s.smallProduct(prodQKV, s.b.qkv, s.b.normed, lw.qkv, T, lo, m.HiddenSize, s.qkvDim); err != nil {
 			return fmt.Errorf("layer %d qkv: %w", s.lo+i, err)
 		}
 		return nil
@@ -277,7 +277,7 @@ func (s *Stage) finishLayer(i int, sh shape) error {
 	p := cublasPlanes(lo)
 	if s.ropeInAttention(sh) {
 		var err error
-		if p, err = s.smallProduct("o", s.b.y, s.b.attnB, lw.o, T, lo, s.qDim, H); err != nil {
+		if p, err = s.smallProduct(prodO, s.b.y, s.b.attnB, lw.o, T, lo, s.qDim, H); err != nil {
 			return fmt.Errorf("layer %d o_proj: %w", layer, err)
 		}
 	} else if err := s.linear("o", s.b.y, s.b.attnB, lw.o, T+lo, s.qDim, H); err != nil {
@@ -373,7 +373,7 @@ func (s *Stage) attention(i int, sh shape) error {
 		lw := s.layers[i]
 		name = at.ropeName
 		a.Ptr(s.b.qkv).Ptr(lw.qkvBias).Ptr(s.b.invFreq).Ptr(s.word(lay.cacheRow()))
-		if p := s.smallPlanes(T, lo, m.HiddenSize, s.qkvDim); p.n > 2 {
+		if p := s.smallPlanes(prodQKV, T, lo, m.HiddenSize, s.qkvDim); p.n > 2 {
 			name = at.ropePlanesName
 			a.Int32(int32(p.n)).Int32(int32(p.stride))
 		}

@@ -45,14 +45,31 @@ func cublasPlanes(lo int) planes {
 	return planes{lo, 2}
 }
 
-// gemvsKB is the split of k (kb) gemvs takes for a product in -> out of a
-// decode step of T tokens (remainders lo rows on, 0: none) on this stage,
-// and whether it takes it at all (gemvsSplit).
-func (s *Stage) gemvsKB(T, lo, in, out int) (int, bool) {
+// smallProd is one of the cuBLAS path's small products, named by what
+// reads its output: q|k|v is read by attention, a block for each token's
+// kv head; o by the post-attention rmsnorm, a block for each token's row.
+type smallProd int
+
+const (
+	prodQKV smallProd = iota
+	prodO
+)
+
+func (p smallProd) String() string {
+	if p == prodQKV {
+		return "qkv"
+	}
+	return "o"
+}
+
+// gemvsKB is the split of k (kb) gemvs takes for product p, in -> out, of
+// a decode step of T tokens (remainders lo rows on, 0: none) on this
+// stage, and whether it takes it at all (gemvsSplit).
+func (s *Stage) gemvsKB(p smallProd, T, lo, in, out int) (int, bool) {
 	if !s.gemvs {
 		return 0, false
 	}
-	return gemvsSplit(T, lo, in, out, s.dev.Info().MaxSharedPerBlockOptin, s.pl.lay.maxTokens)
+	return gemvsSplit(p, T, lo, in, out, s.dev.Info().MaxSharedPerBlockOptin, s.pl.lay.maxTokens)
 }
 
 // gemvsSplit is gemvsKB's rule, for a device of smem bytes of shared
@@ -60,30 +77,34 @@ func (s *Stage) gemvsKB(T, lo, in, out int) (int, bool) {
 // H200 (NOTES.md, phase 12, call 6, the same binary with gemvs off as the
 // reference): steps of 4-8 tokens gain 8-10% (1B) and 4-5% (8B) with 4
 // splits; at 16 tokens, 8 splits gain 4% where a split is one burst of 256
-// k a warp (1B) and lose where it is two (8B); past 16 tokens the
-// products' tensor-core work after the wait and their consumers' planes
-// cost more than the early start gains, so those stay on cuBLAS. That
-// holds for plain steps too (past Config.CompensatedTokens), although
-// 32 plain tokens stage no more rows than 16 compensated ones: 1B batch
-// 32 on gemvs with 8 splits 1.248 ms against 1.234 on cuBLAS (phase 18).
-// Hence
-// 4 splits up to 8 tokens, 8 of 256 k up to 16 (with or without the
-// remainders, which only add work), out a multiple of 128, kb a multiple
-// of 256 of at most gemvsMaxKB, and the planes' rows within the output
-// buffer's 2 * maxTokens.
-func gemvsSplit(T, lo, in, out, smem, maxTokens int) (int, bool) {
+// k a warp (1B) and lose where it is two (8B); compensated steps of more
+// than 16 tokens (64 staged rows) lose. Plain steps of 17-32 tokens (past
+// Config.CompensatedTokens: 32 staged rows) gain with q|k|v alone (phase
+// 18, 1B batch 32: 1.227-1.230 -> 1.190-1.198 ms with 4 or 8 splits), and
+// lose with o too (1.266-1.276 with 4 splits, 1.248 with 8): o's consumer,
+// the rmsnorm, has one block a token row to add up all its planes. Hence 4
+// splits up to 8 tokens, 8 of 256 k up to 16, q|k|v alone in 4 splits of
+// at most 512 k up to 32 plain tokens; out a multiple of 128, kb a
+// multiple of 256 of at most gemvsMaxKB, and the planes' rows within the
+// output buffer's 2 * maxTokens.
+func gemvsSplit(p smallProd, T, lo, in, out, smem, maxTokens int) (int, bool) {
 	nt := gemvsNTFor(T, lo)
-	if nt == 0 || T > 16 || out%gemvsRowBlock != 0 {
+	if nt == 0 || out%gemvsRowBlock != 0 {
 		return 0, false
 	}
-	splits := 4
-	if T > 8 {
-		splits = 8
+	splits, maxKB := 4, gemvsMaxKB
+	switch {
+	case T > 16:
+		if p != prodQKV {
+			return 0, false
+		}
+		maxKB = 512
+	case T > 8:
+		splits, maxKB = 8, 256
 	}
 	kb := in / splits
 	switch {
-	case in%splits != 0, kb%256 != 0, kb > gemvsMaxKB, splits == 8 && kb != 256,
-		gemvsSmem(nt, kb) > smem, splits*T > 2*maxTokens:
+	case in%splits != 0, kb%256 != 0, kb > maxKB, gemvsSmem(nt, kb) > smem, splits*T > 2*maxTokens:
 		return 0, false
 	}
 	return kb, true
@@ -105,28 +126,28 @@ func gemvsNTFor(T, lo int) int {
 // step of T tokens (remainders lo rows on, 0: none): a function of the
 // step's shape alone, so that a consumer replayed eagerly beside captured
 // products (piecewise graphs) knows it too.
-func (s *Stage) smallPlanes(T, lo, in, out int) planes {
-	if kb, ok := s.gemvsKB(T, lo, in, out); ok {
+func (s *Stage) smallPlanes(p smallProd, T, lo, in, out int) planes {
+	if kb, ok := s.gemvsKB(p, T, lo, in, out); ok {
 		return planes{T, in / kb}
 	}
 	return cublasPlanes(lo)
 }
 
-// smallProduct computes y = x·Wᵀ for a decode step of T tokens (x's
-// remainder rows lo rows on, 0: none) on gemvs where it applies, else with
-// cuBLAS, and says how its output lies. The layer's large products (gate|up,
-// down) stay on cuBLAS: on gemvs, with 1-8 splits, they were slower at 4-16
-// tokens (NOTES.md, phase 13).
-func (s *Stage) smallProduct(label string, y, x, w gpu.DevicePtr, T, lo, in, out int) (planes, error) {
-	kb, ok := s.gemvsKB(T, lo, in, out)
+// smallProduct computes product p, y = x·Wᵀ, for a decode step of T
+// tokens (x's remainder rows lo rows on, 0: none) on gemvs where it
+// applies, else with cuBLAS, and says how its output lies. The layer's
+// large products (gate|up, down) stay on cuBLAS: on gemvs, with 1-8
+// splits, they were slower at 4-16 tokens (NOTES.md, phase 13).
+func (s *Stage) smallProduct(p smallProd, y, x, w gpu.DevicePtr, T, lo, in, out int) (planes, error) {
+	kb, ok := s.gemvsKB(p, T, lo, in, out)
 	if !ok {
-		return cublasPlanes(lo), s.linear(label, y, x, w, T+lo, in, out)
+		return cublasPlanes(lo), s.linear(p.String(), y, x, w, T+lo, in, out)
 	}
 	nt := gemvsNTFor(T, lo)
 	a := s.args.Reset().Ptr(w).Ptr(x).Ptr(y).Int32(int32(out)).Int32(int32(in)).Int32(int32(T)).Int32(int32(lo)).Int32(int32(kb))
 	grid := gpu.Dim3{X: uint32(out / gemvsRowBlock), Y: uint32(in / kb)}
-	if err := s.launchDep("gemvs "+label, gemvsName(nt), grid, gpu.Dim3{X: gemvsThreads}, gemvsSmem(nt, kb), a); err != nil {
+	if err := s.launchDep("gemvs "+p.String(), gemvsName(nt), grid, gpu.Dim3{X: gemvsThreads}, gemvsSmem(nt, kb), a); err != nil {
 		return planes{}, err
 	}
-	return s.smallPlanes(T, lo, in, out), nil
+	return s.smallPlanes(p, T, lo, in, out), nil
 }

@@ -8,28 +8,37 @@ func TestGemvsSplit(t *testing.T) {
 	const smem, maxTokens = 227 << 10, 2048
 	for _, c := range []struct {
 		name                  string
+		p                     smallProd
 		tokens, lo, in, out   int
 		smem, maxTokens, want int // want 0: cuBLAS
 	}{
-		{"1B qkv, 2 tokens (the tune's choice)", 2, 2, 2048, 3072, smem, maxTokens, 512},
-		{"1B qkv, 3 tokens", 3, 3, 2048, 3072, smem, maxTokens, 512},
-		{"1B qkv, 8 tokens", 8, 8, 2048, 3072, smem, maxTokens, 512},
-		{"1B o, 9 tokens", 9, 9, 2048, 2048, smem, maxTokens, 256},
-		{"1B o, 16 tokens", 16, 16, 2048, 2048, smem, maxTokens, 256},
-		{"1B qkv, 17 tokens: cuBLAS", 17, 17, 2048, 3072, smem, maxTokens, 0},
-		{"8B qkv, 8 tokens", 8, 8, 4096, 6144, smem, maxTokens, 1024},
-		{"8B o, 16 tokens: two bursts a split, cuBLAS", 16, 16, 4096, 4096, smem, maxTokens, 0},
-		{"uncompensated, 5 tokens: one n-tile", 5, 0, 2048, 2048, smem, maxTokens, 512},
-		{"uncompensated, 16 tokens", 16, 0, 2048, 2048, smem, maxTokens, 256},
-		{"uncompensated, 32 tokens: cuBLAS", 32, 0, 2048, 2048, smem, maxTokens, 0},
-		{"out not a multiple of 128", 8, 8, 2048, 2000, smem, maxTokens, 0},
-		{"k not a multiple of 4 x 256", 8, 8, 1536, 2048, smem, maxTokens, 0},
-		{"splits past 1024 k", 8, 8, 8192, 2048, smem, maxTokens, 0},
-		{"too little shared memory", 8, 8, 4096, 4096, 32 << 10, maxTokens, 0},
-		{"planes past the workspace", 8, 8, 2048, 2048, smem, 15, 0},
-		{"planes at the workspace's edge", 8, 8, 2048, 2048, smem, 16, 512},
+		{"1B qkv, 2 tokens (the tune's choice)", prodQKV, 2, 2, 2048, 3072, smem, maxTokens, 512},
+		{"1B qkv, 3 tokens", prodQKV, 3, 3, 2048, 3072, smem, maxTokens, 512},
+		{"1B qkv, 8 tokens", prodQKV, 8, 8, 2048, 3072, smem, maxTokens, 512},
+		{"1B o, 8 tokens", prodO, 8, 8, 2048, 2048, smem, maxTokens, 512},
+		{"1B o, 9 tokens", prodO, 9, 9, 2048, 2048, smem, maxTokens, 256},
+		{"1B o, 16 tokens", prodO, 16, 16, 2048, 2048, smem, maxTokens, 256},
+		{"1B qkv, 16 tokens", prodQKV, 16, 16, 2048, 3072, smem, maxTokens, 256},
+		{"1B qkv, 17 compensated tokens: cuBLAS", prodQKV, 17, 17, 2048, 3072, smem, maxTokens, 0},
+		{"8B qkv, 8 tokens", prodQKV, 8, 8, 4096, 6144, smem, maxTokens, 1024},
+		{"8B o, 16 tokens: two bursts a split, cuBLAS", prodO, 16, 16, 4096, 4096, smem, maxTokens, 0},
+		{"uncompensated, 5 tokens: one n-tile", prodO, 5, 0, 2048, 2048, smem, maxTokens, 512},
+		{"uncompensated, 16 tokens", prodO, 16, 0, 2048, 2048, smem, maxTokens, 256},
+		{"1B qkv, 17 plain tokens: 4 splits", prodQKV, 17, 0, 2048, 3072, smem, maxTokens, 512},
+		{"1B qkv, 32 plain tokens", prodQKV, 32, 0, 2048, 3072, smem, maxTokens, 512},
+		{"1B o, 32 plain tokens: its norm reads every plane, cuBLAS", prodO, 32, 0, 2048, 2048, smem, maxTokens, 0},
+		{"1B qkv, 33 plain tokens: cuBLAS", prodQKV, 33, 0, 2048, 3072, smem, maxTokens, 0},
+		{"8B qkv, 32 plain tokens: four bursts a split, cuBLAS", prodQKV, 32, 0, 4096, 6144, smem, maxTokens, 0},
+		{"1B qkv, 32 plain tokens, planes past the workspace", prodQKV, 32, 0, 2048, 3072, smem, 63, 0},
+		{"1B qkv, 32 plain tokens, planes at the workspace's edge", prodQKV, 32, 0, 2048, 3072, smem, 64, 512},
+		{"out not a multiple of 128", prodQKV, 8, 8, 2048, 2000, smem, maxTokens, 0},
+		{"k not a multiple of 4 x 256", prodQKV, 8, 8, 1536, 2048, smem, maxTokens, 0},
+		{"splits past 1024 k", prodQKV, 8, 8, 8192, 2048, smem, maxTokens, 0},
+		{"too little shared memory", prodQKV, 8, 8, 4096, 4096, 32 << 10, maxTokens, 0},
+		{"planes past the workspace", prodQKV, 8, 8, 2048, 2048, smem, 15, 0},
+		{"planes at the workspace's edge", prodQKV, 8, 8, 2048, 2048, smem, 16, 512},
 	} {
-		kb, ok := gemvsSplit(c.tokens, c.lo, c.in, c.out, c.smem, c.maxTokens)
+		kb, ok := gemvsSplit(c.p, c.tokens, c.lo, c.in, c.out, c.smem, c.maxTokens)
 		if got := map[bool]int{true: kb}[ok]; got != c.want || ok != (c.want != 0) {
 			t.Errorf("%s: gemvsSplit = %d, %v; want %d", c.name, kb, ok, c.want)
 		}
