@@ -55,6 +55,7 @@ const (
 	prodO
 )
 
+// String is the product's label in profiles: qkv or o.
 func (p smallProd) String() string {
 	if p == prodQKV {
 		return "qkv"
