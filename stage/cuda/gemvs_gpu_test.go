@@ -86,7 +86,11 @@ func TestGemvsKernel(t *testing.T) {
 // on two stages of the same weights, one with the small products on gemvs
 // and one on cuBLAS, from FULL and PIECEWISE graphs in turn (the latter
 // running attention eagerly between captured products), and compares
-// their logits.
+// their logits: within tuneTol for compensated steps, within bf16Tol for
+// steps past CompensatedTokens, whose bf16-rounded activations turn the
+// two paths' last-bit differences into bf16 steps that grow layer by
+// layer and step by step (NOTES.md, phase 18: 0.0096 at 32 tokens, where
+// compensated steps stay under 0.003).
 func TestGemvsStep(t *testing.T) {
 	models := benchModels(t)
 	if len(models) == 0 {
@@ -171,7 +175,11 @@ func TestGemvsStep(t *testing.T) {
 					}
 				}
 				t.Logf("%s batch %d: logits on gemvs and on cuBLAS at most %.3g apart (relative L2)", bm.name, batch, worst)
-				if !(worst < tuneTol) {
+				tol := tuneTol
+				if batch > sts[0].compTokens {
+					tol = bf16Tol
+				}
+				if !(worst < tol) {
 					t.Errorf("%s batch %d: logits %.3g apart", bm.name, batch, worst)
 				}
 				for _, id := range ids {
