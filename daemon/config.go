@@ -25,6 +25,7 @@ import (
 	"github.com/tandem-llm/tandem/progress"
 	"github.com/tandem-llm/tandem/sched"
 	"github.com/tandem-llm/tandem/stage"
+	"github.com/tandem-llm/tandem/stage/cuda"
 )
 
 // Config is a daemon's configuration, read from a TOML file by LoadConfig
@@ -213,6 +214,14 @@ type StageConfig struct {
 	// CacheDir holds compiled CUDA kernels (default: $TANDEM_CACHE_DIR,
 	// else systemd's $CACHE_DIRECTORY, else the user cache directory).
 	CacheDir string `toml:"cache_dir"`
+	// CompensatedTokens is the most token rows of a CUDA step whose GEMMs
+	// carry the activations to about 16 bits (a bf16 value and its
+	// rounding remainder); larger steps round them to bf16, as
+	// transformers' bf16 model does (default 16, the CUDA backend's
+	// cuda.DefaultCompensatedTokens; -1: every step). More rows keep
+	// larger decode batches about twice as close to float32, at 4-5% of
+	// their step time, and make long prefills far slower.
+	CompensatedTokens int `toml:"compensated_tokens"`
 }
 
 // SecurityConfig enables TLS and the admin token.
@@ -317,6 +326,8 @@ const (
 	// by default.
 	DefaultRecoveryTimeout = supervise.DefaultRecoveryTimeout
 	DefaultGraphMemory     = 512 << 20
+	// DefaultCompensatedTokens is the CUDA backend's default.
+	DefaultCompensatedTokens = cuda.DefaultCompensatedTokens
 )
 
 // Stage backends of the configuration.
@@ -426,6 +437,9 @@ func (c Config) withDefaults() (Config, error) {
 	if c.Stage.BlockSize == 0 {
 		c.Stage.BlockSize = DefaultBlockSize
 	}
+	if c.Stage.CompensatedTokens == 0 {
+		c.Stage.CompensatedTokens = DefaultCompensatedTokens
+	}
 	if c.Stage.MaxCaptureSize == 0 {
 		if len(c.Stage.CaptureSizes) > 0 {
 			c.Stage.MaxCaptureSize = slices.Max(c.Stage.CaptureSizes)
@@ -502,6 +516,9 @@ func (c *Config) validate() error {
 	}
 	if c.Stage.BlockSize < 1 || c.Stage.BlockSize > maxBlockSize {
 		bad("stage.block_size %d: want 1 to %d positions", c.Stage.BlockSize, maxBlockSize)
+	}
+	if c.Stage.CompensatedTokens < -1 {
+		bad("stage.compensated_tokens %d: want a number of token rows, or -1 for every step", c.Stage.CompensatedTokens)
 	}
 	if (c.Security.TLSCertFile == "") != (c.Security.TLSKeyFile == "") {
 		bad("security: tls_cert_file and tls_key_file go together")

@@ -32,7 +32,7 @@ func TestExampleConfig(t *testing.T) {
 		t.Errorf("example config: %v", err)
 	}
 	if full.Stage.MaxSeqs != 64 || full.Stage.BlockSize != 32 || full.Stage.Backend != "cuda" || full.Stage.GraphMode != "PIECEWISE" || full.Stage.MaxCaptureSize != 256 ||
-		full.Stage.GraphMemory != 1<<30 || full.Stage.Handoff == nil || *full.Stage.Handoff ||
+		full.Stage.GraphMemory != 1<<30 || full.Stage.Handoff == nil || *full.Stage.Handoff || full.Stage.CompensatedTokens != 32 ||
 		full.admission() != (sched.Config{MaxNumWaiting: 2048, GrowthReserve: 64, MaxPreemptions: 2}) {
 		t.Errorf("with defaults: %+v", full.Stage)
 	}
@@ -52,7 +52,8 @@ func TestExampleConfig(t *testing.T) {
 	if def.Stage.BlockSize != 16 {
 		t.Errorf("KV block size %d by default, want 16", def.Stage.BlockSize)
 	}
-	if s := def.Stage; s.Backend != BackendAuto || s.GraphMode != "FULL_AND_PIECEWISE" || s.MaxCaptureSize != 128 || s.GraphMemory != DefaultGraphMemory || !*s.Handoff {
+	if s := def.Stage; s.Backend != BackendAuto || s.GraphMode != "FULL_AND_PIECEWISE" || s.MaxCaptureSize != 128 || s.GraphMemory != DefaultGraphMemory || !*s.Handoff ||
+		s.CompensatedTokens != 16 {
 		t.Errorf("defaults: %+v", s)
 	}
 }
@@ -89,6 +90,7 @@ func TestConfigErrors(t *testing.T) {
 		{"capture past the batch", Config{Name: "n", Model: "m", Stage: StageConfig{MaxBatchTokens: 64, MaxCaptureSize: 128}}, "exceeds stage.max_batch_tokens"},
 		{"negative block size", Config{Name: "n", Model: "m", Stage: StageConfig{BlockSize: -4}}, "stage.block_size -4: want 1 to 1024"},
 		{"huge block size", Config{Name: "n", Model: "m", Stage: StageConfig{BlockSize: 4096}}, "stage.block_size 4096"},
+		{"compensated rows", Config{Name: "n", Model: "m", Stage: StageConfig{CompensatedTokens: -2}}, "stage.compensated_tokens -2"},
 		{"cert without key", Config{Name: "n", Model: "m", Security: SecurityConfig{TLSCertFile: "c"}}, "go together"},
 		{"bad plan", Config{Name: "n", Model: "m", Plan: []PlanRange{{Node: "a", Layers: [2]int{3, 3}}}}, "plan[0]"},
 		{"negative expect", Config{Name: "n", Model: "m", Cluster: ClusterConfig{ExpectStages: -1}}, "expect_stages"},

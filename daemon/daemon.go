@@ -191,6 +191,7 @@ func (d *Daemon) Run(ctx context.Context) (err error) {
 			slotCfg.Usable -= g
 			slotCfg.GraphMemory = int64(g)
 			slotCfg.CacheDir = d.cfg.Stage.CacheDir
+			slotCfg.CompensatedTokens = d.cfg.Stage.CompensatedTokens
 		}
 	}
 	d.usable = slotCfg.Usable

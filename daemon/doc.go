@@ -31,7 +31,11 @@
 // the GPU at start, gossips its name and memory, and sizes each stage's KV
 // cache from the memory it may use, after holding back stage.graph_memory
 // for CUDA graphs; compiled kernels are cached in stage.cache_dir,
-// $TANDEM_CACHE_DIR or systemd's $CACHE_DIRECTORY. Activations go from each
+// $TANDEM_CACHE_DIR or systemd's $CACHE_DIRECTORY. stage.compensated_tokens
+// trades a CUDA stage's precision for speed: its steps of up to that many
+// token rows (default 16) carry the GEMMs' activations to about 16 bits,
+// larger ones round them to bf16 as transformers' bf16 model does (-1:
+// every step carries them). Activations go from each
 // stage to the next over NCCL between two CUDA stages (a two-rank
 // communicator per link: the sender makes the id at Connect, the leader
 // hands it to the receiver's Join, both join within a minute; a lost peer

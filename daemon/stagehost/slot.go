@@ -42,10 +42,12 @@ type Config struct {
 	// (weights, workspace, KV cache: besides GraphMemory).
 	Device *Device
 	Usable uint64
-	// CacheDir and GraphMemory configure CUDA stages: the compiled kernel
-	// cache and the device memory held back for CUDA graphs.
-	CacheDir    string
-	GraphMemory int64
+	// CacheDir, GraphMemory and CompensatedTokens configure CUDA stages:
+	// the compiled kernel cache, the device memory held back for CUDA
+	// graphs and cuda.Config.CompensatedTokens.
+	CacheDir          string
+	GraphMemory       int64
+	CompensatedTokens int
 	// ControlAddr and DataAddr are the listen addresses of a stage's
 	// control link from the leader and of the TCP link coming in;
 	// Advertise, when set, is the host other nodes reach them at.

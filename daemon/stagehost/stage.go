@@ -61,7 +61,7 @@ func (s *Slot) newStage(cfg *model.Config, sp stageSpec, estimate int, steps *pr
 		Model: cfg, Lo: sp.lo, Hi: sp.hi, Weights: weights, MaxTokens: sp.maxTokens, MaxSeqs: sp.maxSeqs,
 		NumBlocks: sp.blocks, BlockSize: sp.blockSize,
 		Device: s.cfg.Device.gpu, CacheDir: s.cfg.CacheDir, GraphMemory: s.cfg.GraphMemory,
-		Progress: steps.Step, Log: s.log,
+		CompensatedTokens: s.cfg.CompensatedTokens, Progress: steps.Step, Log: s.log,
 	}
 	if estimate < sp.blocks {
 		// What was free at start, less what the stage may use (its KV,
