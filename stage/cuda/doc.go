@@ -89,7 +89,12 @@
 // loaded straight into registers), split k into 4 or 8 parts and leave
 // each part's sums in a plane of their output, which the consumer
 // (attention with rotary embeddings, the post-attention norm) adds up as
-// it reads them (gemvs.go: which steps, and why).
+// it reads them (gemvs.go: which steps, and why). Steps of up to 16
+// staged rows (8 compensated tokens, 16 plain ones) run their gate|up
+// product on gemvg.cu, SiLU·mul in its epilogue and so no silu_mul kernel:
+// a block holds a multiprocessor, stages all of its rows by cp.async, and
+// each warp takes 8 features as one mma tile of their gate and up rows
+// (gemvg.go: which steps, and why).
 //
 // Attention (every path) is causal grouped-query attention over the paged
 // KV cache, one block per (token, kv head, group of its query heads, part

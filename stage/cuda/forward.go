@@ -156,7 +156,8 @@ func (s *Stage) forwardPass(step graphs.Step, sh shape) error {
 // compensated up to Config.CompensatedTokens rows (their inputs T rows of
 // bf16 values then T rows of rounding remainders, their outputs two halves
 // lo = T rows apart; kernels/00_common.cu), on the bf16 values alone past
-// it (lo 0).
+// it (lo 0); their small products on gemvs and their gate|up product with
+// SiLU·mul on gemvg where those apply (gemvs.go, gemvg.go).
 func (s *Stage) segment(i int, sh shape) error {
 	m := &s.m
 	T, H := sh.tokens, m.HiddenSize
@@ -252,7 +253,9 @@ func (s *Stage) startLayer(i int, sh shape) error {
 }
 
 // finishLayer orders the stage's layer i after attention: the o projection
-// into the residual stream, the post-attention norm, the MLP and the down
+// into the residual stream, the post-attention norm, the MLP (gate|up and
+// SiLU·mul in one kernel where gemvg applies, else cuBLAS and silu_mul)
+// and the down
 // projection (on the cuBLAS path its output stays pending in y, added by
 // the next norm or, at the stage's end, by residual_add).
 func (s *Stage) finishLayer(i int, sh shape) error {
@@ -286,8 +289,25 @@ func (s *Stage) finishLayer(i int, sh shape) error {
 	if err := s.rmsnorm(T, s.b.y, p, lw.postNorm, lo, 0); err != nil {
 		return err
 	}
-	if err := s.linear("gate_up", s.b.gateUp, s.b.normed, lw.gateUp, T+lo, H, 2*I); err != nil {
+	if s.gemvg(T, lo) {
+		if err := s.gateUpSilu(s.b.act, s.b.normed, lw.gateUp, T, lo); err != nil {
+			return fmt.Errorf("layer %d gate/up: %w", layer, err)
+		}
+	} else if err := s.gateUpThenSilu(lw.gateUp, T, lo); err != nil {
 		return fmt.Errorf("layer %d gate/up: %w", layer, err)
+	}
+	if err := s.linear("down", s.b.y, s.b.act, lw.down, T+lo, I, H); err != nil {
+		return fmt.Errorf("layer %d down: %w", layer, err)
+	}
+	return nil
+}
+
+// gateUpThenSilu orders the gate|up product of T token rows (remainders lo
+// rows on) with cuBLAS and then silu_mul into act.
+func (s *Stage) gateUpThenSilu(w gpu.DevicePtr, T, lo int) error {
+	H, I := s.m.HiddenSize, s.m.IntermediateSize
+	if err := s.linear("gate_up", s.b.gateUp, s.b.normed, w, T+lo, H, 2*I); err != nil {
+		return err
 	}
 	vec := 1
 	if I%4 == 0 {
@@ -295,13 +315,7 @@ func (s *Stage) finishLayer(i int, sh shape) error {
 	}
 	a := s.args.Reset().Ptr(s.b.gateUp).Ptr(s.b.act).Int32(int32(lo)).Int32(int32(I)).Int32(int32(vec))
 	grid := gpu.Dim3{X: uint32((I/vec + siluThreads - 1) / siluThreads), Y: uint32(T)}
-	if err := s.launchDep("silu", kSiluMul, grid, gpu.Dim3{X: siluThreads}, 0, a); err != nil {
-		return err
-	}
-	if err := s.linear("down", s.b.y, s.b.act, lw.down, T+lo, I, H); err != nil {
-		return fmt.Errorf("layer %d down: %w", layer, err)
-	}
-	return nil
+	return s.launchDep("silu", kSiluMul, grid, gpu.Dim3{X: siluThreads}, 0, a)
 }
 
 // remainders is the row offset of the rounding remainders in a cuBLAS-path

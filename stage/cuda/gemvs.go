@@ -137,8 +137,9 @@ func (s *Stage) smallPlanes(p smallProd, T, lo, in, out int) planes {
 // smallProduct computes product p, y = x·Wᵀ, for a decode step of T
 // tokens (x's remainder rows lo rows on, 0: none) on gemvs where it
 // applies, else with cuBLAS, and says how its output lies. The layer's
-// large products (gate|up, down) stay on cuBLAS: on gemvs, with 1-8
-// splits, they were slower at 4-16 tokens (NOTES.md, phase 13).
+// large products stay off gemvs: with 1-8 splits, they were slower at
+// 4-16 tokens (NOTES.md, phase 13); down stays on cuBLAS, gate|up goes to
+// gemvg where that applies (gemvg.go).
 func (s *Stage) smallProduct(p smallProd, y, x, w gpu.DevicePtr, T, lo, in, out int) (planes, error) {
 	kb, ok := s.gemvsKB(p, T, lo, in, out)
 	if !ok {

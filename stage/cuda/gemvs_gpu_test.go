@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"github.com/tandem-llm/tandem/gpu"
@@ -84,7 +85,8 @@ func TestGemvsKernel(t *testing.T) {
 
 // TestGemvsStep runs decode steps of the bench shapes (TANDEM_BENCH_SHAPES)
 // on two stages of the same weights, one with the small products on gemvs
-// and one on cuBLAS, from FULL and PIECEWISE graphs in turn (the latter
+// (and the gate|up product with SiLU·mul on gemvg where it applies) and
+// one on cuBLAS (and silu_mul), from FULL and PIECEWISE graphs in turn (the latter
 // running attention eagerly between captured products), and compares
 // their logits: within tuneTol for compensated steps, within bf16Tol for
 // steps past CompensatedTokens, whose bf16-rounded activations turn the
@@ -190,5 +192,85 @@ func TestGemvsStep(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestGemvgKernel checks gemvg_nt* against a float64 SwiGLU of float64
+// products on random bf16 inputs at the 1B shape's gate|up (and a k of
+// 512): every feature's output, poisoned first, with its remainder row
+// for compensated steps, within the bf16 rounding of the output (plain)
+// or of its remainder (compensated) plus fp32 accumulation's share of the
+// terms' norms.
+func TestGemvgKernel(t *testing.T) {
+	r := newKernelRig(t)
+	info := r.dev.Info()
+	for _, p := range []struct {
+		name      string
+		inter, in int
+	}{{"1B gate_up", 8192, 2048}, {"k512", 512, 512}} {
+		w := r.alloc(t, 2*p.inter*p.in*2)
+		r.fill(t, w, 2*p.inter*p.in, true, 0.05, 0)
+		wv := r.bf16s(t, w, 2*p.inter*p.in)
+		for _, tc := range []struct{ tokens, lo int }{{2, 2}, {3, 3}, {5, 5}, {8, 8}, {1, 0}, {5, 0}, {13, 0}, {16, 0}} {
+			t.Run(fmt.Sprintf("%s/t%d_lo%d", p.name, tc.tokens, tc.lo), func(t *testing.T) {
+				if !gemvgFits(tc.tokens, tc.lo, p.in, p.inter, info.SMs, info.MaxSharedPerBlockOptin) {
+					t.Skipf("gemvg does not take %d tokens of this shape on this device", tc.tokens)
+				}
+				rows := tc.tokens + tc.lo
+				x := r.alloc(t, rows*p.in*2)
+				r.fill(t, x, rows*p.in, true, 1, 0)
+				xv := r.bf16s(t, x, rows*p.in)
+				out := r.alloc(t, rows*p.inter*2)
+				r.poison(t, out, rows*p.inter*2)
+				nt := gemvsNTFor(tc.tokens, tc.lo)
+				err := r.dev.Do(func() error {
+					a := r.args.Reset().Ptr(w).Ptr(x).Ptr(out).Int32(int32(p.inter)).Int32(int32(p.in)).
+						Int32(int32(tc.tokens)).Int32(int32(tc.lo))
+					grid := gpu.Dim3{X: uint32(p.inter / gemvgFeatures)}
+					if err := r.fn[gemvgName(nt)].Launch(grid, gpu.Dim3{X: gemvgThreads}, gemvgSmem(nt, p.in), r.st, a); err != nil {
+						return err
+					}
+					return r.st.Synchronize()
+				})
+				if err != nil {
+					t.Fatal(err)
+				}
+				ov := r.bf16s(t, out, rows*p.inter)
+				round := 1.0 / 256 // a bf16 output: half a unit is 2^-9 of it
+				if tc.lo > 0 {
+					round = 1.0 / (1 << 15) // value plus rounded remainder
+				}
+				worst := 0.0 // the largest error as a fraction of its bound
+				// Every feature of the first two, a middle and the last token.
+				for _, tok := range slices.Compact([]int{0, min(1, tc.tokens-1), tc.tokens / 2, tc.tokens - 1}) {
+					for f := 0; f < p.inter; f++ {
+						var g, u, ng, nu float64
+						for k := 0; k < p.in; k++ {
+							xk := xv[tok*p.in+k]
+							if tc.lo > 0 {
+								xk += xv[(tok+tc.lo)*p.in+k]
+							}
+							tg, tu := xk*wv[f*p.in+k], xk*wv[(p.inter+f)*p.in+k]
+							g, u = g+tg, u+tu
+							ng, nu = ng+tg*tg, nu+tu*tu
+						}
+						sig := 1 / (1 + math.Exp(-g))
+						want := g * sig * u
+						got := ov[tok*p.inter+f]
+						if tc.lo > 0 {
+							got += ov[(tok+tc.lo)*p.inter+f]
+						}
+						// d(silu(g) u) = (sig + g sig (1 - sig)) u dg + silu(g) du
+						acc := 1e-5 * (math.Abs((sig+g*sig*(1-sig))*u)*math.Sqrt(ng) + math.Abs(g*sig)*math.Sqrt(nu))
+						e, bound := math.Abs(got-want), round*math.Abs(want)+acc
+						if !(e <= bound) {
+							t.Fatalf("token %d feature %d: got %v, want %v (bound %.3g)", tok, f, got, want, bound)
+						}
+						worst = max(worst, e/bound)
+					}
+				}
+				t.Logf("worst error %.3g of its bound", worst)
+			})
+		}
 	}
 }

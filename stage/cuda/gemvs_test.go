@@ -44,3 +44,32 @@ func TestGemvsSplit(t *testing.T) {
 		}
 	}
 }
+
+func TestGemvgFits(t *testing.T) {
+	const sms, smem = 132, 227 << 10
+	for _, c := range []struct {
+		name                      string
+		tokens, lo, hidden, inter int
+		sms, smem                 int
+		want                      bool
+	}{
+		{"1B, 2 compensated tokens", 2, 2, 2048, 8192, sms, smem, true},
+		{"1B, 8 compensated tokens: 16 staged rows", 8, 8, 2048, 8192, sms, smem, true},
+		{"1B, 9 compensated tokens: 32 staged rows, cuBLAS", 9, 9, 2048, 8192, sms, smem, false},
+		{"1B, 16 compensated tokens: cuBLAS", 16, 16, 2048, 8192, sms, smem, false},
+		{"1B, 1 plain token", 1, 0, 2048, 8192, sms, smem, true},
+		{"1B, 16 plain tokens", 16, 0, 2048, 8192, sms, smem, true},
+		{"1B, 17 plain tokens: cuBLAS", 17, 0, 2048, 8192, sms, smem, false},
+		{"1B, 32 plain tokens: cuBLAS", 32, 0, 2048, 8192, sms, smem, false},
+		{"8B: 224 blocks, two waves", 8, 8, 4096, 14336, sms, smem, false},
+		{"blocks of one wave at the edge", 8, 8, 2048, 64 * 132, sms, smem, true},
+		{"a device of fewer multiprocessors", 8, 8, 2048, 8192, 114, smem, false},
+		{"k not a multiple of 512", 8, 8, 1536 + 256, 8192, sms, smem, false},
+		{"inter not a multiple of 64", 8, 8, 2048, 8192 - 32, sms, smem, false},
+		{"too little shared memory", 8, 8, 2048, 8192, sms, 64 << 10, false},
+	} {
+		if got := gemvgFits(c.tokens, c.lo, c.hidden, c.inter, c.sms, c.smem); got != c.want {
+			t.Errorf("%s: gemvgFits = %v, want %v", c.name, got, c.want)
+		}
+	}
+}

@@ -209,7 +209,7 @@ var kernelNames = func() []string {
 			n = append(n, gemvName(v, nt))
 		}
 	}
-	return append(append(append(n, gqaNames...), gemvfNames...), gemvsNames...)
+	return append(append(append(append(n, gqaNames...), gemvfNames...), gemvsNames...), gemvgNames...)
 }()
 
 // gqaNames lists the attention_gqa entry points.

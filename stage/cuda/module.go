@@ -199,6 +199,14 @@ func lookupKernels(mod gpu.Module, info gpu.DeviceInfo, optional bool) (map[stri
 			}
 		}
 	}
+	for _, name := range gemvgNames {
+		// As large as any k gemvgFits admits.
+		if n := info.MaxSharedPerBlockOptin; n > 48<<10 {
+			if err := fn[name].SetMaxDynamicSharedMem(n); err != nil {
+				return nil, err
+			}
+		}
+	}
 	if info.MaxSharedPerBlockOptin > 48<<10 {
 		for _, name := range gemvfNames {
 			if err := fn[name].SetMaxDynamicSharedMem(info.MaxSharedPerBlockOptin); err != nil {

@@ -1,0 +1,131 @@
+// gemvg_nt<NT>: the cuBLAS path's gate|up product of steps of up to 16
+// staged rows (tokens and their remainders) with SwiGLU in its epilogue
+// (gemvg.go says which steps), a dependent launch: it loads its first
+// weights before griddepcontrol.wait, and no silu_mul kernel follows it.
+//
+// out[r][f] = silu(g) * u, g = x_r · gate_f, u = x_r · up_f, for the bf16
+// rows x of t tokens (with lo, each token's rounding remainder lo rows on:
+// the pair is summed here) and the gate|up weight [2 inter x k] (gate rows,
+// then up rows), rounded to bf16 into out [t x inter] with the rounding
+// remainder at row r + lo (put_split, as silu_mul writes it). Grid
+// inter / 64; block GEMVG_THREADS: warp w takes features f0 = 64 b + 8 w ..
+// f0 + 7 as one mma m-tile whose rows 0-7 are their gate rows and rows
+// 8-15 their up rows, so that a lane's accumulators hold the gate and the
+// up sum of the same feature and token. The weights come as gemvs.cu's A
+// fragments (16 bytes of rows g and g + 8 a lane and 32-k chunk, k permuted
+// within the chunk, the same way for x), in bursts of 128 k held in
+// GEMVG_SETS register sets: the first ones before the wait, each next one
+// as soon as its set is multiplied, so that the others are in flight while
+// one is. The block stages all of x (NT * 8 rows of k, laid out as
+// gemvs.cu's, rows GEMVG_PAD bf16 apart beyond k) by cp.async after the
+// wait. Dynamic shared memory: gemvgSmem(NT, k). k must be a multiple of
+// 128 * GEMVG_SETS.
+#define GEMVG_THREADS 256
+#define GEMVG_PAD 32
+#define GEMVG_SETS 4
+
+// gemvg_load loads one register set: the lane's A fragments over 128 k
+// from kc on.
+__device__ __forceinline__ void gemvg_load(u32x4 (&a)[4][2], const bf16* w0, const bf16* w1, int kc) {
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        a[j][0] = ldg_weights(w0 + kc + 32 * j);
+        a[j][1] = ldg_weights(w1 + kc + 32 * j);
+    }
+}
+
+// gemvg_mma multiplies one register set, 128 k from kc on, with every
+// n-tile's B fragments from the staged rows.
+template <int NT>
+__device__ __forceinline__ void gemvg_mma(float (&acc)[NT][4], const u32x4 (&a)[4][2], unsigned blane, int stride,
+                                          int kc) {
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            unsigned b[4];
+            asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];"
+                         : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3])
+                         : "r"(blane + (unsigned)((nt * 8 * stride + kc + 32 * j) * 2)));
+            mma_bf16(acc[nt], a[j][0].x, a[j][1].x, a[j][0].y, a[j][1].y, b[0], b[1]);
+            mma_bf16(acc[nt], a[j][0].z, a[j][1].z, a[j][0].w, a[j][1].w, b[2], b[3]);
+        }
+    }
+}
+
+template <int NT>
+__device__ __forceinline__ void gemvg_body(const bf16* __restrict__ w, const bf16* __restrict__ x,
+                                           bf16* __restrict__ out, int inter, int k, int t, int lo) {
+    extern __shared__ unsigned gemvg_sm[];
+    const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5, g = lane >> 2, c = lane & 3;
+    const int f = blockIdx.x * 64 + wid * 8 + g, stride = k + GEMVG_PAD;
+    pdl_trigger();
+    // This lane's gate row f and up row f, 16 bytes of each 32-k chunk.
+    const bf16* w0 = w + (size_t)f * k + 8 * c;
+    const bf16* w1 = w0 + (size_t)inter * k;
+    u32x4 a[GEMVG_SETS][4][2];
+#pragma unroll
+    for (int s = 0; s < GEMVG_SETS; s++) {
+        gemvg_load(a[s], w0, w1, 128 * s);
+    }
+    pdl_wait();
+    const unsigned sbase = smem_addr(gemvg_sm);
+    const int cpr = k / 8;  // 16-byte chunks of a staged row
+    constexpr int HALF = NT * 4;
+    for (int e = tid; e < NT * 8 * cpr; e += GEMVG_THREADS) {
+        const int r = e / cpr, ch = e % cpr;
+        // Staged row r holds x's row xr (none: -1, zero-filled).
+        const int xr = r < t ? r : (lo && r >= HALF && r - HALF < t ? r - HALF + lo : -1);
+        cp_async16(sbase + (unsigned)((r * stride + ch * 8) * 2), xr >= 0 ? x + (size_t)xr * k + ch * 8 : x,
+                   xr >= 0 ? 16 : 0);
+    }
+    cp_async_commit();
+    cp_async_wait<0>();
+    __syncthreads();
+    float acc[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) acc[nt][i] = 0.f;
+    // B fragments of row g of n-tile nt: its 16 bytes at the lane's k.
+    const unsigned blane = sbase + (unsigned)((g * stride + 8 * c) * 2);
+    constexpr int STEP = 128 * GEMVG_SETS;
+#pragma unroll 1
+    for (int kc = 0; kc < k; kc += STEP) {
+        const bool more = kc + STEP < k;
+#pragma unroll
+        for (int s = 0; s < GEMVG_SETS; s++) {
+            gemvg_mma<NT>(acc, a[s], blane, stride, kc + 128 * s);
+            if (more) {
+                gemvg_load(a[s], w0, w1, kc + STEP + 128 * s);
+            }
+        }
+    }
+    // acc[nt]: staged rows (tokens) 2c, 2c + 1 of n-tile nt; [0], [1] the
+    // gate sums, [2], [3] the up sums of feature f. With lo, n-tile
+    // nt + NT / 2 holds the same tokens' remainders.
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int r = nt * 8 + 2 * c + h;
+            if (r < t && (!lo || nt < NT / 2)) {
+                float gs = acc[nt][h], us = acc[nt][2 + h];
+                if (lo) {
+                    gs += acc[(nt + NT / 2) % NT][h];
+                    us += acc[(nt + NT / 2) % NT][2 + h];
+                }
+                put_split(out, (size_t)r * inter + f, (size_t)lo * inter, gs / (1.f + expf(-gs)) * us);
+            }
+        }
+}
+
+#define GEMVG_ENTRY(name, nt)                                                                           \
+    extern "C" __global__ void __launch_bounds__(GEMVG_THREADS, 1)                                      \
+        name(const bf16* __restrict__ w, const bf16* __restrict__ x, bf16* __restrict__ out, int inter, \
+             int k, int t, int lo) {                                                                    \
+        gemvg_body<nt>(w, x, out, inter, k, t, lo);                                                     \
+    }
+
+GEMVG_ENTRY(gemvg_nt1, 1)
+GEMVG_ENTRY(gemvg_nt2, 2)
