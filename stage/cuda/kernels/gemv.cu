@@ -79,6 +79,39 @@ __device__ __forceinline__ u32x4 ldg_weights(const bf16* p) {
     return r;
 }
 
+// ldg_frags loads J 32-k chunks of a lane's mma A fragments straight from
+// the weights (gemvs.cu, gemvg.cu): 16 bytes of row g (w0) and of row
+// g + 8 (w1) a chunk, from kc on (w0 and w1 at the lane's 8 c).
+template <int J>
+__device__ __forceinline__ void ldg_frags(u32x4 (&a)[J][2], const bf16* w0, const bf16* w1, int kc) {
+#pragma unroll
+    for (int j = 0; j < J; j++) {
+        a[j][0] = ldg_weights(w0 + kc + 32 * j);
+        a[j][1] = ldg_weights(w1 + kc + 32 * j);
+    }
+}
+
+// mma_staged multiplies J 32-k chunks of A fragments (ldg_frags: k permuted
+// within each chunk, 8 c .. 8 c + 7 a lane) from kc on with every n-tile's
+// B fragments, the same k of staged rows g + 8 nt in shared memory (blane:
+// the lane's row g at its 8 c; rows stride bf16 apart), into acc[nt].
+template <int NT, int J>
+__device__ __forceinline__ void mma_staged(float (&acc)[NT][4], const u32x4 (&a)[J][2], unsigned blane, int stride,
+                                           int kc) {
+#pragma unroll
+    for (int j = 0; j < J; j++) {
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            unsigned b[4];
+            asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];"
+                         : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3])
+                         : "r"(blane + (unsigned)((nt * 8 * stride + kc + 32 * j) * 2)));
+            mma_bf16(acc[nt], a[j][0].x, a[j][1].x, a[j][0].y, a[j][1].y, b[0], b[1]);
+            mma_bf16(acc[nt], a[j][0].z, a[j][1].z, a[j][0].w, a[j][1].w, b[2], b[3]);
+        }
+    }
+}
+
 // ldg_const loads 16 bytes that no kernel writes (norm weights).
 __device__ __forceinline__ u32x4 ldg_const(const bf16* p) {
     u32x4 r;

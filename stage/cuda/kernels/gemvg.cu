@@ -24,35 +24,6 @@
 #define GEMVG_PAD 32
 #define GEMVG_SETS 4
 
-// gemvg_load loads one register set: the lane's A fragments over 128 k
-// from kc on.
-__device__ __forceinline__ void gemvg_load(u32x4 (&a)[4][2], const bf16* w0, const bf16* w1, int kc) {
-#pragma unroll
-    for (int j = 0; j < 4; j++) {
-        a[j][0] = ldg_weights(w0 + kc + 32 * j);
-        a[j][1] = ldg_weights(w1 + kc + 32 * j);
-    }
-}
-
-// gemvg_mma multiplies one register set, 128 k from kc on, with every
-// n-tile's B fragments from the staged rows.
-template <int NT>
-__device__ __forceinline__ void gemvg_mma(float (&acc)[NT][4], const u32x4 (&a)[4][2], unsigned blane, int stride,
-                                          int kc) {
-#pragma unroll
-    for (int j = 0; j < 4; j++) {
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++) {
-            unsigned b[4];
-            asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];"
-                         : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3])
-                         : "r"(blane + (unsigned)((nt * 8 * stride + kc + 32 * j) * 2)));
-            mma_bf16(acc[nt], a[j][0].x, a[j][1].x, a[j][0].y, a[j][1].y, b[0], b[1]);
-            mma_bf16(acc[nt], a[j][0].z, a[j][1].z, a[j][0].w, a[j][1].w, b[2], b[3]);
-        }
-    }
-}
-
 template <int NT>
 __device__ __forceinline__ void gemvg_body(const bf16* __restrict__ w, const bf16* __restrict__ x,
                                            bf16* __restrict__ out, int inter, int k, int t, int lo) {
@@ -66,7 +37,7 @@ __device__ __forceinline__ void gemvg_body(const bf16* __restrict__ w, const bf1
     u32x4 a[GEMVG_SETS][4][2];
 #pragma unroll
     for (int s = 0; s < GEMVG_SETS; s++) {
-        gemvg_load(a[s], w0, w1, 128 * s);
+        ldg_frags<4>(a[s], w0, w1, 128 * s);
     }
     pdl_wait();
     const unsigned sbase = smem_addr(gemvg_sm);
@@ -95,9 +66,9 @@ __device__ __forceinline__ void gemvg_body(const bf16* __restrict__ w, const bf1
         const bool more = kc + STEP < k;
 #pragma unroll
         for (int s = 0; s < GEMVG_SETS; s++) {
-            gemvg_mma<NT>(acc, a[s], blane, stride, kc + 128 * s);
+            mma_staged<NT, 4>(acc, a[s], blane, stride, kc + 128 * s);
             if (more) {
-                gemvg_load(a[s], w0, w1, kc + STEP + 128 * s);
+                ldg_frags<4>(a[s], w0, w1, kc + STEP + 128 * s);
             }
         }
     }

@@ -33,11 +33,7 @@ __device__ __forceinline__ void gemvs_body(const bf16* __restrict__ w, const bf1
     const bf16* w0 = w + (size_t)(n0 + g) * k + k0 + 8 * c;
     const bf16* w1 = w0 + (size_t)8 * k;
     u32x4 a[8][2];
-#pragma unroll
-    for (int j = 0; j < 8; j++) {
-        a[j][0] = ldg_weights(w0 + 32 * j);
-        a[j][1] = ldg_weights(w1 + 32 * j);
-    }
+    ldg_frags<8>(a, w0, w1, 0);
     pdl_wait();
     const unsigned sbase = smem_addr(gemvs_sm);
     const int cpr = kb / 8;  // 16-byte chunks of a staged row
@@ -64,24 +60,9 @@ __device__ __forceinline__ void gemvs_body(const bf16* __restrict__ w, const bf1
     const unsigned blane = sbase + (unsigned)((g * stride + 8 * c) * 2);
     for (int kc = 0; kc < kb; kc += 256) {
         if (kc > 0) {
-#pragma unroll
-            for (int j = 0; j < 8; j++) {
-                a[j][0] = ldg_weights(w0 + kc + 32 * j);
-                a[j][1] = ldg_weights(w1 + kc + 32 * j);
-            }
+            ldg_frags<8>(a, w0, w1, kc);
         }
-#pragma unroll
-        for (int j = 0; j < 8; j++) {
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++) {
-                unsigned b[4];
-                asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];"
-                             : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3])
-                             : "r"(blane + (unsigned)((nt * 8 * stride + kc + 32 * j) * 2)));
-                mma_bf16(acc[nt], a[j][0].x, a[j][1].x, a[j][0].y, a[j][1].y, b[0], b[1]);
-                mma_bf16(acc[nt], a[j][0].z, a[j][1].z, a[j][0].w, a[j][1].w, b[2], b[3]);
-            }
-        }
+        mma_staged<NT, 8>(acc, a, blane, stride, kc);
     }
     // acc[nt]: staged rows 2c, 2c + 1 of n-tile nt, features n0 + g and
     // n0 + g + 8; with lo, n-tile nt + NT / 2 holds the same tokens'
