@@ -91,6 +91,13 @@ __device__ __forceinline__ void ldg_frags(u32x4 (&a)[J][2], const bf16* w0, cons
     }
 }
 
+// staged_row is the row of x that staged row r holds (gemvs.cu, gemvg.cu):
+// the t tokens' rows from row 0 and, with lo, their remainders (x's rows
+// lo on) from row half on; -1: none (zeros).
+__device__ __forceinline__ int staged_row(int r, int t, int lo, int half) {
+    return r < t ? r : (lo && r >= half && r - half < t ? r - half + lo : -1);
+}
+
 // mma_staged multiplies J 32-k chunks of A fragments (ldg_frags: k permuted
 // within each chunk, 8 c .. 8 c + 7 a lane) from kc on with every n-tile's
 // B fragments, the same k of staged rows g + 8 nt in shared memory (blane:

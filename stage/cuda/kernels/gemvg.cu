@@ -45,8 +45,7 @@ __device__ __forceinline__ void gemvg_body(const bf16* __restrict__ w, const bf1
     constexpr int HALF = NT * 4;
     for (int e = tid; e < NT * 8 * cpr; e += GEMVG_THREADS) {
         const int r = e / cpr, ch = e % cpr;
-        // Staged row r holds x's row xr (none: -1, zero-filled).
-        const int xr = r < t ? r : (lo && r >= HALF && r - HALF < t ? r - HALF + lo : -1);
+        const int xr = staged_row(r, t, lo, HALF);  // -1: zero-filled
         cp_async16(sbase + (unsigned)((r * stride + ch * 8) * 2), xr >= 0 ? x + (size_t)xr * k + ch * 8 : x,
                    xr >= 0 ? 16 : 0);
     }

@@ -40,8 +40,7 @@ __device__ __forceinline__ void gemvs_body(const bf16* __restrict__ w, const bf1
     constexpr int HALF = NT * 4;
     for (int e = tid; e < NT * 8 * cpr; e += GEMVS_THREADS) {
         const int r = e / cpr, ch = e % cpr;
-        // Staged row r holds x's row xr (none: -1).
-        const int xr = r < t ? r : (lo && r >= HALF && r - HALF < t ? r - HALF + lo : -1);
+        const int xr = staged_row(r, t, lo, HALF);
         unsigned v[4] = {0, 0, 0, 0};
         if (xr >= 0) {
             ldcg_u4(x + (size_t)xr * k + k0 + ch * 8, v);
