@@ -255,9 +255,8 @@ func (s *Stage) startLayer(i int, sh shape) error {
 // finishLayer orders the stage's layer i after attention: the o projection
 // into the residual stream, the post-attention norm, the MLP (gate|up and
 // SiLU·mul in one kernel where gemvg applies, else cuBLAS and silu_mul)
-// and the down
-// projection (on the cuBLAS path its output stays pending in y, added by
-// the next norm or, at the stage's end, by residual_add).
+// and the down projection (on the cuBLAS path its output stays pending in
+// y, added by the next norm or, at the stage's end, by residual_add).
 func (s *Stage) finishLayer(i int, sh shape) error {
 	m := &s.m
 	T := sh.tokens

@@ -147,8 +147,9 @@ func (s *Stage) loadModule(img []byte, optional bool, dir string) error {
 
 // lookupKernels finds every kernel of the program in mod (the optional ones
 // too when it has them) and raises the shared memory limit of those that
-// need more than the default 48 KiB (the gemvf kernels: the device's whole
-// limit, as their need depends on the model; attention_gqa_d128_w8).
+// need more than the default 48 KiB (the gemvf and gemvg kernels: the
+// device's whole limit, as their need depends on the model;
+// attention_gqa_d128_w8).
 // Device goroutine only.
 func lookupKernels(mod gpu.Module, info gpu.DeviceInfo, optional bool) (map[string]gpu.Function, error) {
 	names := kernelNames
@@ -199,16 +200,9 @@ func lookupKernels(mod gpu.Module, info gpu.DeviceInfo, optional bool) (map[stri
 			}
 		}
 	}
-	for _, name := range gemvgNames {
-		// As large as any k gemvgFits admits.
-		if n := info.MaxSharedPerBlockOptin; n > 48<<10 {
-			if err := fn[name].SetMaxDynamicSharedMem(n); err != nil {
-				return nil, err
-			}
-		}
-	}
 	if info.MaxSharedPerBlockOptin > 48<<10 {
-		for _, name := range gemvfNames {
+		// gemvg: as large as any k gemvgFits admits.
+		for _, name := range append(slices.Clone(gemvfNames), gemvgNames...) {
 			if err := fn[name].SetMaxDynamicSharedMem(info.MaxSharedPerBlockOptin); err != nil {
 				return nil, err
 			}
