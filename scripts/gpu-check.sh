@@ -240,8 +240,14 @@ if [ -n "$quick" ]; then
 	TANDEM_HF_DIR=$WORK gotest tests -test.short -test.skip "$KERNELS" -test.timeout 480s || status=1
 else
 	step "(3, 4, 5, 7) stage/cuda GPU tests"
+	# The precision reference and the decode timing in processes of their
+	# own, so that a test that panics costs its own process's figures, not
+	# the whole check's.
+	TANDEM_HF_DIR=$WORK gotest hfref -test.run 'TestHFReference$' -test.timeout 300s || status=1
+	TANDEM_BENCH_CHECKPOINT=$WORK/llama1b TANDEM_BENCH_SHAPES=llama8b \
+		gotest timing -test.run 'TestDecodeTiming$' -test.timeout 400s || status=1
 	TANDEM_HF_DIR=$WORK TANDEM_BENCH_CHECKPOINT=$WORK/llama1b TANDEM_BENCH_SHAPES=llama8b \
-		gotest tests -test.skip "$KERNELS|TestStepTimeline" -test.timeout 400s || status=1
+		gotest tests -test.skip "$KERNELS|TestStepTimeline|TestHFReference$|TestDecodeTiming$" -test.timeout 400s || status=1
 	if [ -x "$BASE/cuda.test" ]; then
 		step "(5b) decode timing of the baseline revision $(cat "$BASE/REVISION" 2>/dev/null), same checkpoint"
 		mkdir -p "$WORK/base-results"
