@@ -31,9 +31,11 @@
 #       timeline where one batch-1 decode step's time goes, block by block
 #                (TestStepTimeline: the program compiled again with
 #                TANDEM_TIMELINE; random Llama-3.2-1B and Llama-3.1-8B
-#                weights). Not part of the whole check, which it would push
-#                past the device tool's 10 minutes (about a minute, most of
-#                it the second compile)
+#                weights), and steps of 8 and 32 sequences on the cuBLAS
+#                path: our kernels' spans and the gaps between them, where
+#                cuBLAS's run (TestBatchTimeline). Not part of the whole
+#                check, which it would push past the device tool's 10
+#                minutes (about a minute, most of it the second compile)
 #
 # The full device part (1) makes random-init checkpoints with transformers and
 # saves them in bf16 (a Llama-3.2-1B shape and a small Qwen2 shape with q/k/v
@@ -136,9 +138,11 @@ if [ "$MODE" = split ]; then
 fi
 
 if [ "$MODE" = timeline ]; then
-	step "block timeline of a batch-1 decode step"
+	step "block timeline of a batch-1 decode step, and of steps of 8 and 32 sequences"
 	TANDEM_BENCH_SHAPES=llama1b,llama8b "$BIN/cuda.test" -test.v -test.run 'TestStepTimeline$' -test.timeout 300s 2>&1 | tee "$OUT/timeline.log" >>"$LOG" || status=1
 	grep -E -A8 -- 'block timeline of one FULL|^--- FAIL' "$OUT/timeline.log"
+	TANDEM_TIMELINE_BATCHES=8,32 TANDEM_BENCH_SHAPES=llama1b,llama8b "$BIN/cuda.test" -test.v -test.run 'TestBatchTimeline$' -test.timeout 300s 2>&1 | tee "$OUT/batch-timeline.log" >>"$LOG" || status=1
+	grep -E -A24 -- 'block timeline of one FULL decode step \(|^--- FAIL' "$OUT/batch-timeline.log"
 	exit $status
 fi
 

@@ -98,7 +98,8 @@ type Config struct {
 	// reads its weights, while the one before it ends).
 	NoDependentLaunch bool
 	// timeline compiles the kernel program with the block timeline
-	// (00_common.cu's TANDEM_TIMELINE; TestStepTimeline reads it): a
+	// (00_common.cu's TANDEM_TIMELINE; TestStepTimeline and
+	// TestBatchTimeline read it): a
 	// diagnostic for this package's tests.
 	timeline bool
 }

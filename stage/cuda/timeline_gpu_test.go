@@ -3,8 +3,10 @@ package cuda
 import (
 	"context"
 	"fmt"
+	"os"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -181,8 +183,7 @@ func stepTimeline(t *testing.T, dev *gpu.Device, bm benchModel) {
 	if len(recs) == 0 || len(recs) >= tlMax {
 		t.Fatalf("%d records", len(recs))
 	}
-	names := map[int]string{tlAttention: "attention", tlAttentionEmpty: "attention", tlGemvf + 1: "lm_head", tlGemvf + 2: "resid",
-		tlGemvf + 3: "gate_up", tlGemvf + 4: "qkv"}
+	names := tlNames
 	for _, r := range recs {
 		if names[r.tag] == "" || r.wait < 0 || r.wait > r.end || r.mark > r.end {
 			t.Fatalf("record %+v: an unknown tag or times out of order", r)
@@ -270,4 +271,196 @@ func stepTimeline(t *testing.T, dev *gpu.Device, bm benchModel) {
 	step := ks[len(ks)-1].lastEnd() - ks[0].firstStart()
 	t.Logf("%s: block timeline of one FULL decode step of one token (%d records, %.1f us from the first block's start to the last's end); means over %d layers, us after the kernel's first return from its wait:\n%s",
 		bm.name, len(recs), float64(step)/1e3, cfg.NumLayers, sb.String())
+}
+
+// The cuBLAS path's kernels of our own in the block timeline (00_common.cu).
+const (
+	tlGemvs = 20
+	tlGemvg = 21
+	tlNorm  = 22
+	tlSilu  = 23
+)
+
+// tlNames names every tag the timeline records.
+var tlNames = map[int]string{tlAttention: "attention", tlAttentionEmpty: "attention", tlGemvf + 1: "lm_head",
+	tlGemvf + 2: "resid", tlGemvf + 3: "gate_up", tlGemvf + 4: "qkv", tlGemvs: "gemvs", tlGemvg: "gemvg",
+	tlNorm: "norm", tlSilu: "silu"}
+
+// tlGroup cuts records into kernels: sorted by the return of their waits
+// (a dependent launch's blocks wait for the whole of the kernel before it;
+// a plain launch starts after it), a record starts a new kernel when its
+// name or grid differs from the current kernel's or that kernel has all
+// its blocks.
+func tlGroup(recs []blockRecord) []*tlKernel {
+	recs = slices.Clone(recs)
+	sort.SliceStable(recs, func(i, j int) bool { return recs[i].start+recs[i].wait < recs[j].start+recs[j].wait })
+	var ks []*tlKernel
+	for _, r := range recs {
+		if n := len(ks); n == 0 || ks[n-1].name != tlNames[r.tag] || ks[n-1].rs[0].grid != r.grid || len(ks[n-1].rs) == r.grid {
+			ks = append(ks, &tlKernel{name: tlNames[r.tag]})
+		}
+		k := ks[len(ks)-1]
+		k.rs = append(k.rs, r)
+	}
+	return ks
+}
+
+// tlReport sums kernels ks of a step: for each kernel name, how many ran,
+// their mean blocks and mean time from the first return of a wait to the
+// last block's end; for each pair of recorded kernels in a row, the mean
+// time from the first's last end to the second's first wait return (where
+// a kernel the timeline does not record, cuBLAS's, ran between them, that
+// is its time and the launch gaps around it); in us.
+func tlReport(ks []*tlKernel) string {
+	type sum struct {
+		n             int
+		blocks, us    float64
+		first         int // order of first appearance
+		name          string
+		transition    bool
+		transitionGap float64
+	}
+	sums := map[string]*sum{}
+	get := func(key string, tr bool) *sum {
+		s := sums[key]
+		if s == nil {
+			s = &sum{first: len(sums), name: key, transition: tr}
+			sums[key] = s
+		}
+		return s
+	}
+	for i, k := range ks {
+		s := get(k.name, false)
+		s.n++
+		s.blocks += float64(len(k.rs))
+		s.us += float64(k.lastEnd()-k.firstWait()) / 1e3
+		if i > 0 {
+			g := get(ks[i-1].name+" -> "+k.name, true)
+			g.n++
+			g.transitionGap += float64(k.firstWait()-ks[i-1].lastEnd()) / 1e3
+		}
+	}
+	all := make([]*sum, 0, len(sums))
+	for _, s := range sums {
+		all = append(all, s)
+	}
+	sort.Slice(all, func(i, j int) bool { return all[i].first < all[j].first })
+	var sb strings.Builder
+	fmt.Fprintf(&sb, "%-22s %5s %8s %11s %8s\n", "kernel", "runs", "blocks", "wait->end", "total")
+	for _, s := range all {
+		if !s.transition {
+			fmt.Fprintf(&sb, "%-22s %5d %8.0f %11.2f %8.1f\n", s.name, s.n, s.blocks/float64(s.n), s.us/float64(s.n), s.us)
+		}
+	}
+	fmt.Fprintf(&sb, "%-22s %5s %8s %11s %8s\n", "between (end -> wait)", "runs", "", "gap", "total")
+	for _, s := range all {
+		if s.transition {
+			fmt.Fprintf(&sb, "%-22s %5d %8s %11.2f %8.1f\n", s.name, s.n, "", s.transitionGap/float64(s.n), s.transitionGap)
+		}
+	}
+	return sb.String()
+}
+
+// TestBatchTimeline records one FULL decode step of each batch size in
+// TANDEM_TIMELINE_BATCHES (default 32) on the bench shapes
+// (TANDEM_BENCH_SHAPES or TANDEM_BENCH_CHECKPOINT) with the block timeline
+// on, and logs tlReport: where a step of many tokens, on the cuBLAS path,
+// spends its time between kernels of our own and cuBLAS's. Informational:
+// it asserts only that every recorded kernel ran whole grids.
+func TestBatchTimeline(t *testing.T) {
+	models := benchModels(t)
+	if len(models) == 0 {
+		t.Skip("neither TANDEM_BENCH_CHECKPOINT nor TANDEM_BENCH_SHAPES is set: nothing to record")
+	}
+	batches := []int{32}
+	if v := os.Getenv("TANDEM_TIMELINE_BATCHES"); v != "" {
+		batches = nil
+		for _, f := range strings.Split(v, ",") {
+			n, err := strconv.Atoi(f)
+			if err != nil || n < 1 || n > 64 {
+				t.Fatalf("TANDEM_TIMELINE_BATCHES: %q is not a batch size of 1-64", f)
+			}
+			batches = append(batches, n)
+		}
+	}
+	dev := device(t)
+	for _, bm := range models {
+		t.Run(bm.name, func(t *testing.T) {
+			cfg := bm.cfg
+			st := openTestStage(t, Config{Model: cfg, Lo: 0, Hi: cfg.NumLayers, Weights: bm.weights, MaxTokens: 512, MaxSeqs: 64,
+				MaxSeqLen: 1024, MaxLogitRows: 64, Device: dev, timeline: true})
+			d := mustDispatcher(t, graphs.Config{Mode: graphs.Full, MaxCaptureSize: 64, MaxNumSeqs: 64})
+			if err := st.Capture(d.Keys()); err != nil {
+				t.Fatal(err)
+			}
+			tables := tablesFor(st)
+			ctx := context.Background()
+			const prompt, steps = 64, 4 // 8 prompts a prefill: MaxTokens
+			next := uint64(1)
+			for _, batch := range batches {
+				ids := make([]uint64, batch)
+				last := make([]int32, batch)
+				for i := 0; i < batch; i += 8 {
+					b := &stage.Batch{ID: next}
+					next++
+					for j := i; j < min(i+8, batch); j++ {
+						ids[j] = next*1000 + uint64(j)
+						toks := make([]int32, prompt)
+						for k := range toks {
+							toks[k] = int32((k*7919 + 13*j + 1) % cfg.VocabSize)
+						}
+						b.Seqs = append(b.Seqs, stage.Seq{ID: ids[j], Tokens: toks, Sample: true})
+					}
+					out, err := st.Forward(ctx, fill(t, tables, b))
+					if err != nil {
+						t.Fatal(err)
+					}
+					for k, s := range out.Sampled {
+						last[i+k] = s.Token
+					}
+				}
+				for step := range steps {
+					b := decodeBatch(t, tables, next, ids, last, prompt, step)
+					next++
+					m, desc := d.Dispatch(batch, true, batch)
+					if m != graphs.Full {
+						t.Fatalf("dispatch of %d tokens: %v, want a FULL graph", batch, m)
+					}
+					b.Graph = graphs.Step{Mode: m, Desc: desc}
+					if step == steps-1 {
+						resetTimeline(t, st)
+					}
+					out, err := st.Forward(ctx, b)
+					if err != nil {
+						t.Fatal(err)
+					}
+					for k, s := range out.Sampled {
+						last[k] = s.Token
+					}
+				}
+				recs := readTimeline(t, st)
+				if len(recs) == 0 || len(recs) >= tlMax {
+					t.Fatalf("batch %d: %d records", batch, len(recs))
+				}
+				for _, r := range recs {
+					if tlNames[r.tag] == "" || r.wait < 0 || r.wait > r.end || r.mark > r.end {
+						t.Fatalf("record %+v: an unknown tag or times out of order", r)
+					}
+				}
+				ks := tlGroup(recs)
+				for i, k := range ks {
+					if len(k.rs) != k.rs[0].grid {
+						t.Errorf("batch %d, kernel %d (%s): %d records, grid %d", batch, i, k.name, len(k.rs), k.rs[0].grid)
+					}
+				}
+				span := ks[len(ks)-1].lastEnd() - ks[0].firstStart()
+				t.Logf("%s batch %d: block timeline of one FULL decode step (%d records, %d kernels of our own, %.1f us from the first block's start to the last's end):\n%s",
+					bm.name, batch, len(recs), len(ks), float64(span)/1e3, tlReport(ks))
+				for _, id := range ids {
+					st.Free(id)
+					tables.Free(id)
+				}
+			}
+		})
+	}
 }

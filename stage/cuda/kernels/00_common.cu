@@ -42,13 +42,19 @@ __device__ __forceinline__ void pdl_wait() {
 // ended, in 4 words: tag << 56 | multiprocessor << 48 | blocks of the grid
 // << 24 | block; start (ns); wait | mark << 32 (ns after start); end (ns
 // after start). Tags: TL_ATTENTION, TL_ATTENTION_EMPTY (a part past its
-// sequence's end), TL_GEMVF + the gemvf epilogue. tl_reset empties the
-// records, tl_read copies them out with their count.
+// sequence's end), TL_GEMVF + the gemvf epilogue, and the cuBLAS path's
+// kernels of our own: TL_GEMVS, TL_GEMVG, TL_NORM (rmsnorm, rmsnorm_planes),
+// TL_SILU (silu_mul; its mark is its wait). tl_reset empties the records,
+// tl_read copies them out with their count.
 #ifdef TANDEM_TIMELINE
 #define TL_MAX 65536
 #define TL_ATTENTION 1
 #define TL_ATTENTION_EMPTY 2
 #define TL_GEMVF 10
+#define TL_GEMVS 20
+#define TL_GEMVG 21
+#define TL_NORM 22
+#define TL_SILU 23
 __device__ unsigned long long tl_rec[TL_MAX * 4];
 __device__ unsigned tl_cnt;
 __device__ __forceinline__ unsigned long long tl_now() {

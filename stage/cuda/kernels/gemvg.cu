@@ -30,6 +30,7 @@ __device__ __forceinline__ void gemvg_body(const bf16* __restrict__ w, const bf1
     extern __shared__ unsigned gemvg_sm[];
     const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5, g = lane >> 2, c = lane & 3;
     const int f = blockIdx.x * 64 + wid * 8 + g, stride = k + GEMVG_PAD;
+    TL_BEGIN
     pdl_trigger();
     // This lane's gate row f and up row f, 16 bytes of each 32-k chunk.
     const bf16* w0 = w + (size_t)f * k + 8 * c;
@@ -40,6 +41,7 @@ __device__ __forceinline__ void gemvg_body(const bf16* __restrict__ w, const bf1
         ldg_frags<4>(a[s], w0, w1, 128 * s);
     }
     pdl_wait();
+    TL_WAIT
     const unsigned sbase = smem_addr(gemvg_sm);
     const int cpr = k / 8;  // 16-byte chunks of a staged row
     constexpr int HALF = NT * 4;
@@ -52,6 +54,7 @@ __device__ __forceinline__ void gemvg_body(const bf16* __restrict__ w, const bf1
     cp_async_commit();
     cp_async_wait<0>();
     __syncthreads();
+    TL_MARK
     float acc[NT][4];
 #pragma unroll
     for (int nt = 0; nt < NT; nt++)
@@ -88,6 +91,7 @@ __device__ __forceinline__ void gemvg_body(const bf16* __restrict__ w, const bf1
                 put_split(out, (size_t)r * inter + f, (size_t)lo * inter, gs / (1.f + expf(-gs)) * us);
             }
         }
+    TL_END(TL_GEMVG)
 }
 
 #define GEMVG_ENTRY(name, nt)                                                                           \

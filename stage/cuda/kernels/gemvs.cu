@@ -28,6 +28,7 @@ __device__ __forceinline__ void gemvs_body(const bf16* __restrict__ w, const bf1
     extern __shared__ unsigned gemvs_sm[];
     const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5, g = lane >> 2, c = lane & 3;
     const int n0 = blockIdx.x * 128 + wid * 16, k0 = blockIdx.y * kb, stride = kb + GEMVS_PAD;
+    TL_BEGIN
     pdl_trigger();
     // Rows n0 + g and n0 + g + 8 of W, this lane's 16 bytes of each 32-k chunk.
     const bf16* w0 = w + (size_t)(n0 + g) * k + k0 + 8 * c;
@@ -35,6 +36,7 @@ __device__ __forceinline__ void gemvs_body(const bf16* __restrict__ w, const bf1
     u32x4 a[8][2];
     ldg_frags<8>(a, w0, w1, 0);
     pdl_wait();
+    TL_WAIT
     const unsigned sbase = smem_addr(gemvs_sm);
     const int cpr = kb / 8;  // 16-byte chunks of a staged row
     constexpr int HALF = NT * 4;
@@ -50,6 +52,7 @@ __device__ __forceinline__ void gemvs_body(const bf16* __restrict__ w, const bf1
                      : "memory");
     }
     __syncthreads();
+    TL_MARK
     float acc[NT][4];
 #pragma unroll
     for (int nt = 0; nt < NT; nt++)
@@ -76,6 +79,7 @@ __device__ __forceinline__ void gemvs_body(const bf16* __restrict__ w, const bf1
                 yp[(size_t)r * n + f] = lo ? acc[nt][i] + acc[nt + NT / 2][i] : acc[nt][i];
             }
         }
+    TL_END(TL_GEMVS)
 }
 
 #define GEMVS_ENTRY(name, nt)                                                                               \

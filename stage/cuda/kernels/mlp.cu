@@ -15,7 +15,10 @@ __device__ __forceinline__ void ld_f32(const float* p, float* v, int vec) {
 }
 
 extern "C" __global__ void silu_mul(const float* gu, bf16* out, int lo, int inter, int vec) {
+    TL_BEGIN
     pdl_start();
+    TL_WAIT
+    TL_MARK
     int i = (blockIdx.x * blockDim.x + threadIdx.x) * vec;
     if (i >= inter) {
         return;
@@ -38,4 +41,6 @@ extern "C" __global__ void silu_mul(const float* gu, bf16* out, int lo, int inte
     for (int e = 0; e < vec; e++) {
         put_split(out, t * inter + i + e, (size_t)lo * inter, g[e] / (1.f + expf(-g[e])) * u[e]);
     }
+    // Thread 0 of every block has work (the grid covers inter), so it records.
+    TL_END_NOW(TL_SILU)
 }

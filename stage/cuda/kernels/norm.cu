@@ -160,6 +160,7 @@ template <int P>
 __device__ __forceinline__ void rmsnorm_body(float* resid, const float* y, int lo, const bf16* w, bf16* out, int outlo,
                                              const int* rowmap, int hidden, float eps, int planes) {
     __shared__ float sh[32];
+    TL_BEGIN
     pdl_trigger();
     // The norm weights of this thread's kept elements are loaded before the
     // wait (no kernel of the step writes them), so that the stores after
@@ -175,6 +176,8 @@ __device__ __forceinline__ void rmsnorm_body(float* resid, const float* y, int l
         }
     }
     pdl_wait();
+    TL_WAIT
+    TL_MARK
     int r = blockIdx.x;
     size_t src = rowmap ? rowmap[r] : r;
     float* row = resid + src * hidden;
@@ -186,6 +189,7 @@ __device__ __forceinline__ void rmsnorm_body(float* resid, const float* y, int l
     } else {
         rmsnorm_row<1, P>(row, y1, ps, planes, w, o, (size_t)outlo * hidden, hidden, eps, sh, wk);
     }
+    TL_END(TL_NORM)
 }
 
 // rmsnorm: y (cuBLAS's output) in two halves lo rows apart, lo 0: one.
