@@ -99,8 +99,7 @@ type Config struct {
 	NoDependentLaunch bool
 	// timeline compiles the kernel program with the block timeline
 	// (00_common.cu's TANDEM_TIMELINE; TestStepTimeline and
-	// TestBatchTimeline read it): a
-	// diagnostic for this package's tests.
+	// TestBatchTimeline read it): a diagnostic for this package's tests.
 	timeline bool
 }
 
