@@ -124,30 +124,7 @@ func TestGemvsStep(t *testing.T) {
 			ctx := context.Background()
 			next := uint64(1)
 			for _, batch := range []int{2, 3, 8, 16, 32} {
-				ids := make([]uint64, batch)
-				last := make([]int32, batch)
-				for i := 0; i < batch; i += 8 {
-					b := &stage.Batch{ID: next}
-					next++
-					for j := i; j < min(i+8, batch); j++ {
-						ids[j] = next*1000 + uint64(j)
-						toks := make([]int32, prompt)
-						for k := range toks {
-							toks[k] = int32(rng.IntN(cfg.VocabSize))
-						}
-						b.Seqs = append(b.Seqs, stage.Seq{ID: ids[j], Tokens: toks, Sample: true})
-					}
-					fill(t, tables, b)
-					for _, st := range sts {
-						out, err := st.Forward(ctx, b)
-						if err != nil {
-							t.Fatal(err)
-						}
-						for k, s := range out.Sampled {
-							last[i+k] = s.Token
-						}
-					}
-				}
+				ids, last := prefillGroups(t, sts, tables, &next, batch, prompt, func(_, _ int) int32 { return int32(rng.IntN(cfg.VocabSize)) })
 				worst := 0.0
 				for step := 0; step < 8; step++ {
 					b := decodeBatch(t, tables, next, ids, last, prompt, step)

@@ -119,6 +119,40 @@ func fill(t *testing.T, tables *stagetest.BlockTables, b *stage.Batch) *stage.Ba
 	return b
 }
 
+// prefillGroups prefills batch sequences of prompt tokens (token k of
+// sequence j: tok(j, k)) on every stage of sts in turn, eight sequences a
+// batch (batch IDs from *next on, advanced), and returns their IDs and
+// each one's sampled token (the last stage's).
+func prefillGroups(t *testing.T, sts []*Stage, tables *stagetest.BlockTables, next *uint64, batch, prompt int,
+	tok func(j, k int) int32) (ids []uint64, last []int32) {
+	t.Helper()
+	ids = make([]uint64, batch)
+	last = make([]int32, batch)
+	for i := 0; i < batch; i += 8 {
+		b := &stage.Batch{ID: *next}
+		*next++
+		for j := i; j < min(i+8, batch); j++ {
+			ids[j] = *next*1000 + uint64(j)
+			toks := make([]int32, prompt)
+			for k := range toks {
+				toks[k] = tok(j, k)
+			}
+			b.Seqs = append(b.Seqs, stage.Seq{ID: ids[j], Tokens: toks, Sample: true})
+		}
+		fill(t, tables, b)
+		for _, st := range sts {
+			out, err := st.Forward(context.Background(), b)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for k, s := range out.Sampled {
+				last[i+k] = s.Token
+			}
+		}
+	}
+	return ids, last
+}
+
 // deviceHandoffTransfer copies hand-off rows (device memory, or host
 // memory the suite made) into the first stage's HandoffInput, skipping a
 // copy onto itself, and checks the tokens of rows the stage reported

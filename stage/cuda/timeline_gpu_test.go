@@ -398,27 +398,9 @@ func TestBatchTimeline(t *testing.T) {
 			const prompt, steps = 64, 4 // 8 prompts a prefill: MaxTokens
 			next := uint64(1)
 			for _, batch := range batches {
-				ids := make([]uint64, batch)
-				last := make([]int32, batch)
-				for i := 0; i < batch; i += 8 {
-					b := &stage.Batch{ID: next}
-					next++
-					for j := i; j < min(i+8, batch); j++ {
-						ids[j] = next*1000 + uint64(j)
-						toks := make([]int32, prompt)
-						for k := range toks {
-							toks[k] = int32((k*7919 + 13*j + 1) % cfg.VocabSize)
-						}
-						b.Seqs = append(b.Seqs, stage.Seq{ID: ids[j], Tokens: toks, Sample: true})
-					}
-					out, err := st.Forward(ctx, fill(t, tables, b))
-					if err != nil {
-						t.Fatal(err)
-					}
-					for k, s := range out.Sampled {
-						last[i+k] = s.Token
-					}
-				}
+				ids, last := prefillGroups(t, []*Stage{st}, tables, &next, batch, prompt, func(j, k int) int32 {
+					return int32((k*7919 + 13*j + 1) % cfg.VocabSize)
+				})
 				for step := range steps {
 					b := decodeBatch(t, tables, next, ids, last, prompt, step)
 					next++
