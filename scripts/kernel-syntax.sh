@@ -21,6 +21,7 @@ cat >"$dir/prelude.h" <<'H'
 #include <__clang_cuda_builtin_vars.h>
 typedef unsigned long size_t;
 __device__ void __syncthreads();
+__device__ void __syncwarp(unsigned mask = 0xffffffffu);
 __device__ void __threadfence();
 __device__ float __shfl_xor_sync(unsigned, float, int, int w = 32);
 __device__ int __shfl_xor_sync(unsigned, int, int, int w = 32);

@@ -81,20 +81,21 @@
 // (blocks of 8,192 logits, one partial a warp), so the sampler again makes
 // no pass over the logits of a greedy row. cuBLAS's products cannot start
 // before the kernel ahead of them ends, and at a few tokens they are bound
-// by that latency, not by their weights; so decode steps of 2-16 tokens
+// by that latency, not by their weights; so decode steps of 2-32 tokens
 // (2 where New found the cuBLAS path faster than the fp32 kernels there)
-// run their q|k|v and o products, and plain steps of 17-32 tokens their
-// q|k|v product, on gemvs.cu instead: dependent launches
-// that load their weights before the wait (mma.sync, the weights as A
-// loaded straight into registers), split k into 4 or 8 parts and leave
-// each part's sums in a plane of their output, which the consumer
-// (attention with rotary embeddings, the post-attention norm) adds up as
-// it reads them (gemvs.go: which steps, and why). Steps of up to 16
-// staged rows (8 compensated tokens, 16 plain ones) run their gate|up
-// product on gemvg.cu, SiLU·mul in its epilogue and so no silu_mul kernel:
-// a block holds a multiprocessor, stages all of its rows by cp.async, and
-// each warp takes 8 features as one mma tile of their gate and up rows
-// (gemvg.go: which steps, and why).
+// run their q|k|v, o and down products (the 1B shape's; the 8B shape's
+// q|k|v and o up to 16 tokens) on gemvs.cu instead: dependent launches
+// that start loading their weights before the wait (mma.sync, the weights
+// as A through a per-warp ring of shared-memory stages filled by cp.async
+// ahead of the multiplies), split k into 4 or 8 parts and leave each
+// part's sums in a plane of their output, which the consumer (attention
+// with rotary embeddings, the norms, residual_add) adds up as it reads
+// them (gemvs.go: which steps, and why). Steps of up to 32 staged rows (16
+// compensated tokens, 32 plain ones) run their gate|up product on
+// gemvg.cu, SiLU·mul in its epilogue and so no silu_mul kernel: a block
+// holds a multiprocessor, stages all of its rows by cp.async, and each
+// warp takes 8 features as one mma tile of their gate and up rows through
+// its weight ring (gemvg.go: which steps, and why).
 //
 // Attention (every path) is causal grouped-query attention over the paged
 // KV cache, one block per (token, kv head, group of its query heads, part

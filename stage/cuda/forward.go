@@ -231,7 +231,7 @@ func (s *Stage) startLayer(i int, sh shape) error {
 		y = s.b.y
 	}
 	lo := s.remainders(T)
-	if err := s.rmsnorm(T, y, cublasPlanes(lo), lw.inNorm, lo, 0); err != nil {
+	if err := s.rmsnorm(T, y, s.downPlanes(T, lo), lw.inNorm, lo, 0); err != nil {
 		return err
 	}
 	if s.ropeInAttention(sh) {
@@ -295,10 +295,17 @@ func (s *Stage) finishLayer(i int, sh shape) error {
 	} else if err := s.gateUpThenSilu(lw.gateUp, T, lo); err != nil {
 		return fmt.Errorf("layer %d gate/up: %w", layer, err)
 	}
-	if err := s.linear("down", s.b.y, s.b.act, lw.down, T+lo, I, H); err != nil {
+	if _, err := s.smallProduct(prodDown, s.b.y, s.b.act, lw.down, T, lo, I, H); err != nil {
 		return fmt.Errorf("layer %d down: %w", layer, err)
 	}
 	return nil
+}
+
+// downPlanes is how the cuBLAS path's down product of a step of T tokens
+// (remainders lo rows on) leaves its output, pending for the next norm or
+// residual_add.
+func (s *Stage) downPlanes(T, lo int) planes {
+	return s.smallPlanes(prodDown, T, lo, s.m.IntermediateSize, s.m.HiddenSize)
 }
 
 // gateUpThenSilu orders the gate|up product of T token rows (remainders lo
@@ -332,7 +339,8 @@ func (s *Stage) remainders(T int) int {
 // one) into the residual stream.
 func (s *Stage) residualAdd(T int) error {
 	H := s.m.HiddenSize
-	a := s.args.Reset().Ptr(s.b.resid).Ptr(s.b.y).Int32(int32(s.remainders(T))).Int32(int32(H))
+	p := s.downPlanes(T, s.remainders(T))
+	a := s.args.Reset().Ptr(s.b.resid).Ptr(s.b.y).Int32(int32(p.stride)).Int32(int32(p.n)).Int32(int32(H))
 	grid := gpu.Dim3{X: uint32((H + addThreads - 1) / addThreads), Y: uint32(T)}
 	return s.launchDep("residual_add", kResidualAdd, grid, gpu.Dim3{X: addThreads}, 0, a)
 }

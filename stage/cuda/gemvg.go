@@ -11,14 +11,12 @@ import (
 const (
 	gemvgThreads  = 256                   // GEMVG_THREADS
 	gemvgPad      = 32                    // GEMVG_PAD: bf16 between staged rows beyond k
-	gemvgSets     = 4                     // GEMVG_SETS: register sets of 128 k a lane
 	gemvgFeatures = 8 * gemvgThreads / 32 // features of a block: 8 a warp
-	gemvgKStep    = 128 * gemvgSets       // k must be a multiple of it
 )
 
 // gemvgNT are the gemvg entries' n-tiles of 8 staged rows (gemvsNTFor
 // picks one for a step).
-var gemvgNT = []int{1, 2}
+var gemvgNT = []int{1, 2, 4}
 
 func gemvgName(nt int) string { return fmt.Sprintf("gemvg_nt%d", nt) }
 
@@ -31,29 +29,30 @@ var gemvgNames = func() []string {
 	return n
 }()
 
-// gemvgSmem is the dynamic shared memory of gemvg_nt<nt> for inputs of k.
-func gemvgSmem(nt, k int) int { return nt * 8 * (k + gemvgPad) * 2 }
+// gemvgSmem is the dynamic shared memory of gemvg_nt<nt> for inputs of k:
+// the staged rows, then the warps' weight rings.
+func gemvgSmem(nt, k int) int { return nt*8*(k+gemvgPad)*2 + gemvgThreads/32*wringBytes }
 
 // gemvgFits is gemvg's rule: whether a step of T tokens (remainders lo
 // rows on, 0: none) over inputs of hidden and inter features takes its
 // gate|up product and SwiGLU on gemvg, on a device of sms multiprocessors
-// and smem bytes of shared memory a block. A block stages all of x and
-// holds a multiprocessor, so inter / 64 blocks must be one wave and the
-// staged rows must fit the shared memory; and the step must stage at most
-// 16 rows (2 n-tiles: up to 8 compensated tokens, 16 plain ones).
+// and smem bytes of shared memory a block. A block stages all of x beside
+// its warps' weight rings and holds a multiprocessor, so inter / 64 blocks
+// must be one wave, and the staged rows (up to 32: 16 compensated tokens,
+// 32 plain ones) and the rings must fit the shared memory.
 //
-// Measured on one H200 (NOTES.md, phase 19; the same binary's cuBLAS
-// gate|up and silu_mul as the reference, GPU ms of a 1B decode step):
-// 2, 4 and 8 tokens 4% faster (1.034 -> 0.991, 1.046 -> 1.002, 1.078 ->
-// 1.033). At 32 staged rows (4 n-tiles) it was level with cuBLAS at 24-32
-// plain tokens (its loop at about 2.6 TB/s, cuBLAS's product 3.0 plus
-// silu_mul), and at 16 compensated tokens 11% slower (1.16 -> 1.29 ms):
-// launched early beside gemvs's o product of 128 blocks, it held the
-// multiprocessors the step needed (launched plainly it was level). The
-// 8B shape (inter / 64 = 224 blocks) stays on cuBLAS.
+// Measured on one H200 (NOTES.md, phase 20; GPU ms of a 1B decode step,
+// the products of phase 19's tree against this one's): with its weights
+// through the rings, 2 tokens 0.994 -> 0.945, 16 (compensated) 1.169 ->
+// 1.075, 24 1.181 -> 1.055 and 32 1.204 -> 1.100 with gemvs's down and o
+// beside it (gemvs.go); at 16-32 staged rows gemvg took 3-4% of that
+// (1.108 -> 1.075 at 16 tokens, 1.132 -> 1.100 at 32). Phase 19's gemvg,
+// its weights in register sets, was level with cuBLAS at 32 staged rows
+// and lost 11% at 16 compensated tokens. The 8B shape (inter / 64 = 224
+// blocks) stays on cuBLAS.
 func gemvgFits(T, lo, hidden, inter, sms, smem int) bool {
 	nt := gemvsNTFor(T, lo)
-	return nt > 0 && nt <= gemvgNT[len(gemvgNT)-1] && hidden%gemvgKStep == 0 && inter%gemvgFeatures == 0 &&
+	return nt > 0 && hidden%wringKS == 0 && inter%gemvgFeatures == 0 &&
 		inter/gemvgFeatures <= sms && gemvgSmem(nt, hidden) <= smem
 }
 

@@ -11,8 +11,14 @@ const (
 	gemvsThreads  = 256  // GEMVS_THREADS
 	gemvsPad      = 32   // GEMVS_PAD: bf16 between staged rows beyond kb
 	gemvsRowBlock = 128  // weight rows of a block
-	gemvsMaxKB    = 1024 // the largest split of k a block stages
+	gemvsMaxKB    = 2048 // the largest split of k a block stages
 	maxPlanes     = 8    // MAX_PLANES in 00_common.cu: gemvs's most splits
+
+	// A warp's weight ring (kernels/gemv.cu): WRING_STAGES stages of
+	// WRING_KS k of its 16 weight rows, WRING_BYTES a warp.
+	wringStages = 6
+	wringKS     = 64
+	wringBytes  = wringStages * 16 * wringKS * 2
 )
 
 // gemvsNT are the gemvs entries' n-tiles of 8 staged rows.
@@ -29,8 +35,9 @@ var gemvsNames = func() []string {
 	return n
 }()
 
-// gemvsSmem is the dynamic shared memory of gemvs_nt<nt> over splits of kb.
-func gemvsSmem(nt, kb int) int { return nt * 8 * (kb + gemvsPad) * 2 }
+// gemvsSmem is the dynamic shared memory of gemvs_nt<nt> over splits of
+// kb: the staged rows, then the warps' weight rings.
+func gemvsSmem(nt, kb int) int { return nt*8*(kb+gemvsPad)*2 + gemvsThreads/32*wringBytes }
 
 // planes is how a product's output lies for its consumer: n planes,
 // stride rows apart, added up in order (kernels/00_common.cu, MAX_PLANES).
@@ -45,20 +52,26 @@ func cublasPlanes(lo int) planes {
 	return planes{lo, 2}
 }
 
-// smallProd is one of the cuBLAS path's small products, named by what
+// smallProd is one of the cuBLAS path's products on gemvs, named by what
 // reads its output: q|k|v is read by attention, a block for each token's
-// kv head; o by the post-attention rmsnorm, a block for each token's row.
+// kv head; o by the post-attention rmsnorm, down by the next layer's
+// rmsnorm (or, at the stage's end, residual_add), a block for each token's
+// row.
 type smallProd int
 
 const (
 	prodQKV smallProd = iota
 	prodO
+	prodDown
 )
 
-// String is the product's label in profiles: qkv or o.
+// String is the product's label in profiles: qkv, o or down.
 func (p smallProd) String() string {
-	if p == prodQKV {
+	switch p {
+	case prodQKV:
 		return "qkv"
+	case prodDown:
+		return "down"
 	}
 	return "o"
 }
@@ -75,30 +88,32 @@ func (s *Stage) gemvsKB(p smallProd, T, lo, in, out int) (int, bool) {
 
 // gemvsSplit is gemvsKB's rule, for a device of smem bytes of shared
 // memory a block and a workspace of maxTokens token rows. Measured on one
-// H200 (NOTES.md, phase 12, call 6, the same binary with gemvs off as the
-// reference): steps of 4-8 tokens gain 8-10% (1B) and 4-5% (8B) with 4
-// splits; at 16 tokens, 8 splits gain 4% where a split is one burst of 256
-// k a warp (1B) and lose where it is two (8B); compensated steps of more
-// than 16 tokens (64 staged rows) lose. Plain steps of 17-32 tokens (past
-// Config.CompensatedTokens: 32 staged rows) gain with q|k|v alone (phase
-// 18, 1B batch 32: 1.227-1.230 -> 1.190-1.198 ms with 4 or 8 splits), and
-// lose with o too (1.266-1.276 with 4 splits, 1.248 with 8): o's consumer,
-// the rmsnorm, has one block a token row to add up all its planes. Hence 4
-// splits up to 8 tokens, 8 of 256 k up to 16, q|k|v alone in 4 splits of
-// at most 512 k up to 32 plain tokens; out a multiple of 128, kb a
-// multiple of 256 of at most gemvsMaxKB, and the planes' rows within the
-// output buffer's 2 * maxTokens.
+// H200 (NOTES.md): with weights in register sets (phases 12-18), gemvs
+// took q|k|v and o of 3-16 token steps (4 splits up to 8 tokens, 8 of 256
+// k up to 16: the 1B shape 4-10% faster, the 8B shape's 16-token steps,
+// two bursts a split, slower), q|k|v alone of plain 17-32 token steps (1B
+// batch 32 -3%), and lost with o there and with the down product. Through
+// the weight rings (phase 20, 1B GPU ms against phase 19's tree): the same
+// products 2-3% faster (batch 2 0.994 -> 0.964, batch 32 1.200 -> 1.180),
+// then down too (4 splits of 2,048 k up to 8 tokens, 8 of 1,024 to 32:
+// batch 2 0.949, 16 1.105, 32 1.156) and o of 17-32 plain tokens in 8
+// splits (batch 24 1.133 -> 1.093, 32 1.158 -> 1.130). Hence those
+// splits, q|k|v of 17-32 plain tokens in 4 of at most 512 k, and the 8B
+// shape's products where phase 12 put them (its down splits, 3,584 and
+// 1,792 k, are unmeasured: cuBLAS); out a multiple of 128, kb a multiple
+// of 256, and the planes' rows within the output buffer's 2 * maxTokens.
 func gemvsSplit(p smallProd, T, lo, in, out, smem, maxTokens int) (int, bool) {
 	nt := gemvsNTFor(T, lo)
 	if nt == 0 || out%gemvsRowBlock != 0 {
 		return 0, false
 	}
-	splits, maxKB := 4, gemvsMaxKB
+	splits, maxKB := 4, 1024
 	switch {
-	case T > 16:
-		if p != prodQKV {
-			return 0, false
-		}
+	case p == prodDown && T > 8:
+		splits = 8
+	case p == prodDown:
+		maxKB = gemvsMaxKB
+	case T > 16 && p == prodQKV:
 		maxKB = 512
 	case T > 8:
 		splits, maxKB = 8, 256
@@ -136,10 +151,8 @@ func (s *Stage) smallPlanes(p smallProd, T, lo, in, out int) planes {
 
 // smallProduct computes product p, y = x·Wᵀ, for a decode step of T
 // tokens (x's remainder rows lo rows on, 0: none) on gemvs where it
-// applies, else with cuBLAS, and says how its output lies. The layer's
-// large products stay off gemvs: with 1-8 splits, they were slower at
-// 4-16 tokens (NOTES.md, phase 13); down stays on cuBLAS, gate|up goes to
-// gemvg where that applies (gemvg.go).
+// applies, else with cuBLAS, and says how its output lies. gate|up goes
+// to gemvg where that applies (gemvg.go).
 func (s *Stage) smallProduct(p smallProd, y, x, w gpu.DevicePtr, T, lo, in, out int) (planes, error) {
 	kb, ok := s.gemvsKB(p, T, lo, in, out)
 	if !ok {

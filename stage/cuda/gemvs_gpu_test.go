@@ -14,15 +14,16 @@ import (
 )
 
 // TestGemvsKernel checks gemvs_nt* against a float64 product on random
-// bf16 inputs at the 1B and 8B shapes' q|k|v and o: the planes, poisoned
-// first, add up to x·Wᵀ for every row count's n-tiles and both splits.
+// bf16 inputs at the 1B and 8B shapes' q|k|v and o and the 1B shape's
+// down: the planes, poisoned first, add up to x·Wᵀ for every row count's
+// n-tiles and every split the products take (1B down: 2,048 k).
 func TestGemvsKernel(t *testing.T) {
 	r := newKernelRig(t)
 	rng := rand.New(rand.NewPCG(3, 3))
 	for _, p := range []struct {
 		name    string
 		out, in int
-	}{{"1B qkv", 3072, 2048}, {"1B o", 2048, 2048}, {"8B qkv", 6144, 4096}, {"8B o", 4096, 4096}} {
+	}{{"1B qkv", 3072, 2048}, {"1B o", 2048, 2048}, {"8B qkv", 6144, 4096}, {"8B o", 4096, 4096}, {"1B down", 2048, 8192}} {
 		w := r.alloc(t, p.out*p.in*2)
 		r.fill(t, w, p.out*p.in, true, 0.05, 0)
 		wv := r.bf16s(t, w, p.out*p.in)
@@ -31,17 +32,24 @@ func TestGemvsKernel(t *testing.T) {
 			x := r.alloc(t, rows*p.in*2)
 			r.fill(t, x, rows*p.in, true, 1, 0)
 			xv := r.bf16s(t, x, rows*p.in)
-			for _, kb := range []int{256, 512, 1024} {
+			for _, kb := range []int{256, 512, 1024, 2048} {
+				if kb > p.in || (kb > 1024 && p.in < 8192) {
+					continue
+				}
 				t.Run(fmt.Sprintf("%s/t%d_lo%d/kb%d", p.name, tc.tokens, tc.lo, kb), func(t *testing.T) {
+					nt := gemvsNTFor(tc.tokens, tc.lo)
+					name, sm := gemvsName(nt), gemvsSmem(nt, kb)
+					if sm > r.dev.Info().MaxSharedPerBlockOptin {
+						t.Skipf("%d bytes of shared memory: more than a block has", sm)
+					}
 					splits := p.in / kb
 					y := r.alloc(t, splits*tc.tokens*p.out*4)
 					r.poison(t, y, splits*tc.tokens*p.out*4)
-					nt := gemvsNTFor(tc.tokens, tc.lo)
 					err := r.dev.Do(func() error {
 						a := r.args.Reset().Ptr(w).Ptr(x).Ptr(y).Int32(int32(p.out)).Int32(int32(p.in)).
 							Int32(int32(tc.tokens)).Int32(int32(tc.lo)).Int32(int32(kb))
 						grid := gpu.Dim3{X: uint32(p.out / gemvsRowBlock), Y: uint32(splits)}
-						if err := r.fn[gemvsName(nt)].Launch(grid, gpu.Dim3{X: gemvsThreads}, gemvsSmem(nt, kb), r.st, a); err != nil {
+						if err := r.fn[name].Launch(grid, gpu.Dim3{X: gemvsThreads}, sm, r.st, a); err != nil {
 							return err
 						}
 						return r.st.Synchronize()
@@ -188,10 +196,10 @@ func TestGemvgKernel(t *testing.T) {
 		w := r.alloc(t, 2*p.inter*p.in*2)
 		r.fill(t, w, 2*p.inter*p.in, true, 0.05, 0)
 		wv := r.bf16s(t, w, 2*p.inter*p.in)
-		for _, tc := range []struct{ tokens, lo int }{{2, 2}, {3, 3}, {5, 5}, {8, 8}, {1, 0}, {5, 0}, {13, 0}, {16, 0}} {
+		for _, tc := range []struct{ tokens, lo int }{{2, 2}, {3, 3}, {5, 5}, {8, 8}, {13, 13}, {16, 16}, {1, 0}, {5, 0}, {13, 0}, {16, 0}, {24, 0}, {32, 0}} {
 			t.Run(fmt.Sprintf("%s/t%d_lo%d", p.name, tc.tokens, tc.lo), func(t *testing.T) {
-				if !gemvgFits(tc.tokens, tc.lo, p.in, p.inter, info.SMs, info.MaxSharedPerBlockOptin) {
-					t.Skipf("gemvg does not take %d tokens of this shape on this device", tc.tokens)
+				if nt := gemvsNTFor(tc.tokens, tc.lo); nt == 0 || gemvgSmem(nt, p.in) > info.MaxSharedPerBlockOptin {
+					t.Skipf("gemvg has no entry for %d tokens of this shape on this device", tc.tokens)
 				}
 				rows := tc.tokens + tc.lo
 				x := r.alloc(t, rows*p.in*2)

@@ -17,7 +17,7 @@ func TestKernelSource(t *testing.T) {
 		t.Errorf("program does not start with the common definitions:\n%.200s", src)
 	}
 	for _, name := range append(slices.Clone(kernelNames), optionalNames...) {
-		re := regexp.MustCompile(`(extern "C" __global__ void (__launch_bounds__\(\w+\)\s+)?` + name + `\(|(GEMV[FSTG]?|GQA|GQA_ROPEP?)_ENTRY\(` + name + `,)`)
+		re := regexp.MustCompile(`(extern "C" __global__ void (__launch_bounds__\(\w+\)\s+)?` + name + `\(|(GEMV[FSTGR]?|GQA|GQA_ROPEP?)_ENTRY\(` + name + `,)`)
 		if n := len(re.FindAllString(src, -1)); n != 1 {
 			t.Errorf("kernel %s defined %d times in the program; want once", name, n)
 		}
@@ -75,7 +75,8 @@ func TestKernelSource(t *testing.T) {
 		fmt.Sprintf("#define GEMVS_PAD %d\n", gemvsPad),
 		fmt.Sprintf("#define GEMVG_THREADS %d\n", gemvgThreads),
 		fmt.Sprintf("#define GEMVG_PAD %d\n", gemvgPad),
-		fmt.Sprintf("#define GEMVG_SETS %d\n", gemvgSets),
+		fmt.Sprintf("#define WRING_STAGES %d\n", wringStages),
+		fmt.Sprintf("#define WRING_KS %d\n", wringKS),
 		fmt.Sprintf("#define MAX_PLANES %d\n", maxPlanes),
 		fmt.Sprintf("#define GEMV_WARPS %d\n", gemvWarps),
 		fmt.Sprintf("#define GT_WARPS %d\n", gtWarps),

@@ -362,7 +362,9 @@ func tlReport(ks []*tlKernel) string {
 }
 
 // TestBatchTimeline records one FULL decode step of each batch size in
-// TANDEM_TIMELINE_BATCHES (default 32) on the bench shapes
+// TANDEM_TIMELINE_BATCHES (unset: skipped; gpu-check.sh's timeline mode
+// sets it, as the test compiles the program again and takes about a
+// minute) on the bench shapes
 // (TANDEM_BENCH_SHAPES or TANDEM_BENCH_CHECKPOINT) with the block timeline
 // on, and logs tlReport: where a step of many tokens, on the cuBLAS path,
 // spends its time between kernels of our own and cuBLAS's. Informational:
@@ -372,16 +374,17 @@ func TestBatchTimeline(t *testing.T) {
 	if len(models) == 0 {
 		t.Skip("neither TANDEM_BENCH_CHECKPOINT nor TANDEM_BENCH_SHAPES is set: nothing to record")
 	}
-	batches := []int{32}
-	if v := os.Getenv("TANDEM_TIMELINE_BATCHES"); v != "" {
-		batches = nil
-		for _, f := range strings.Split(v, ",") {
-			n, err := strconv.Atoi(f)
-			if err != nil || n < 1 || n > 64 {
-				t.Fatalf("TANDEM_TIMELINE_BATCHES: %q is not a batch size of 1-64", f)
-			}
-			batches = append(batches, n)
+	v := os.Getenv("TANDEM_TIMELINE_BATCHES")
+	if v == "" {
+		t.Skip("TANDEM_TIMELINE_BATCHES is not set: scripts/gpu-check.sh device timeline runs this")
+	}
+	var batches []int
+	for _, f := range strings.Split(v, ",") {
+		n, err := strconv.Atoi(f)
+		if err != nil || n < 1 || n > 64 {
+			t.Fatalf("TANDEM_TIMELINE_BATCHES: %q is not a batch size of 1-64", f)
 		}
+		batches = append(batches, n)
 	}
 	dev := device(t)
 	for _, bm := range models {

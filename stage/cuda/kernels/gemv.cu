@@ -79,18 +79,6 @@ __device__ __forceinline__ u32x4 ldg_weights(const bf16* p) {
     return r;
 }
 
-// ldg_frags loads J 32-k chunks of a lane's mma A fragments straight from
-// the weights (gemvs.cu, gemvg.cu): 16 bytes of row g (w0) and of row
-// g + 8 (w1) a chunk, from kc on (w0 and w1 at the lane's 8 c).
-template <int J>
-__device__ __forceinline__ void ldg_frags(u32x4 (&a)[J][2], const bf16* w0, const bf16* w1, int kc) {
-#pragma unroll
-    for (int j = 0; j < J; j++) {
-        a[j][0] = ldg_weights(w0 + kc + 32 * j);
-        a[j][1] = ldg_weights(w1 + kc + 32 * j);
-    }
-}
-
 // staged_row is the row of x that staged row r holds (gemvs.cu, gemvg.cu):
 // the t tokens' rows from row 0 and, with lo, their remainders (x's rows
 // lo on) from row half on; -1: none (zeros).
@@ -98,8 +86,8 @@ __device__ __forceinline__ int staged_row(int r, int t, int lo, int half) {
     return r < t ? r : (lo && r >= half && r - half < t ? r - half + lo : -1);
 }
 
-// mma_staged multiplies J 32-k chunks of A fragments (ldg_frags: k permuted
-// within each chunk, 8 c .. 8 c + 7 a lane) from kc on with every n-tile's
+// mma_staged multiplies J 32-k chunks of A fragments (wring_mma's: k
+// permuted within each chunk, 8 c .. 8 c + 7 a lane) from kc on with every n-tile's
 // B fragments, the same k of staged rows g + 8 nt in shared memory (blane:
 // the lane's row g at its 8 c; rows stride bf16 apart), into acc[nt].
 template <int NT, int J>
@@ -116,6 +104,70 @@ __device__ __forceinline__ void mma_staged(float (&acc)[NT][4], const u32x4 (&a)
             mma_bf16(acc[nt], a[j][0].x, a[j][1].x, a[j][0].y, a[j][1].y, b[0], b[1]);
             mma_bf16(acc[nt], a[j][0].z, a[j][1].z, a[j][0].w, a[j][1].w, b[2], b[3]);
         }
+    }
+}
+
+// A warp's weight ring (gemvs.cu, gemvg.cu): the warp's 16 weight rows
+// (rows 0-7 from r0, rows 8-15 from r1, each k elements from the previous)
+// stream through WRING_STAGES stages of WRING_KS k in shared memory by
+// cp.async, WRING_STAGES - 1 stages ahead of the one being multiplied, so
+// that the warp's loads never wait on its multiplies (weights in register
+// sets stop being loaded while a set is multiplied, and a lane's registers
+// hold at most a few KB in flight: phase 20 in NOTES.md). A stage is 16
+// rows of 128 bytes, 16-byte chunk ch of row r at chunk ch ^ 4 (r & 1), so
+// that a quarter warp's reads of rows g and g + 1 fall in distinct banks.
+// WRING_BYTES a warp.
+#define WRING_STAGES 6
+#define WRING_KS 64
+#define WRING_BYTES (WRING_STAGES * 16 * WRING_KS * 2)
+
+// wring_issue starts the lane's part of stage st (k from st * WRING_KS on)
+// into its slot, unless st >= nst, and commits a cp.async group either way,
+// so that every lane counts the same groups.
+__device__ __forceinline__ void wring_issue(unsigned ring, const bf16* r0, const bf16* r1, int k, int st, int nst,
+                                            int lane) {
+    if (st < nst) {
+        const unsigned dst = ring + (unsigned)((st % WRING_STAGES) * (16 * WRING_KS * 2));
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const int r = (lane >> 3) + 4 * j, ch = lane & 7;
+            const bf16* src = (j < 2 ? r0 + (size_t)r * k : r1 + (size_t)(r - 8) * k) + st * WRING_KS + ch * 8;
+            cp_async16(dst + (unsigned)(r * 128 + (ch ^ ((r & 1) << 2)) * 16), src, 16);
+        }
+    }
+    cp_async_commit();
+}
+
+// wring_mma multiplies the nst stages of the ring with every n-tile of the
+// staged rows (mma_staged: blane, stride; stage st at staged k st *
+// WRING_KS), refilling each slot as it is freed. The caller has issued
+// stages 0 .. WRING_STAGES - 2 and waited for the staged rows.
+template <int NT>
+__device__ __forceinline__ void wring_mma(float (&acc)[NT][4], unsigned ring, const bf16* r0, const bf16* r1, int k,
+                                          int nst, unsigned blane, int stride, int lane) {
+    const int g = lane >> 2, c = lane & 3;
+    const unsigned arow = ring + (unsigned)(g * 128);
+#pragma unroll 1
+    for (int st = 0; st < nst; st++) {
+        // Stage st is in for this lane; __syncwarp makes the others' visible.
+        cp_async_wait<WRING_STAGES - 2>();
+        __syncwarp();
+        const unsigned as = arow + (unsigned)((st % WRING_STAGES) * (16 * WRING_KS * 2));
+        u32x4 a[WRING_KS / 32][2];
+#pragma unroll
+        for (int j = 0; j < WRING_KS / 32; j++) {
+            // Rows g and g + 8 (same parity), k 32 j + 8 c .. + 7.
+            const unsigned off = (unsigned)(((4 * j + c) ^ ((g & 1) << 2)) * 16);
+            asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];"
+                         : "=r"(a[j][0].x), "=r"(a[j][0].y), "=r"(a[j][0].z), "=r"(a[j][0].w)
+                         : "r"(as + off));
+            asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];"
+                         : "=r"(a[j][1].x), "=r"(a[j][1].y), "=r"(a[j][1].z), "=r"(a[j][1].w)
+                         : "r"(as + 8 * 128 + off));
+        }
+        // Slot st - 1's reads are a whole iteration behind; refill it.
+        wring_issue(ring, r0, r1, k, st + WRING_STAGES - 1, nst, lane);
+        mma_staged<NT, WRING_KS / 32>(acc, a, blane, stride, st * WRING_KS);
     }
 }
 

@@ -1,4 +1,4 @@
-// gemvg_nt<NT>: the cuBLAS path's gate|up product of steps of up to 16
+// gemvg_nt<NT>: the cuBLAS path's gate|up product of steps of up to 32
 // staged rows (tokens and their remainders) with SwiGLU in its epilogue
 // (gemvg.go says which steps), a dependent launch: it loads its first
 // weights before griddepcontrol.wait, and no silu_mul kernel follows it.
@@ -11,38 +11,36 @@
 // inter / 64; block GEMVG_THREADS: warp w takes features f0 = 64 b + 8 w ..
 // f0 + 7 as one mma m-tile whose rows 0-7 are their gate rows and rows
 // 8-15 their up rows, so that a lane's accumulators hold the gate and the
-// up sum of the same feature and token. The weights come as gemvs.cu's A
-// fragments (16 bytes of rows g and g + 8 a lane and 32-k chunk, k permuted
-// within the chunk, the same way for x), in bursts of 128 k held in
-// GEMVG_SETS register sets: the first ones before the wait, each next one
-// as soon as its set is multiplied, so that the others are in flight while
-// one is. The block stages all of x (NT * 8 rows of k, laid out as
-// gemvs.cu's, rows GEMVG_PAD bf16 apart beyond k) by cp.async after the
-// wait. Dynamic shared memory: gemvgSmem(NT, k). k must be a multiple of
-// 128 * GEMVG_SETS.
+// up sum of the same feature and token. The weights stream through the
+// warp's weight ring (gemv.cu: wring_*; its rows 0-7 the gate rows, 8-15
+// the up rows), its first WRING_STAGES - 1 stages started before the wait.
+// The block stages all of x (NT * 8 rows of k, laid out as gemvs.cu's,
+// rows GEMVG_PAD bf16 apart beyond k) by cp.async after the wait, and
+// holds a multiprocessor's shared memory. Dynamic shared memory:
+// gemvgSmem(NT, k), the staged rows, then the warps' rings. k must be a
+// multiple of WRING_KS.
 #define GEMVG_THREADS 256
 #define GEMVG_PAD 32
-#define GEMVG_SETS 4
 
 template <int NT>
 __device__ __forceinline__ void gemvg_body(const bf16* __restrict__ w, const bf16* __restrict__ x,
                                            bf16* __restrict__ out, int inter, int k, int t, int lo) {
     extern __shared__ unsigned gemvg_sm[];
     const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5, g = lane >> 2, c = lane & 3;
-    const int f = blockIdx.x * 64 + wid * 8 + g, stride = k + GEMVG_PAD;
+    const int f = blockIdx.x * 64 + wid * 8 + g, stride = k + GEMVG_PAD, nst = k / WRING_KS;
+    const unsigned sbase = smem_addr(gemvg_sm);
+    const unsigned ring = sbase + (unsigned)(NT * 8 * stride * 2 + wid * WRING_BYTES);
+    // The warp's gate rows (ring rows 0-7) and up rows (8-15).
+    const bf16* r0 = w + (size_t)(f - g) * k;
+    const bf16* r1 = r0 + (size_t)inter * k;
     TL_BEGIN
     pdl_trigger();
-    // This lane's gate row f and up row f, 16 bytes of each 32-k chunk.
-    const bf16* w0 = w + (size_t)f * k + 8 * c;
-    const bf16* w1 = w0 + (size_t)inter * k;
-    u32x4 a[GEMVG_SETS][4][2];
 #pragma unroll
-    for (int s = 0; s < GEMVG_SETS; s++) {
-        ldg_frags<4>(a[s], w0, w1, 128 * s);
+    for (int st = 0; st < WRING_STAGES - 1; st++) {
+        wring_issue(ring, r0, r1, k, st, nst, lane);
     }
     pdl_wait();
     TL_WAIT
-    const unsigned sbase = smem_addr(gemvg_sm);
     const int cpr = k / 8;  // 16-byte chunks of a staged row
     constexpr int HALF = NT * 4;
     for (int e = tid; e < NT * 8 * cpr; e += GEMVG_THREADS) {
@@ -61,19 +59,7 @@ __device__ __forceinline__ void gemvg_body(const bf16* __restrict__ w, const bf1
 #pragma unroll
         for (int i = 0; i < 4; i++) acc[nt][i] = 0.f;
     // B fragments of row g of n-tile nt: its 16 bytes at the lane's k.
-    const unsigned blane = sbase + (unsigned)((g * stride + 8 * c) * 2);
-    constexpr int STEP = 128 * GEMVG_SETS;
-#pragma unroll 1
-    for (int kc = 0; kc < k; kc += STEP) {
-        const bool more = kc + STEP < k;
-#pragma unroll
-        for (int s = 0; s < GEMVG_SETS; s++) {
-            mma_staged<NT, 4>(acc, a[s], blane, stride, kc + 128 * s);
-            if (more) {
-                ldg_frags<4>(a[s], w0, w1, kc + STEP + 128 * s);
-            }
-        }
-    }
+    wring_mma<NT>(acc, ring, r0, r1, k, nst, sbase + (unsigned)((g * stride + 8 * c) * 2), stride, lane);
     // acc[nt]: staged rows (tokens) 2c, 2c + 1 of n-tile nt; [0], [1] the
     // gate sums, [2], [3] the up sums of feature f. With lo, n-tile
     // nt + NT / 2 holds the same tokens' remainders.
@@ -103,3 +89,4 @@ __device__ __forceinline__ void gemvg_body(const bf16* __restrict__ w, const bf1
 
 GEMVG_ENTRY(gemvg_nt1, 1)
 GEMVG_ENTRY(gemvg_nt2, 2)
+GEMVG_ENTRY(gemvg_nt4, 4)

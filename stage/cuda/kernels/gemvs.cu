@@ -1,5 +1,5 @@
-// gemvs_nt<NT>: the cuBLAS path's small products (q|k|v, o) of decode
-// steps of 2-16 tokens (gemvs.go says which), as dependent launches.
+// gemvs_nt<NT>: the cuBLAS path's products of decode steps of 2-32 tokens
+// but gate|up (q|k|v, o, down: gemvs.go says which), as dependent launches.
 // cuBLAS's products of these few rows are bound by their own latency, not
 // their bytes (NOTES.md, phase 12), and cannot start before the kernel
 // ahead of them ends; these load their weights before griddepcontrol.wait.
@@ -11,14 +11,16 @@
 // parameters: at most MAX_PLANES), so no kernel sums the splits. Grid
 // (n / 128, k / kb); block GEMVS_THREADS: warp w takes weight rows
 // 16 w..16 w + 15 of the block's 128 over the split's kb (a multiple of
-// 256), as mma A fragments loaded straight from global memory (16 bytes of
-// rows g and g + 8 a lane and 32-k chunk: k permuted within the chunk, the
-// same way for x), 256 k (16 loads a lane) at a time, the first 256 before
-// the wait. The block stages its split of x in shared memory, NT * 8 rows
-// (the tokens' values from row 0, with lo their remainders from row NT * 4;
-// rows between zero), rows GEMVS_PAD bf16 apart beyond kb so that a quarter
-// warp's 16-byte reads fall in distinct banks, and every warp reads its B
-// fragments there. Dynamic shared memory: gemvsSmem(NT, kb).
+// 256) through its weight ring (gemv.cu: wring_*), as mma A fragments (16
+// bytes of rows g and g + 8 a lane and 32-k chunk: k permuted within the
+// chunk, the same way for x), its first WRING_STAGES - 1 stages started
+// before the wait. The block stages its split of x in shared memory by
+// cp.async, NT * 8 rows (the tokens' values from row 0, with lo their
+// remainders from row NT * 4; rows between zero), rows GEMVS_PAD bf16
+// apart beyond kb so that a quarter warp's 16-byte reads fall in distinct
+// banks, and every warp reads its B fragments there. A block holds a
+// multiprocessor's shared memory. Dynamic shared memory: gemvsSmem(NT, kb),
+// the staged rows, then the warps' rings.
 #define GEMVS_THREADS 256
 #define GEMVS_PAD 32
 
@@ -27,30 +29,30 @@ __device__ __forceinline__ void gemvs_body(const bf16* __restrict__ w, const bf1
                                            int n, int k, int t, int lo, int kb) {
     extern __shared__ unsigned gemvs_sm[];
     const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5, g = lane >> 2, c = lane & 3;
-    const int n0 = blockIdx.x * 128 + wid * 16, k0 = blockIdx.y * kb, stride = kb + GEMVS_PAD;
+    const int n0 = blockIdx.x * 128 + wid * 16, k0 = blockIdx.y * kb, stride = kb + GEMVS_PAD, nst = kb / WRING_KS;
+    const unsigned sbase = smem_addr(gemvs_sm);
+    const unsigned ring = sbase + (unsigned)(NT * 8 * stride * 2 + wid * WRING_BYTES);
+    // Rows n0 .. n0 + 15 of W from the split's first k.
+    const bf16* r0 = w + (size_t)n0 * k + k0;
+    const bf16* r1 = r0 + (size_t)8 * k;
     TL_BEGIN
     pdl_trigger();
-    // Rows n0 + g and n0 + g + 8 of W, this lane's 16 bytes of each 32-k chunk.
-    const bf16* w0 = w + (size_t)(n0 + g) * k + k0 + 8 * c;
-    const bf16* w1 = w0 + (size_t)8 * k;
-    u32x4 a[8][2];
-    ldg_frags<8>(a, w0, w1, 0);
+#pragma unroll
+    for (int st = 0; st < WRING_STAGES - 1; st++) {
+        wring_issue(ring, r0, r1, k, st, nst, lane);
+    }
     pdl_wait();
     TL_WAIT
-    const unsigned sbase = smem_addr(gemvs_sm);
     const int cpr = kb / 8;  // 16-byte chunks of a staged row
     constexpr int HALF = NT * 4;
     for (int e = tid; e < NT * 8 * cpr; e += GEMVS_THREADS) {
         const int r = e / cpr, ch = e % cpr;
-        const int xr = staged_row(r, t, lo, HALF);
-        unsigned v[4] = {0, 0, 0, 0};
-        if (xr >= 0) {
-            ldcg_u4(x + (size_t)xr * k + k0 + ch * 8, v);
-        }
-        asm volatile("st.shared.v4.u32 [%0], {%1,%2,%3,%4};" ::"r"(sbase + (unsigned)((r * stride + ch * 8) * 2)),
-                     "r"(v[0]), "r"(v[1]), "r"(v[2]), "r"(v[3])
-                     : "memory");
+        const int xr = staged_row(r, t, lo, HALF);  // -1: zero-filled
+        cp_async16(sbase + (unsigned)((r * stride + ch * 8) * 2), xr >= 0 ? x + (size_t)xr * k + k0 + ch * 8 : x,
+                   xr >= 0 ? 16 : 0);
     }
+    cp_async_commit();
+    cp_async_wait<0>();
     __syncthreads();
     TL_MARK
     float acc[NT][4];
@@ -59,13 +61,7 @@ __device__ __forceinline__ void gemvs_body(const bf16* __restrict__ w, const bf1
 #pragma unroll
         for (int i = 0; i < 4; i++) acc[nt][i] = 0.f;
     // B fragments of row g of n-tile nt: its 16 bytes at the lane's k.
-    const unsigned blane = sbase + (unsigned)((g * stride + 8 * c) * 2);
-    for (int kc = 0; kc < kb; kc += 256) {
-        if (kc > 0) {
-            ldg_frags<8>(a, w0, w1, kc);
-        }
-        mma_staged<NT, 8>(acc, a, blane, stride, kc);
-    }
+    wring_mma<NT>(acc, ring, r0, r1, k, nst, sbase + (unsigned)((g * stride + 8 * c) * 2), stride, lane);
     // acc[nt]: staged rows 2c, 2c + 1 of n-tile nt, features n0 + g and
     // n0 + g + 8; with lo, n-tile nt + NT / 2 holds the same tokens'
     // remainders.
@@ -83,7 +79,7 @@ __device__ __forceinline__ void gemvs_body(const bf16* __restrict__ w, const bf1
 }
 
 #define GEMVS_ENTRY(name, nt)                                                                               \
-    extern "C" __global__ void __launch_bounds__(GEMVS_THREADS, 2)                                          \
+    extern "C" __global__ void __launch_bounds__(GEMVS_THREADS, 1)                                          \
         name(const bf16* __restrict__ w, const bf16* __restrict__ x, float* __restrict__ y, int n, \
                      int k, int t, int lo, int kb) {                                                        \
         gemvs_body<nt>(w, x, y, n, k, t, lo, kb);                                                           \

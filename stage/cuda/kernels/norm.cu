@@ -208,10 +208,11 @@ extern "C" __global__ void __launch_bounds__(NORM_THREADS) rmsnorm_planes(float*
     rmsnorm_body<MAX_PLANES>(resid, y, lo, w, out, outlo, rowmap, hidden, eps, planes);
 }
 
-// residual_add adds a GEMM output y (two halves lo rows apart; lo 0: one)
-// into the residual stream: resid[t] += y[t] (+ y[t + lo]).
+// residual_add adds a product's output y, in planes planes ps rows apart
+// (cuBLAS's two halves or one, gemvs.cu's splits), into the residual
+// stream in their order: resid[t] += y[t] (+ y[t + ps] + ...).
 // Grid: (ceil(hidden / blockDim.x), rows).
-extern "C" __global__ void residual_add(float* resid, const float* y, int lo, int hidden) {
+extern "C" __global__ void residual_add(float* resid, const float* y, int ps, int planes, int hidden) {
     pdl_start();
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= hidden) {
@@ -219,8 +220,8 @@ extern "C" __global__ void residual_add(float* resid, const float* y, int lo, in
     }
     size_t t = blockIdx.y;
     float v = y[t * hidden + i];
-    if (lo) {
-        v += y[(t + lo) * hidden + i];
+    for (int p = 1; p < planes; p++) {
+        v += y[(t + (size_t)p * ps) * hidden + i];
     }
     resid[t * hidden + i] += v;
 }
