@@ -14,20 +14,11 @@ const (
 	gemvgFeatures = 8 * gemvgThreads / 32 // features of a block: 8 a warp
 )
 
-// gemvgNT are the gemvg entries' n-tiles of 8 staged rows (gemvsNTFor
-// picks one for a step).
-var gemvgNT = []int{1, 2, 4}
-
 func gemvgName(nt int) string { return fmt.Sprintf("gemvg_nt%d", nt) }
 
-// gemvgNames lists the gemvg_* entry points.
-var gemvgNames = func() []string {
-	var n []string
-	for _, nt := range gemvgNT {
-		n = append(n, gemvgName(nt))
-	}
-	return n
-}()
+// gemvgNames lists the gemvg_* entry points: one for each of gemvs's
+// n-tiles, as gemvsNTFor picks gemvg's too.
+var gemvgNames = ntNames(gemvgName)
 
 // gemvgSmem is the dynamic shared memory of gemvg_nt<nt> for inputs of k:
 // the staged rows, then the warps' weight rings.

@@ -27,13 +27,16 @@ var gemvsNT = []int{1, 2, 4}
 func gemvsName(nt int) string { return fmt.Sprintf("gemvs_nt%d", nt) }
 
 // gemvsNames lists the gemvs_* entry points.
-var gemvsNames = func() []string {
-	var n []string
-	for _, nt := range gemvsNT {
-		n = append(n, gemvsName(nt))
+var gemvsNames = ntNames(gemvsName)
+
+// ntNames is the names of a kernel's entries for each of gemvsNT.
+func ntNames(name func(nt int) string) []string {
+	n := make([]string, len(gemvsNT))
+	for i, nt := range gemvsNT {
+		n[i] = name(nt)
 	}
 	return n
-}()
+}
 
 // gemvsSmem is the dynamic shared memory of gemvs_nt<nt> over splits of
 // kb: the staged rows, then the warps' weight rings.

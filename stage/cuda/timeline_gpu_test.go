@@ -13,6 +13,7 @@ import (
 	"github.com/tandem-llm/tandem/gpu"
 	"github.com/tandem-llm/tandem/graphs"
 	"github.com/tandem-llm/tandem/stage"
+	"github.com/tandem-llm/tandem/stage/stagetest"
 )
 
 // The block timeline's records (00_common.cu, TANDEM_TIMELINE): tags and
@@ -144,15 +145,24 @@ func (k *tlKernel) firstStart() int64 {
 	return s
 }
 
-func stepTimeline(t *testing.T, dev *gpu.Device, bm benchModel) {
+// timelineStage opens a stage of the whole model bm with the block
+// timeline on, for up to seqs sequences (512 tokens a step), and captures
+// the FULL decode graphs of up to seqs sequences.
+func timelineStage(t *testing.T, dev *gpu.Device, bm benchModel, seqs int) (*Stage, *graphs.Dispatcher, *stagetest.BlockTables) {
+	t.Helper()
 	cfg := bm.cfg
-	st := openTestStage(t, Config{Model: cfg, Lo: 0, Hi: cfg.NumLayers, Weights: bm.weights, MaxTokens: 512, MaxSeqs: 8,
+	st := openTestStage(t, Config{Model: cfg, Lo: 0, Hi: cfg.NumLayers, Weights: bm.weights, MaxTokens: 512, MaxSeqs: seqs,
 		MaxSeqLen: 1024, MaxLogitRows: 64, Device: dev, timeline: true})
-	d := mustDispatcher(t, graphs.Config{Mode: graphs.Full, MaxCaptureSize: 8, MaxNumSeqs: 8})
+	d := mustDispatcher(t, graphs.Config{Mode: graphs.Full, MaxCaptureSize: seqs, MaxNumSeqs: seqs})
 	if err := st.Capture(d.Keys()); err != nil {
 		t.Fatal(err)
 	}
-	tables := tablesFor(st)
+	return st, d, tablesFor(st)
+}
+
+func stepTimeline(t *testing.T, dev *gpu.Device, bm benchModel) {
+	cfg := bm.cfg
+	st, d, tables := timelineStage(t, dev, bm, 8)
 	ctx := context.Background()
 	const prompt, steps = 100, 8
 	toks := make([]int32, prompt)
@@ -390,13 +400,7 @@ func TestBatchTimeline(t *testing.T) {
 	for _, bm := range models {
 		t.Run(bm.name, func(t *testing.T) {
 			cfg := bm.cfg
-			st := openTestStage(t, Config{Model: cfg, Lo: 0, Hi: cfg.NumLayers, Weights: bm.weights, MaxTokens: 512, MaxSeqs: 64,
-				MaxSeqLen: 1024, MaxLogitRows: 64, Device: dev, timeline: true})
-			d := mustDispatcher(t, graphs.Config{Mode: graphs.Full, MaxCaptureSize: 64, MaxNumSeqs: 64})
-			if err := st.Capture(d.Keys()); err != nil {
-				t.Fatal(err)
-			}
-			tables := tablesFor(st)
+			st, d, tables := timelineStage(t, dev, bm, 64)
 			ctx := context.Background()
 			const prompt, steps = 64, 4 // 8 prompts a prefill: MaxTokens
 			next := uint64(1)
