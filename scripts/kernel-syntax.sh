@@ -18,6 +18,7 @@ cat >"$dir/prelude.h" <<'H'
 #define __shared__ __attribute__((shared))
 #define __forceinline__ __inline__ __attribute__((always_inline))
 #define __launch_bounds__(...) __attribute__((launch_bounds(__VA_ARGS__)))
+#define __cluster_dims__(...)
 #include <__clang_cuda_builtin_vars.h>
 typedef unsigned long size_t;
 __device__ void __syncthreads();

@@ -462,6 +462,10 @@ func (s *Stage) head(sh shape) error {
 func (s *Stage) rmsnorm(rows int, y gpu.DevicePtr, p planes, w gpu.DevicePtr, outlo int, rowmap gpu.DevicePtr) error {
 	a := s.args.Reset().Ptr(s.b.resid).Ptr(y).Int32(int32(p.stride)).Ptr(w).Ptr(s.b.normed).Int32(int32(outlo)).
 		Ptr(rowmap).Int32(int32(s.m.HiddenSize)).Float32(float32(s.m.RMSNormEps))
+	if threads, ok := normClusterBlock(s.m.HiddenSize, rows); ok {
+		a.Int32(int32(p.n))
+		return s.launchDep("rmsnorm", kRMSNormC, gpu.Dim3{X: normCluster, Y: uint32(rows)}, gpu.Dim3{X: uint32(threads)}, 0, a)
+	}
 	name := kRMSNorm // cuBLAS's output: two planes or one
 	if p.n > 2 {
 		name = kRMSNormP

@@ -20,6 +20,7 @@ const (
 	kEmbed       = "embed"
 	kRMSNorm     = "rmsnorm"
 	kRMSNormP    = "rmsnorm_planes"
+	kRMSNormC    = "rmsnorm_cluster"
 	kResidualAdd = "residual_add"
 	kRopeQKV     = "rope_qkv"
 	kSiluMul     = "silu_mul"
@@ -195,7 +196,7 @@ var optionalNames = func() []string {
 
 // kernelNames lists every entry point New looks up.
 var kernelNames = func() []string {
-	n := []string{kEmbed, kRMSNorm, kRMSNormP, kResidualAdd, kRopeQKV, kSiluMul, kSample, kLogitStats, kHandoff, kSpin, kCopyWords}
+	n := []string{kEmbed, kRMSNorm, kRMSNormP, kRMSNormC, kResidualAdd, kRopeQKV, kSiluMul, kSample, kLogitStats, kHandoff, kSpin, kCopyWords}
 	for _, r := range attentionVariants {
 		for _, w := range attentionWarps {
 			n = append(n, attentionName(r, w))
@@ -258,11 +259,16 @@ const (
 	gemvWarps      = 8                 // GEMV_WARPS
 	gemvMaxTokens  = 32                // 8 * the largest NT
 	normThreads    = 1024              // NORM_THREADS in norm.cu: the largest rmsnorm block
-	embedThreads   = 256
-	siluThreads    = 256
-	ropeThreads    = 256
-	addThreads     = 256
-	handoffThreads = 256
+	normCluster    = 8                 // NORM_CLUSTER in norm.cu: rmsnorm_cluster's blocks a row
+	// rmsnorm_cluster's steps (normClusterBlock): 3 rows up to the
+	// default max_seqs.
+	normClusterMinRows = 3
+	normClusterMaxRows = 64
+	embedThreads       = 256
+	siluThreads        = 256
+	ropeThreads        = 256
+	addThreads         = 256
+	handoffThreads     = 256
 	// MaxLogprobs is the most top alternatives one sampled token reports.
 	MaxLogprobs = stage.MaxLogprobs
 )
@@ -298,6 +304,21 @@ func logitStatsParts(vocab int) int { return (vocab + statsChunk - 1) / statsChu
 
 // logitStatsPartials is the softmax partials logit_stats writes per row.
 func logitStatsPartials(vocab int) int { return logitStatsParts(vocab) * statsThreads / 32 }
+
+// normClusterBlock is rmsnorm_cluster's block for steps of rows rows of
+// hidden elements, a thread for 4 of them in each of the cluster's blocks;
+// ok is false where that is not whole warps (norm.cu) or the step is one
+// rmsnorm takes. Measured on one H200 (1B, GPU ms of a decode step, each
+// against rmsnorm): 2 rows 0.943 -> 0.953, so rmsnorm keeps them; 3-4 rows
+// 0.953 -> 0.944, 8 rows 1.003 -> 0.979, 32 rows 1.098 -> 1.060; 8B 8 rows
+// 4.745 -> 4.671, 32 rows 5.198 -> 5.136. Steps past normClusterMaxRows
+// (prefill chunks) keep rmsnorm, where it was not measured against it: a
+// norm is a small part of such a step.
+func normClusterBlock(hidden, rows int) (threads int, ok bool) {
+	threads = hidden / (4 * normCluster)
+	return threads, hidden%(4*normCluster*32) == 0 && threads <= normThreads &&
+		rows >= normClusterMinRows && rows <= normClusterMaxRows
+}
 
 // normBlock is the rmsnorm block for rows of hidden elements: a thread for
 // every 4 of them (every one when hidden is not a multiple of 4), in whole

@@ -17,13 +17,14 @@ func TestKernelSource(t *testing.T) {
 		t.Errorf("program does not start with the common definitions:\n%.200s", src)
 	}
 	for _, name := range append(slices.Clone(kernelNames), optionalNames...) {
-		re := regexp.MustCompile(`(extern "C" __global__ void (__launch_bounds__\(\w+\)\s+)?` + name + `\(|(GEMV[FSTGR]?|GQA|GQA_ROPEP?)_ENTRY\(` + name + `,)`)
+		re := regexp.MustCompile(`(extern "C" __global__ void (__cluster_dims__\(\w+, 1, 1\)\s+)?(__launch_bounds__\(\w+\)\s+)?` + name + `\(|(GEMV[FSTGR]?|GQA|GQA_ROPEP?)_ENTRY\(` + name + `,)`)
 		if n := len(re.FindAllString(src, -1)); n != 1 {
 			t.Errorf("kernel %s defined %d times in the program; want once", name, n)
 		}
 	}
 	// The prefill attention's launch shape.
-	for _, d := range []string{fmt.Sprintf("#define PF_TILE %d\n", prefillTile), fmt.Sprintf("#define PF_WARPS %d\n", prefillThreads/32), fmt.Sprintf("#define PF_MIN_ROWS %d\n", prefillMinRows)} {
+	for _, d := range []string{fmt.Sprintf("#define PF_TILE %d\n", prefillTile), fmt.Sprintf("#define PF_WARPS %d\n", prefillThreads/32), fmt.Sprintf("#define PF_MIN_ROWS %d\n", prefillMinRows),
+		fmt.Sprintf("#define NORM_CLUSTER %d\n", normCluster)} {
 		if !strings.Contains(src, d) {
 			t.Errorf("program lacks %q", d)
 		}
@@ -108,6 +109,32 @@ func TestNormBlock(t *testing.T) {
 	for _, c := range []struct{ hidden, want int }{{2048, 512}, {4096, 1024}, {8192, 1024}, {896, 224}, {64, 32}, {6, 32}, {100, 32}, {1030, 1024}} {
 		if got := normBlock(c.hidden); got != c.want || got%32 != 0 {
 			t.Errorf("normBlock(%d) = %d, want %d", c.hidden, got, c.want)
+		}
+	}
+}
+
+// TestNormClusterBlock: rmsnorm_cluster takes decode steps of 3-64 rows
+// whose hidden size splits into whole warps over the cluster's blocks.
+func TestNormClusterBlock(t *testing.T) {
+	for _, tc := range []struct {
+		hidden, rows, threads int
+		ok                    bool
+	}{
+		{2048, 2, 64, false}, // measured slower at 2 rows
+		{2048, 3, 64, true},
+		{2048, 32, 64, true},
+		{2048, 64, 64, true},
+		{2048, 65, 64, false}, // prefill chunks
+		{2048, 512, 64, false},
+		{4096, 8, 128, true},
+		{3072, 8, 96, true},
+		{1536, 8, 48, false}, // 48 threads: not whole warps
+		{896, 8, 28, false},
+		{64, 8, 2, false},
+	} {
+		threads, ok := normClusterBlock(tc.hidden, tc.rows)
+		if ok != tc.ok || (ok && threads != tc.threads) {
+			t.Errorf("normClusterBlock(%d, %d) = %d, %v; want %d, %v", tc.hidden, tc.rows, threads, ok, tc.threads, tc.ok)
 		}
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -66,26 +67,14 @@ func newKernelRig(t *testing.T) *kernelRig {
 	t.Helper()
 	dev := device(t)
 	r := &kernelRig{dev: dev, seed: 1}
-	arch := dev.Info().Arch()
-	compile := func(optional bool) (gpu.Compiled, error) {
-		src, err := kernelSource(optional)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return gpu.Compile(src, "tandem_kernels.cu", "--gpu-architecture="+arch, "--ptxas-options=-v")
-	}
-	optional := true
-	img, err := compile(true)
-	if err != nil {
+	prog := compileRigPrograms(t, dev.Info().Arch())
+	if prog.optionalErr != "" {
 		// As a stage does: the rest of the program without gemvt.cu; the
 		// gemvt cases then fail, naming this error.
-		r.optionalErr = err.Error()
-		t.Errorf("the optional kernels (gemvt.cu) did not compile: %v", err)
-		optional = false
-		if img, err = compile(false); err != nil {
-			t.Fatal(err)
-		}
+		r.optionalErr = prog.optionalErr
+		t.Errorf("the optional kernels (gemvt.cu) did not compile: %v", prog.optionalErr)
 	}
+	optional, img, himg := prog.optionalErr == "", prog.img, prog.himg
 	// The assembler's resource report (registers, spills) of each kernel.
 	var report []string
 	for _, line := range strings.Split(img.Log, "\n") {
@@ -94,12 +83,7 @@ func newKernelRig(t *testing.T) *kernelRig {
 		}
 	}
 	t.Logf("ptxas:\n%s", strings.Join(report, "\n"))
-	himg, err := gpu.Compile(helperSrc, "helper.cu", "--gpu-architecture="+arch)
-	if err != nil {
-		t.Fatal(err)
-	}
-	err = dev.Do(func() error {
-		var err error
+	err := dev.Do(func() error {
 		mod, err := gpu.LoadModule(nulTerminated(img))
 		if err != nil {
 			return err
@@ -158,6 +142,51 @@ func newKernelRig(t *testing.T) *kernelRig {
 		t.Fatal(err)
 	}
 	return r
+}
+
+// rigPrograms are the kernel program and the helper program compiled for
+// one architecture, once per test process (compileRigPrograms): NVRTC takes
+// about 40 s over the program, and every kernel test opens a rig.
+type rigPrograms struct {
+	img, himg   gpu.Compiled
+	optionalErr string // why the program lacks the optional kernels ("" when it has them)
+}
+
+var rigCompiled struct {
+	sync.Mutex
+	arch string
+	prog *rigPrograms
+}
+
+// compileRigPrograms compiles the rig's programs for arch, or returns
+// those an earlier rig of this process compiled for it.
+func compileRigPrograms(t *testing.T, arch string) *rigPrograms {
+	t.Helper()
+	rigCompiled.Lock()
+	defer rigCompiled.Unlock()
+	if rigCompiled.prog != nil && rigCompiled.arch == arch {
+		return rigCompiled.prog
+	}
+	compile := func(optional bool) (gpu.Compiled, error) {
+		src, err := kernelSource(optional)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return gpu.Compile(src, "tandem_kernels.cu", "--gpu-architecture="+arch, "--ptxas-options=-v")
+	}
+	p := &rigPrograms{}
+	var err error
+	if p.img, err = compile(true); err != nil {
+		p.optionalErr = err.Error()
+		if p.img, err = compile(false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if p.himg, err = gpu.Compile(helperSrc, "helper.cu", "--gpu-architecture="+arch); err != nil {
+		t.Fatal(err)
+	}
+	rigCompiled.arch, rigCompiled.prog = arch, p
+	return p
 }
 
 func nulTerminated(c gpu.Compiled) []byte {

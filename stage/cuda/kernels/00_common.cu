@@ -136,6 +136,32 @@ __device__ __forceinline__ unsigned smem_addr(const void* p) {
     return a;
 }
 
+// Thread block clusters (sm_90): cluster_arrive and cluster_wait are the
+// two halves of a barrier of every thread of the cluster's blocks (arrive
+// releases this thread's writes, wait acquires the others'); ld_cluster
+// reads the float at p in the shared memory of the cluster's block rank.
+__device__ __forceinline__ void cluster_arrive() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void cluster_wait() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ float ld_cluster(const float* p, unsigned rank) {
+    float v = 0.f;
+#if __CUDA_ARCH__ >= 900
+    unsigned a;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(a) : "r"(smem_addr(p)), "r"(rank));
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(a) : "memory");
+#endif
+    return v;
+}
+
 // cp_async16 copies 16 bytes from global to shared memory in the
 // background (only the first bytes of src, zero-filling the rest), with
 // 256 bytes fetched into L2 at a time.

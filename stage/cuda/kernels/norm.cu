@@ -71,6 +71,30 @@ __device__ __forceinline__ void norm_weights(const bf16* p, unsigned* wv) {
     asm("ld.global.nc.v2.u32 {%0,%1}, [%2];" : "=r"(wv[0]), "=r"(wv[1]) : "l"(p));
 }
 
+// norm_put4 stores 4 elements of a row: their sums v back into the
+// residual row (null: not), and v * inv * w (w: 4 bf16 weights in two
+// words) as bf16 at o, their rounding remainders olo elements on (0: none);
+// in one 16-byte and one (two) 8-byte stores, so that a warp's stores are
+// whole lines.
+__device__ __forceinline__ void norm_put4(float* row, bf16* o, size_t olo, const float* v, float inv, const unsigned* wv) {
+    unsigned h[2], l[2];
+#pragma unroll
+    for (int e = 0; e < 2; e++) {
+        const float x0 = v[2 * e] * inv * lo_bf16(wv[e]), x1 = v[2 * e + 1] * inv * hi_bf16(wv[e]);
+        const bf16 b0 = f2bf(x0), b1 = f2bf(x1);
+        h[e] = (unsigned)b0 | (unsigned)b1 << 16;
+        l[e] = (unsigned)f2bf(x0 - bf2f(b0)) | (unsigned)f2bf(x1 - bf2f(b1)) << 16;
+    }
+    if (row) {
+        asm volatile("st.global.v4.f32 [%0], {%1,%2,%3,%4};" ::"l"(row), "f"(v[0]), "f"(v[1]), "f"(v[2]), "f"(v[3])
+                     : "memory");
+    }
+    asm volatile("st.global.v2.u32 [%0], {%1,%2};" ::"l"(o), "r"(h[0]), "r"(h[1]) : "memory");
+    if (olo) {
+        asm volatile("st.global.v2.u32 [%0], {%1,%2};" ::"l"(o + olo), "r"(l[0]), "r"(l[1]) : "memory");
+    }
+}
+
 // norm_elem is the first element of this thread's round r of a row, VEC
 // elements a thread a round.
 template <int VEC>
@@ -107,33 +131,17 @@ __device__ __forceinline__ void rmsnorm_row(float* row, const float* y1, size_t 
     }
     const float inv = rsqrtf(block_sum(ss, sh) / (float)hidden + eps);
     // put stores elements i..i+VEC-1: the sums back into the row, the
-    // normalised values (and remainders) as bf16; 4 at a time in one
-    // 16-byte and one (two) 8-byte stores, so that a warp's stores are
-    // whole lines.
+    // normalised values (and remainders) as bf16.
     auto put = [&](int i, const float* v, int r) {
         if (VEC == 4) {
-            unsigned wv[2], h[2], l[2];
+            unsigned wv[2];
             if (r >= 0) {
                 wv[0] = wk[r][0];
                 wv[1] = wk[r][1];
             } else {
                 norm_weights(w + i, wv);
             }
-#pragma unroll
-            for (int e = 0; e < 2; e++) {
-                const float x0 = v[2 * e] * inv * lo_bf16(wv[e]), x1 = v[2 * e + 1] * inv * hi_bf16(wv[e]);
-                const bf16 b0 = f2bf(x0), b1 = f2bf(x1);
-                h[e] = (unsigned)b0 | (unsigned)b1 << 16;
-                l[e] = (unsigned)f2bf(x0 - bf2f(b0)) | (unsigned)f2bf(x1 - bf2f(b1)) << 16;
-            }
-            if (y1) {
-                asm volatile("st.global.v4.f32 [%0], {%1,%2,%3,%4};" ::"l"(row + i), "f"(v[0]), "f"(v[1]), "f"(v[2]), "f"(v[3])
-                             : "memory");
-            }
-            asm volatile("st.global.v2.u32 [%0], {%1,%2};" ::"l"(o + i), "r"(h[0]), "r"(h[1]) : "memory");
-            if (olo) {
-                asm volatile("st.global.v2.u32 [%0], {%1,%2};" ::"l"(o + olo + i), "r"(l[0]), "r"(l[1]) : "memory");
-            }
+            norm_put4(y1 ? row + i : 0, o + i, olo, v, inv, wv);
             return;
         }
         if (y1) {
@@ -206,6 +214,52 @@ extern "C" __global__ void __launch_bounds__(NORM_THREADS) rmsnorm_planes(float*
                                                                           const int* rowmap, int hidden, float eps,
                                                                           int planes) {
     rmsnorm_body<MAX_PLANES>(resid, y, lo, w, out, outlo, rowmap, hidden, eps, planes);
+}
+
+// rmsnorm_cluster is rmsnorm_planes (y in planes planes, at most
+// MAX_PLANES, lo rows apart; cuBLAS's one or two halves too) with each row
+// split over a cluster of NORM_CLUSTER blocks, a thread for 4 of its
+// elements: each block sums the squares of its part, the cluster's blocks
+// read each other's sums from shared memory (every block adding them in
+// the same order, so all scale by the same factor), and each normalises its
+// part. At 32 rows rmsnorm_planes is 32 blocks, each a chain of latencies
+// over a whole row (4.4 us a run, 1B, batch 32, one H200). Grid:
+// (NORM_CLUSTER, rows). Block: hidden / (4 * NORM_CLUSTER), whole warps
+// (normClusterBlock).
+#define NORM_CLUSTER 8
+extern "C" __global__ void __cluster_dims__(NORM_CLUSTER, 1, 1) __launch_bounds__(NORM_THREADS)
+    rmsnorm_cluster(float* resid, const float* y, int lo, const bf16* w, bf16* out, int outlo, const int* rowmap,
+                    int hidden, float eps, int planes) {
+    __shared__ float sh[32];
+    __shared__ float part;
+    TL_BEGIN
+    pdl_trigger();
+    const int i = (blockIdx.x * blockDim.x + threadIdx.x) * 4;
+    unsigned wv[2];
+    norm_weights(w + i, wv);
+    pdl_wait();
+    TL_WAIT
+    TL_MARK
+    const size_t r = blockIdx.y, src = rowmap ? rowmap[r] : r;
+    float* row = resid + src * hidden;
+    const float* y1 = y ? y + src * hidden : 0;
+    float v[4];
+    norm_load<4, MAX_PLANES>(row, y1, (size_t)lo * hidden, planes, i, v);
+    const float ss = block_sum(v[0] * v[0] + v[1] * v[1] + v[2] * v[2] + v[3] * v[3], sh);
+    if (threadIdx.x == 0) {
+        part = ss;
+    }
+    cluster_arrive();
+    cluster_wait();
+    const int lane = threadIdx.x & 31;
+    const float tot = warp_sum(lane < NORM_CLUSTER ? ld_cluster(&part, lane) : 0.f);
+    // This block is done with the others' shared memory; they may not leave
+    // until every block is (the wait below).
+    cluster_arrive();
+    const float inv = rsqrtf(tot / (float)hidden + eps);
+    norm_put4(y1 ? row + i : 0, out + r * hidden + i, (size_t)outlo * hidden, v, inv, wv);
+    cluster_wait();
+    TL_END(TL_NORM)
 }
 
 // residual_add adds a product's output y, in planes planes ps rows apart
