@@ -86,6 +86,25 @@ __device__ __forceinline__ int staged_row(int r, int t, int lo, int half) {
     return r < t ? r : (lo && r >= half && r - half < t ? r - half + lo : -1);
 }
 
+// stage_rows copies the NT * 8 staged rows of x (staged_row's, kb bf16 of
+// each from column k0 of x's rows of k; a row of none zero-filled) into
+// shared memory at sbase, rows stride bf16 apart, by cp.async from the
+// block's THREADS threads, and waits for them (gemvs.cu, gemvg.cu).
+template <int NT, int THREADS>
+__device__ __forceinline__ void stage_rows(unsigned sbase, const bf16* x, int k, int k0, int kb, int stride, int t,
+                                           int lo) {
+    const int cpr = kb / 8;  // 16-byte chunks of a staged row
+    for (int e = threadIdx.x; e < NT * 8 * cpr; e += THREADS) {
+        const int r = e / cpr, ch = e % cpr;
+        const int xr = staged_row(r, t, lo, NT * 4);
+        cp_async16(sbase + (unsigned)((r * stride + ch * 8) * 2), xr >= 0 ? x + (size_t)xr * k + k0 + ch * 8 : x,
+                   xr >= 0 ? 16 : 0);
+    }
+    cp_async_commit();
+    cp_async_wait<0>();
+    __syncthreads();
+}
+
 // mma_staged multiplies J 32-k chunks of A fragments (wring_mma's: k
 // permuted within each chunk, 8 c .. 8 c + 7 a lane) from kc on with every n-tile's
 // B fragments, the same k of staged rows g + 8 nt in shared memory (blane:

@@ -41,17 +41,7 @@ __device__ __forceinline__ void gemvg_body(const bf16* __restrict__ w, const bf1
     }
     pdl_wait();
     TL_WAIT
-    const int cpr = k / 8;  // 16-byte chunks of a staged row
-    constexpr int HALF = NT * 4;
-    for (int e = tid; e < NT * 8 * cpr; e += GEMVG_THREADS) {
-        const int r = e / cpr, ch = e % cpr;
-        const int xr = staged_row(r, t, lo, HALF);  // -1: zero-filled
-        cp_async16(sbase + (unsigned)((r * stride + ch * 8) * 2), xr >= 0 ? x + (size_t)xr * k + ch * 8 : x,
-                   xr >= 0 ? 16 : 0);
-    }
-    cp_async_commit();
-    cp_async_wait<0>();
-    __syncthreads();
+    stage_rows<NT, GEMVG_THREADS>(sbase, x, k, 0, k, stride, t, lo);
     TL_MARK
     float acc[NT][4];
 #pragma unroll
