@@ -394,7 +394,9 @@ func (s *Stage) attention(i int, sh shape) error {
 		lw := s.layers[i]
 		name = at.ropeName
 		a.Ptr(s.b.qkv).Ptr(lw.qkvBias).Ptr(s.b.invFreq).Ptr(s.word(lay.cacheRow()))
-		if p := s.smallPlanes(prodQKV, T, lo, m.HiddenSize, s.qkvDim); p.n > 2 {
+		// The plain form reads cuBLAS's planes (its two halves or one);
+		// gemvs's splits, however many, take the planes form.
+		if p := s.smallPlanes(prodQKV, T, lo, m.HiddenSize, s.qkvDim); p != cublasPlanes(lo) {
 			name = at.ropePlanesName
 			a.Int32(int32(p.n)).Int32(int32(p.stride))
 		}

@@ -86,38 +86,46 @@ func (s *Stage) gemvsKB(p smallProd, T, lo, in, out int) (int, bool) {
 	if !s.gemvs {
 		return 0, false
 	}
-	return gemvsSplit(p, T, lo, in, out, s.dev.Info().MaxSharedPerBlockOptin, s.pl.lay.maxTokens)
+	info := s.dev.Info()
+	return gemvsSplit(p, T, lo, in, out, info.MaxSharedPerBlockOptin, info.SMs, s.pl.lay.maxTokens)
 }
 
 // gemvsSplit is gemvsKB's rule, for a device of smem bytes of shared
-// memory a block and a workspace of maxTokens token rows. Measured on one
-// H200 (NOTES.md): with weights in register sets (phases 12-18), gemvs
-// took q|k|v and o of 3-16 token steps (4 splits up to 8 tokens, 8 of 256
-// k up to 16: the 1B shape 4-10% faster, the 8B shape's 16-token steps,
-// two bursts a split, slower), q|k|v alone of plain 17-32 token steps (1B
-// batch 32 -3%), and lost with o there and with the down product. Through
-// the weight rings (phase 20, 1B GPU ms against phase 19's tree): the same
-// products 2-3% faster (batch 2 0.994 -> 0.964, batch 32 1.200 -> 1.180),
-// then down too (4 splits of 2,048 k up to 8 tokens, 8 of 1,024 to 32:
-// batch 2 0.949, 16 1.105, 32 1.156) and o of 17-32 plain tokens in 8
-// splits (batch 24 1.133 -> 1.093, 32 1.158 -> 1.130). Hence those
-// splits, q|k|v of 17-32 plain tokens in 4 of at most 512 k, and the 8B
-// shape's products where phase 12 put them (its down splits, 3,584 and
-// 1,792 k, are unmeasured: cuBLAS); out a multiple of 128, kb a multiple
-// of 256, and the planes' rows within the output buffer's 2 * maxTokens.
-func gemvsSplit(p smallProd, T, lo, in, out, smem, maxTokens int) (int, bool) {
+// memory a block and sms multiprocessors, and a workspace of maxTokens
+// token rows. Measured on one H200 (NOTES.md): with weights in register
+// sets (phases 12-18), gemvs took q|k|v and o of 3-16 token steps (4
+// splits up to 8 tokens, 8 of 256 k up to 16: the 1B shape 4-10% faster,
+// the 8B shape's 16-token steps, two bursts a split, slower), q|k|v alone
+// of plain 17-32 token steps (1B batch 32 -3%), and lost with o there and
+// with the down product. Through the weight rings (phase 20, 1B GPU ms
+// against phase 19's tree): the same products 2-3% faster (batch 2 0.994
+// -> 0.964, batch 32 1.200 -> 1.180), then down too (4 splits of 2,048 k
+// up to 8 tokens, 8 of 1,024 to 32: batch 2 0.949, 16 1.105, 32 1.156)
+// and o of 17-32 plain tokens in 8 splits (batch 24 1.133 -> 1.093, 32
+// 1.158 -> 1.130). Those 17-32 token splits are each about one wave of
+// blocks (gemvsWaveSplits: 1B q|k|v 4 splits, 96 blocks; o and down 8,
+// 128), and so, in phase 21, is the 8B shape's q|k|v and o of 17-32 plain
+// tokens (2 splits of 2,048 k, 96 blocks; 4 of 1,024, 128): GPU ms 5.059
+// -> 4.924 at batch 24, 5.153 -> 5.058 at 32, against more splits (two
+// waves: 4 of q|k|v, 8 of o) 5.013 and 5.133. Its down product stays on
+// cuBLAS: a wave would be 4 splits of 3,584 k, past gemvsMaxKB, and 8
+// splits of 1,792 k were 1.4% slower at batch 32 (NOTES.md, phase 21).
+// Out a multiple of 128, kb a multiple of 256, and
+// the planes' rows within the output buffer's 2 * maxTokens.
+func gemvsSplit(p smallProd, T, lo, in, out, smem, sms, maxTokens int) (int, bool) {
 	nt := gemvsNTFor(T, lo)
 	if nt == 0 || out%gemvsRowBlock != 0 {
 		return 0, false
 	}
 	splits, maxKB := 4, 1024
 	switch {
-	case p == prodDown && T > 8:
-		splits = 8
+	case T > 16 || (p == prodDown && T > 8):
+		if splits = gemvsWaveSplits(out, sms); splits == 0 {
+			return 0, false
+		}
+		maxKB = gemvsMaxKB
 	case p == prodDown:
 		maxKB = gemvsMaxKB
-	case T > 16 && p == prodQKV:
-		maxKB = 512
 	case T > 8:
 		splits, maxKB = 8, 256
 	}
@@ -127,6 +135,18 @@ func gemvsSplit(p smallProd, T, lo, in, out, smem, maxTokens int) (int, bool) {
 		return 0, false
 	}
 	return kb, true
+}
+
+// gemvsWaveSplits is the most splits, of 8, 4 and 2, whose blocks (out /
+// gemvsRowBlock a split) are at most one on each of sms multiprocessors,
+// 0 when 2 are too many.
+func gemvsWaveSplits(out, sms int) int {
+	for s := 8; s >= 2; s /= 2 {
+		if out/gemvsRowBlock*s <= sms {
+			return s
+		}
+	}
+	return 0
 }
 
 // gemvsNTFor is the n-tiles of the gemvs entry for a step of T tokens

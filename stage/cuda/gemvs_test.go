@@ -5,7 +5,7 @@ import "testing"
 // TestGemvsSplit checks which products of which steps gemvs takes, and
 // over which split of k, at the 1B and 8B shapes and at their edges.
 func TestGemvsSplit(t *testing.T) {
-	const smem, maxTokens = 227 << 10, 2048
+	const smem, sms, maxTokens = 227 << 10, 132, 2048
 	for _, c := range []struct {
 		name                  string
 		p                     smallProd
@@ -37,7 +37,12 @@ func TestGemvsSplit(t *testing.T) {
 		{"8B down, 8 tokens: splits of 3,584 k, cuBLAS", prodDown, 8, 8, 14336, 4096, smem, maxTokens, 0},
 		{"8B down, 32 plain tokens: splits of 1,792 k, cuBLAS", prodDown, 32, 0, 14336, 4096, smem, maxTokens, 0},
 		{"1B qkv, 33 plain tokens: cuBLAS", prodQKV, 33, 0, 2048, 3072, smem, maxTokens, 0},
-		{"8B qkv, 32 plain tokens: four bursts a split, cuBLAS", prodQKV, 32, 0, 4096, 6144, smem, maxTokens, 0},
+		{"8B qkv, 17 plain tokens: 2 splits, 96 blocks", prodQKV, 17, 0, 4096, 6144, smem, maxTokens, 2048},
+		{"8B qkv, 32 plain tokens", prodQKV, 32, 0, 4096, 6144, smem, maxTokens, 2048},
+		{"8B o, 24 plain tokens: 4 splits, 128 blocks", prodO, 24, 0, 4096, 4096, smem, maxTokens, 1024},
+		{"8B o, 32 plain tokens", prodO, 32, 0, 4096, 4096, smem, maxTokens, 1024},
+		{"8B qkv, 32 plain tokens, 2 KB less shared memory", prodQKV, 32, 0, 4096, 6144, 225 << 10, maxTokens, 0},
+		{"out of 16,384: 2 splits are 256 blocks, cuBLAS", prodO, 32, 0, 4096, 16384, smem, maxTokens, 0},
 		{"1B qkv, 32 plain tokens, planes past the workspace", prodQKV, 32, 0, 2048, 3072, smem, 63, 0},
 		{"1B qkv, 32 plain tokens, planes at the workspace's edge", prodQKV, 32, 0, 2048, 3072, smem, 64, 512},
 		{"out not a multiple of 128", prodQKV, 8, 8, 2048, 2000, smem, maxTokens, 0},
@@ -47,7 +52,7 @@ func TestGemvsSplit(t *testing.T) {
 		{"planes past the workspace", prodQKV, 8, 8, 2048, 2048, smem, 15, 0},
 		{"planes at the workspace's edge", prodQKV, 8, 8, 2048, 2048, smem, 16, 512},
 	} {
-		kb, ok := gemvsSplit(c.p, c.tokens, c.lo, c.in, c.out, c.smem, c.maxTokens)
+		kb, ok := gemvsSplit(c.p, c.tokens, c.lo, c.in, c.out, c.smem, sms, c.maxTokens)
 		if got := map[bool]int{true: kb}[ok]; got != c.want || ok != (c.want != 0) {
 			t.Errorf("%s: gemvsSplit = %d, %v; want %d", c.name, kb, ok, c.want)
 		}
@@ -82,6 +87,24 @@ func TestGemvgFits(t *testing.T) {
 	} {
 		if got := gemvgFits(c.tokens, c.lo, c.hidden, c.inter, c.sms, c.smem); got != c.want {
 			t.Errorf("%s: gemvgFits = %v, want %v", c.name, got, c.want)
+		}
+	}
+}
+
+// TestGemvsWaveSplits: the splits of a one-wave product follow the
+// device's multiprocessors.
+func TestGemvsWaveSplits(t *testing.T) {
+	for _, c := range []struct{ out, sms, want int }{
+		{2048, 132, 8},  // 1B o and down: 128 blocks
+		{3072, 132, 4},  // 1B q|k|v: 96
+		{4096, 132, 4},  // 8B o: 128
+		{6144, 132, 2},  // 8B q|k|v: 96
+		{2048, 114, 4},  // 1B o on 114 multiprocessors: 64 blocks
+		{6144, 95, 0},   // 2 splits: 96 blocks on 95
+		{16384, 132, 0}, // 2 splits: 256 blocks
+	} {
+		if got := gemvsWaveSplits(c.out, c.sms); got != c.want {
+			t.Errorf("gemvsWaveSplits(%d, %d) = %d, want %d", c.out, c.sms, got, c.want)
 		}
 	}
 }
