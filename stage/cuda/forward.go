@@ -464,7 +464,7 @@ func (s *Stage) head(sh shape) error {
 func (s *Stage) rmsnorm(rows int, y gpu.DevicePtr, p planes, w gpu.DevicePtr, outlo int, rowmap gpu.DevicePtr) error {
 	a := s.args.Reset().Ptr(s.b.resid).Ptr(y).Int32(int32(p.stride)).Ptr(w).Ptr(s.b.normed).Int32(int32(outlo)).
 		Ptr(rowmap).Int32(int32(s.m.HiddenSize)).Float32(float32(s.m.RMSNormEps))
-	if threads, ok := normClusterBlock(s.m.HiddenSize, rows); ok {
+	if threads, ok := normClusterBlock(s.m.HiddenSize, rows, s.dev.Info().Major); ok {
 		a.Int32(int32(p.n))
 		return s.launchDep("rmsnorm", kRMSNormC, gpu.Dim3{X: normCluster, Y: uint32(rows)}, gpu.Dim3{X: uint32(threads)}, 0, a)
 	}

@@ -306,17 +306,18 @@ func logitStatsParts(vocab int) int { return (vocab + statsChunk - 1) / statsChu
 func logitStatsPartials(vocab int) int { return logitStatsParts(vocab) * statsThreads / 32 }
 
 // normClusterBlock is rmsnorm_cluster's block for steps of rows rows of
-// hidden elements, a thread for 4 of them in each of the cluster's blocks;
-// ok is false where that is not whole warps (norm.cu) or the step is one
-// rmsnorm takes. Measured on one H200 (1B, GPU ms of a decode step, each
+// hidden elements on a device of compute capability major, a thread for 4
+// of them in each of the cluster's blocks; ok is false where that is not
+// whole warps (norm.cu), the device has no clusters (before sm_90) or the
+// step is one rmsnorm takes. Measured on one H200 (1B, GPU ms of a decode step, each
 // against rmsnorm): 2 rows 0.943 -> 0.953, so rmsnorm keeps them; 3-4 rows
 // 0.953 -> 0.944, 8 rows 1.003 -> 0.979, 32 rows 1.098 -> 1.060; 8B 8 rows
 // 4.745 -> 4.671, 32 rows 5.198 -> 5.136. Steps past normClusterMaxRows
 // (prefill chunks) keep rmsnorm, where it was not measured against it: a
 // norm is a small part of such a step.
-func normClusterBlock(hidden, rows int) (threads int, ok bool) {
+func normClusterBlock(hidden, rows, major int) (threads int, ok bool) {
 	threads = hidden / (4 * normCluster)
-	return threads, hidden%(4*normCluster*32) == 0 && threads <= normThreads &&
+	return threads, major >= 9 && hidden%(4*normCluster*32) == 0 && threads <= normThreads &&
 		rows >= normClusterMinRows && rows <= normClusterMaxRows
 }
 

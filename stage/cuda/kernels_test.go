@@ -17,7 +17,7 @@ func TestKernelSource(t *testing.T) {
 		t.Errorf("program does not start with the common definitions:\n%.200s", src)
 	}
 	for _, name := range append(slices.Clone(kernelNames), optionalNames...) {
-		re := regexp.MustCompile(`(extern "C" __global__ void (__cluster_dims__\(\w+, 1, 1\)\s+)?(__launch_bounds__\(\w+\)\s+)?` + name + `\(|(GEMV[FSTGR]?|GQA|GQA_ROPEP?)_ENTRY\(` + name + `,)`)
+		re := regexp.MustCompile(`(extern "C" __global__ void (\w+_DIMS\s+)?(__launch_bounds__\(\w+\)\s+)?` + name + `\(|(GEMV[FSTGR]?|GQA|GQA_ROPEP?)_ENTRY\(` + name + `,)`)
 		if n := len(re.FindAllString(src, -1)); n != 1 {
 			t.Errorf("kernel %s defined %d times in the program; want once", name, n)
 		}
@@ -114,27 +114,34 @@ func TestNormBlock(t *testing.T) {
 }
 
 // TestNormClusterBlock: rmsnorm_cluster takes decode steps of 3-64 rows
-// whose hidden size splits into whole warps over the cluster's blocks.
+// whose hidden size splits into whole warps over the cluster's blocks, on
+// devices with clusters (sm_90 on).
 func TestNormClusterBlock(t *testing.T) {
 	for _, tc := range []struct {
 		hidden, rows, threads int
 		ok                    bool
+		major                 int // 0: 9
 	}{
-		{2048, 2, 64, false}, // measured slower at 2 rows
-		{2048, 3, 64, true},
-		{2048, 32, 64, true},
-		{2048, 64, 64, true},
-		{2048, 65, 64, false}, // prefill chunks
-		{2048, 512, 64, false},
-		{4096, 8, 128, true},
-		{3072, 8, 96, true},
-		{1536, 8, 48, false}, // 48 threads: not whole warps
-		{896, 8, 28, false},
-		{64, 8, 2, false},
+		{2048, 2, 64, false, 0}, // measured slower at 2 rows
+		{2048, 3, 64, true, 0},
+		{2048, 32, 64, true, 0},
+		{2048, 64, 64, true, 0},
+		{2048, 65, 64, false, 0}, // prefill chunks
+		{2048, 512, 64, false, 0},
+		{4096, 8, 128, true, 0},
+		{3072, 8, 96, true, 0},
+		{1536, 8, 48, false, 0}, // 48 threads: not whole warps
+		{896, 8, 28, false, 0},
+		{64, 8, 2, false, 0},
+		{2048, 32, 64, false, 8}, // no clusters before sm_90
+		{2048, 32, 64, true, 10},
 	} {
-		threads, ok := normClusterBlock(tc.hidden, tc.rows)
+		if tc.major == 0 {
+			tc.major = 9
+		}
+		threads, ok := normClusterBlock(tc.hidden, tc.rows, tc.major)
 		if ok != tc.ok || (ok && threads != tc.threads) {
-			t.Errorf("normClusterBlock(%d, %d) = %d, %v; want %d, %v", tc.hidden, tc.rows, threads, ok, tc.threads, tc.ok)
+			t.Errorf("normClusterBlock(%d, %d, %d) = %d, %v; want %d, %v", tc.hidden, tc.rows, tc.major, threads, ok, tc.threads, tc.ok)
 		}
 	}
 }

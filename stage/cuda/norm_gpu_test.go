@@ -17,6 +17,9 @@ import (
 // device has them.
 func TestNormKernel(t *testing.T) {
 	r := newKernelRig(t)
+	if r.dev.Info().Major < 9 {
+		t.Skip("rmsnorm_cluster needs thread block clusters (sm_90 on); the stage uses rmsnorm here")
+	}
 	const eps = 1e-5
 	for _, hidden := range []int{2048, 4096} {
 		threads := hidden / (4 * normCluster)

@@ -225,9 +225,15 @@ extern "C" __global__ void __launch_bounds__(NORM_THREADS) rmsnorm_planes(float*
 // part. At 32 rows rmsnorm_planes is 32 blocks, each a chain of latencies
 // over a whole row (4.4 us a run, 1B, batch 32, one H200). Grid:
 // (NORM_CLUSTER, rows). Block: hidden / (4 * NORM_CLUSTER), whole warps
-// (normClusterBlock).
+// (normClusterBlock). Clusters need sm_90: elsewhere the kernel is
+// compiled without one, and the host never launches it.
 #define NORM_CLUSTER 8
-extern "C" __global__ void __cluster_dims__(NORM_CLUSTER, 1, 1) __launch_bounds__(NORM_THREADS)
+#if __CUDA_ARCH__ >= 900
+#define NORM_CLUSTER_DIMS __cluster_dims__(NORM_CLUSTER, 1, 1)
+#else
+#define NORM_CLUSTER_DIMS
+#endif
+extern "C" __global__ void NORM_CLUSTER_DIMS __launch_bounds__(NORM_THREADS)
     rmsnorm_cluster(float* resid, const float* y, int lo, const bf16* w, bf16* out, int outlo, const int* rowmap,
                     int hidden, float eps, int planes) {
     __shared__ float sh[32];
