@@ -157,6 +157,19 @@ __device__ __forceinline__ void wring_issue(unsigned ring, const bf16* r0, const
     cp_async_commit();
 }
 
+// wring_prime starts the dependent launch's successor, issues the ring's
+// first WRING_STAGES - 1 stages (weights no kernel of the step writes) and
+// then waits for the kernels ahead (griddepcontrol.wait): the prologue of
+// gemvs.cu and gemvg.cu, whose loads so overlap the kernel before them.
+__device__ __forceinline__ void wring_prime(unsigned ring, const bf16* r0, const bf16* r1, int k, int nst, int lane) {
+    pdl_trigger();
+#pragma unroll
+    for (int st = 0; st < WRING_STAGES - 1; st++) {
+        wring_issue(ring, r0, r1, k, st, nst, lane);
+    }
+    pdl_wait();
+}
+
 // wring_mma multiplies the nst stages of the ring with every n-tile of the
 // staged rows (mma_staged: blane, stride; stage st at staged k st *
 // WRING_KS), refilling each slot as it is freed. The caller has issued

@@ -34,12 +34,7 @@ __device__ __forceinline__ void gemvg_body(const bf16* __restrict__ w, const bf1
     const bf16* r0 = w + (size_t)(f - g) * k;
     const bf16* r1 = r0 + (size_t)inter * k;
     TL_BEGIN
-    pdl_trigger();
-#pragma unroll
-    for (int st = 0; st < WRING_STAGES - 1; st++) {
-        wring_issue(ring, r0, r1, k, st, nst, lane);
-    }
-    pdl_wait();
+    wring_prime(ring, r0, r1, k, nst, lane);
     TL_WAIT
     stage_rows<NT, GEMVG_THREADS>(sbase, x, k, 0, k, stride, t, lo);
     TL_MARK

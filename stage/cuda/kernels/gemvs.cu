@@ -36,12 +36,7 @@ __device__ __forceinline__ void gemvs_body(const bf16* __restrict__ w, const bf1
     const bf16* r0 = w + (size_t)n0 * k + k0;
     const bf16* r1 = r0 + (size_t)8 * k;
     TL_BEGIN
-    pdl_trigger();
-#pragma unroll
-    for (int st = 0; st < WRING_STAGES - 1; st++) {
-        wring_issue(ring, r0, r1, k, st, nst, lane);
-    }
-    pdl_wait();
+    wring_prime(ring, r0, r1, k, nst, lane);
     TL_WAIT
     stage_rows<NT, GEMVS_THREADS>(sbase, x, k, k0, kb, stride, t, lo);
     TL_MARK
