@@ -316,11 +316,14 @@ func tlGroup(recs []blockRecord) []*tlKernel {
 }
 
 // tlReport sums kernels ks of a step: for each kernel name, how many ran,
-// their mean blocks and mean time from the first return of a wait to the
-// last block's end; for each pair of recorded kernels in a row, the mean
-// time from the first's last end to the second's first wait return (where
-// a kernel the timeline does not record, cuBLAS's, ran between them, that
-// is its time and the launch gaps around it); in us.
+// their mean blocks, mean time from the first return of a wait to the
+// last block's end and a block's mean time from its wait to its mark; for
+// each pair of recorded kernels in a row, the mean time from the first's
+// last end to the second's first wait return (where a kernel the timeline
+// does not record, cuBLAS's, ran between them, that is its time and the
+// launch gaps around it) and the mean number of the second's blocks that
+// started before the first's last end (resident early, their prologue
+// beside it); in us.
 func tlReport(ks []*tlKernel) string {
 	type sum struct {
 		n             int
@@ -329,6 +332,7 @@ func tlReport(ks []*tlKernel) string {
 		name          string
 		transition    bool
 		transitionGap float64
+		mark, early   float64
 	}
 	sums := map[string]*sum{}
 	get := func(key string, tr bool) *sum {
@@ -344,10 +348,21 @@ func tlReport(ks []*tlKernel) string {
 		s.n++
 		s.blocks += float64(len(k.rs))
 		s.us += float64(k.lastEnd()-k.firstWait()) / 1e3
+		var mark int64
+		for _, r := range k.rs {
+			mark += r.mark - r.wait
+		}
+		s.mark += float64(mark) / float64(len(k.rs)) / 1e3
 		if i > 0 {
 			g := get(ks[i-1].name+" -> "+k.name, true)
 			g.n++
-			g.transitionGap += float64(k.firstWait()-ks[i-1].lastEnd()) / 1e3
+			end := ks[i-1].lastEnd()
+			g.transitionGap += float64(k.firstWait()-end) / 1e3
+			for _, r := range k.rs {
+				if r.start < end {
+					g.early++
+				}
+			}
 		}
 	}
 	all := make([]*sum, 0, len(sums))
@@ -356,16 +371,16 @@ func tlReport(ks []*tlKernel) string {
 	}
 	sort.Slice(all, func(i, j int) bool { return all[i].first < all[j].first })
 	var sb strings.Builder
-	fmt.Fprintf(&sb, "%-22s %5s %8s %11s %8s\n", "kernel", "runs", "blocks", "wait->end", "total")
+	fmt.Fprintf(&sb, "%-22s %5s %8s %11s %8s %10s\n", "kernel", "runs", "blocks", "wait->end", "total", "wait->mark")
 	for _, s := range all {
 		if !s.transition {
-			fmt.Fprintf(&sb, "%-22s %5d %8.0f %11.2f %8.1f\n", s.name, s.n, s.blocks/float64(s.n), s.us/float64(s.n), s.us)
+			fmt.Fprintf(&sb, "%-22s %5d %8.0f %11.2f %8.1f %10.2f\n", s.name, s.n, s.blocks/float64(s.n), s.us/float64(s.n), s.us, s.mark/float64(s.n))
 		}
 	}
-	fmt.Fprintf(&sb, "%-22s %5s %8s %11s %8s\n", "between (end -> wait)", "runs", "", "gap", "total")
+	fmt.Fprintf(&sb, "%-22s %5s %8s %11s %8s %10s\n", "between (end -> wait)", "runs", "", "gap", "total", "early")
 	for _, s := range all {
 		if s.transition {
-			fmt.Fprintf(&sb, "%-22s %5d %8s %11.2f %8.1f\n", s.name, s.n, "", s.transitionGap/float64(s.n), s.transitionGap)
+			fmt.Fprintf(&sb, "%-22s %5d %8s %11.2f %8.1f %10.1f\n", s.name, s.n, "", s.transitionGap/float64(s.n), s.transitionGap, s.early/float64(s.n))
 		}
 	}
 	return sb.String()

@@ -23,6 +23,11 @@ func TestTimelineReport(t *testing.T) {
 		rec(tlNorm, 2, 0, 10400, 0, 1000),
 		rec(tlNorm, 2, 1, 10500, 0, 1000), // the second norm: wait 10400, end 11500
 	}
+	for i := range recs {
+		if recs[i].tag == tlGemvs {
+			recs[i].mark += 100 // its rows staged 100 ns after its wait
+		}
+	}
 	ks := tlGroup(recs)
 	var names []string
 	for _, k := range ks {
@@ -36,12 +41,12 @@ func TestTimelineReport(t *testing.T) {
 	}
 	r := tlReport(ks)
 	for _, want := range []string{
-		"norm                       2        2        1.10      2.2", // 1000 -> 2100, 10400 -> 11500
-		"gemvs                      1        3        3.30      3.3", // 2200 -> 5500
-		"silu                       1        2        0.70      0.7", // 9500 -> 10200
-		"gemvs -> silu              1                 4.00      4.0",
-		"norm -> gemvs              1                 0.10      0.1",
-		"silu -> norm               1                 0.20      0.2",
+		"norm                       2        2        1.10      2.2       0.00", // 1000 -> 2100, 10400 -> 11500
+		"gemvs                      1        3        3.30      3.3       0.10", // 2200 -> 5500; marks 100 after waits
+		"silu                       1        2        0.70      0.7       0.00", // 9500 -> 10200
+		"gemvs -> silu              1                 4.00      4.0        0.0",
+		"norm -> gemvs              1                 0.10      0.1        3.0", // every gemvs block started before 2100
+		"silu -> norm               1                 0.20      0.2        0.0",
 	} {
 		if !strings.Contains(r, want) {
 			t.Errorf("report lacks %q:\n%s", want, r)
