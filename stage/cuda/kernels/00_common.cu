@@ -138,8 +138,9 @@ __device__ __forceinline__ unsigned smem_addr(const void* p) {
 
 // Thread block clusters (sm_90): cluster_arrive and cluster_wait are the
 // two halves of a barrier of every thread of the cluster's blocks (arrive
-// releases this thread's writes, wait acquires the others'); ld_cluster
-// reads the float at p in the shared memory of the cluster's block rank.
+// releases this thread's writes, wait acquires the others'); st_cluster
+// writes v to the float at p in the shared memory of the cluster's block
+// rank, which must have started (a barrier's wait after its arrival).
 __device__ __forceinline__ void cluster_arrive() {
 #if __CUDA_ARCH__ >= 900
     asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
@@ -152,14 +153,12 @@ __device__ __forceinline__ void cluster_wait() {
 #endif
 }
 
-__device__ __forceinline__ float ld_cluster(const float* p, unsigned rank) {
-    float v = 0.f;
+__device__ __forceinline__ void st_cluster(float* p, unsigned rank, float v) {
 #if __CUDA_ARCH__ >= 900
     unsigned a;
     asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(a) : "r"(smem_addr(p)), "r"(rank));
-    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(a) : "memory");
+    asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(a), "f"(v) : "memory");
 #endif
-    return v;
 }
 
 // cp_async16 copies 16 bytes from global to shared memory in the
