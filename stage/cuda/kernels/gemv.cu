@@ -86,25 +86,6 @@ __device__ __forceinline__ int staged_row(int r, int t, int lo, int half) {
     return r < t ? r : (lo && r >= half && r - half < t ? r - half + lo : -1);
 }
 
-// stage_rows copies the NT * 8 staged rows of x (staged_row's, kb bf16 of
-// each from column k0 of x's rows of k; a row of none zero-filled) into
-// shared memory at sbase, rows stride bf16 apart, by cp.async from the
-// block's THREADS threads, and waits for them (gemvs.cu, gemvg.cu).
-template <int NT, int THREADS>
-__device__ __forceinline__ void stage_rows(unsigned sbase, const bf16* x, int k, int k0, int kb, int stride, int t,
-                                           int lo) {
-    const int cpr = kb / 8;  // 16-byte chunks of a staged row
-    for (int e = threadIdx.x; e < NT * 8 * cpr; e += THREADS) {
-        const int r = e / cpr, ch = e % cpr;
-        const int xr = staged_row(r, t, lo, NT * 4);
-        cp_async16(sbase + (unsigned)((r * stride + ch * 8) * 2), xr >= 0 ? x + (size_t)xr * k + k0 + ch * 8 : x,
-                   xr >= 0 ? 16 : 0);
-    }
-    cp_async_commit();
-    cp_async_wait<0>();
-    __syncthreads();
-}
-
 // mma_staged multiplies J 32-k chunks of A fragments (wring_mma's: k
 // permuted within each chunk, 8 c .. 8 c + 7 a lane) from kc on with every n-tile's
 // B fragments, the same k of staged rows g + 8 nt in shared memory (blane:
@@ -140,6 +121,42 @@ __device__ __forceinline__ void mma_staged(float (&acc)[NT][4], const u32x4 (&a)
 #define WRING_KS 64
 #define WRING_BYTES (WRING_STAGES * 16 * WRING_KS * 2)
 
+// stage_cols starts copying columns c0 .. c1 - 1 of the NT * 8 staged rows
+// of x (staged_row's, from column k0 of x's rows of k; a row of none
+// zero-filled) into shared memory at sbase, rows stride bf16 apart, by
+// cp.async from the block's THREADS threads, as one group.
+template <int NT, int THREADS>
+__device__ __forceinline__ void stage_cols(unsigned sbase, const bf16* x, int k, int k0, int c0, int c1, int stride,
+                                           int t, int lo) {
+    const int cpr = (c1 - c0) / 8;  // 16-byte chunks of a staged row
+    for (int e = threadIdx.x; e < NT * 8 * cpr; e += THREADS) {
+        const int r = e / cpr, col = c0 + e % cpr * 8;
+        const int xr = staged_row(r, t, lo, NT * 4);
+        cp_async16(sbase + (unsigned)((r * stride + col) * 2), xr >= 0 ? x + (size_t)xr * k + k0 + col : x,
+                   xr >= 0 ? 16 : 0);
+    }
+    cp_async_commit();
+}
+
+// stage_rows stages the block's kb columns of x (stage_cols; gemvs.cu,
+// gemvg.cu) in two groups, a first part of ka columns (at least the
+// WRING_STAGES - 2 stages wring_mma's waits complete the second group by,
+// a quarter of kb where that is more) and the rest, waits for the first,
+// and returns the ring stage before which the block must meet for the rest
+// (wring_mma's sync; past the last stage when there is no rest): so that
+// the multiplies, and with them the ring's refills, start once the first
+// part is in.
+template <int NT, int THREADS, bool SPLIT>
+__device__ __forceinline__ int stage_rows(unsigned sbase, const bf16* x, int k, int k0, int kb, int stride, int t,
+                                          int lo) {
+    const int ka = SPLIT ? min(kb, max(WRING_KS * (WRING_STAGES - 2), kb / 4 / WRING_KS * WRING_KS)) : kb;
+    stage_cols<NT, THREADS>(sbase, x, k, k0, 0, ka, stride, t, lo);
+    stage_cols<NT, THREADS>(sbase, x, k, k0, ka, kb, stride, t, lo);
+    cp_async_wait<1>();
+    __syncthreads();
+    return ka / WRING_KS;
+}
+
 // wring_issue starts the lane's part of stage st (k from st * WRING_KS on)
 // into its slot, unless st >= nst, and commits a cp.async group either way,
 // so that every lane counts the same groups.
@@ -173,17 +190,24 @@ __device__ __forceinline__ void wring_prime(unsigned ring, const bf16* r0, const
 // wring_mma multiplies the nst stages of the ring with every n-tile of the
 // staged rows (mma_staged: blane, stride; stage st at staged k st *
 // WRING_KS), refilling each slot as it is freed. The caller has issued
-// stages 0 .. WRING_STAGES - 2 and waited for the staged rows.
+// stages 0 .. WRING_STAGES - 2 and then its staged rows' groups, and waited
+// for those up to stage sync; the block meets before stage sync (at least
+// WRING_STAGES - 2, by when each thread's wait has completed every group
+// before its own refills).
 template <int NT>
 __device__ __forceinline__ void wring_mma(float (&acc)[NT][4], unsigned ring, const bf16* r0, const bf16* r1, int k,
-                                          int nst, unsigned blane, int stride, int lane) {
+                                          int nst, unsigned blane, int stride, int lane, int sync) {
     const int g = lane >> 2, c = lane & 3;
     const unsigned arow = ring + (unsigned)(g * 128);
 #pragma unroll 1
     for (int st = 0; st < nst; st++) {
         // Stage st is in for this lane; __syncwarp makes the others' visible.
         cp_async_wait<WRING_STAGES - 2>();
-        __syncwarp();
+        if (st == sync) {
+            __syncthreads();  // every thread's rest of the staged rows is in
+        } else {
+            __syncwarp();
+        }
         const unsigned as = arow + (unsigned)((st % WRING_STAGES) * (16 * WRING_KS * 2));
         u32x4 a[WRING_KS / 32][2];
 #pragma unroll
