@@ -10,7 +10,6 @@ import (
 // dependent launch (kernels/gemvg.cu).
 const (
 	gemvgThreads  = 256                   // GEMVG_THREADS
-	gemvgPad      = 32                    // GEMVG_PAD: bf16 between staged rows beyond k
 	gemvgFeatures = 8 * gemvgThreads / 32 // features of a block: 8 a warp
 )
 
@@ -22,7 +21,7 @@ var gemvgNames = ntNames(gemvgName)
 
 // gemvgSmem is the dynamic shared memory of gemvg_nt<nt> for inputs of k:
 // the staged rows, then the warps' weight rings.
-func gemvgSmem(nt, k int) int { return nt*8*(k+gemvgPad)*2 + gemvgThreads/32*wringBytes }
+func gemvgSmem(nt, k int) int { return nt*8*k*2 + gemvgThreads/32*wringBytes }
 
 // gemvgFits is gemvg's rule: whether a step of T tokens (remainders lo
 // rows on, 0: none) over inputs of hidden and inter features takes its
@@ -63,5 +62,24 @@ func (s *Stage) gateUpSilu(act, x, w gpu.DevicePtr, T, lo int) error {
 	nt := gemvsNTFor(T, lo)
 	a := s.args.Reset().Ptr(w).Ptr(x).Ptr(act).Int32(int32(I)).Int32(int32(H)).Int32(int32(T)).Int32(int32(lo))
 	grid := gpu.Dim3{X: uint32(I / gemvgFeatures)}
-	return s.launchDep("gemvg gate_up+silu", gemvgName(nt), grid, gpu.Dim3{X: gemvgThreads}, gemvgSmem(nt, H), a)
+	smem := gemvgLaunchSmem(nt, H, s.dev.Info().MaxSharedPerBlockOptin)
+	return s.launchDep("gemvg gate_up+silu", gemvgName(nt), grid, gpu.Dim3{X: gemvgThreads}, smem, a)
+}
+
+// gemvgLaunchSmem is the dynamic shared memory gemvg_nt<nt> over inputs of
+// k is launched with on a device of optin bytes of shared memory a block:
+// gemvgSmem, and at 32 staged rows (nt 4) all of optin, so that its block
+// starts only on a multiprocessor no other block holds. There gemvgSmem
+// (224 KB for the 1B shape) leaves room for rmsnorm_cluster's blocks, and
+// its blocks starting beside the norm before it measured slower than
+// starting as the norm's blocks leave (NOTES.md, phase 22; 1B GPU ms, two
+// rounds: batch 24 0.998/1.005 against 0.996/0.997, 32 1.043/1.049
+// against 1.029/1.033; gemvg's run 1.06 us shorter, the down product after
+// it slower to start). At 16 staged rows or fewer no residency changes.
+func gemvgLaunchSmem(nt, k, optin int) int {
+	n := gemvgSmem(nt, k)
+	if nt == 4 {
+		n = max(n, optin)
+	}
+	return n
 }

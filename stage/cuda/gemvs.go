@@ -9,7 +9,6 @@ import (
 // The cuBLAS path's small products as dependent launches (kernels/gemvs.cu).
 const (
 	gemvsThreads  = 256  // GEMVS_THREADS
-	gemvsPad      = 32   // GEMVS_PAD: bf16 between staged rows beyond kb
 	gemvsRowBlock = 128  // weight rows of a block
 	gemvsMaxKB    = 2048 // the largest split of k a block stages
 	maxPlanes     = 8    // MAX_PLANES in 00_common.cu: gemvs's most splits
@@ -40,7 +39,27 @@ func ntNames(name func(nt int) string) []string {
 
 // gemvsSmem is the dynamic shared memory of gemvs_nt<nt> over splits of
 // kb: the staged rows, then the warps' weight rings.
-func gemvsSmem(nt, kb int) int { return nt*8*(kb+gemvsPad)*2 + gemvsThreads/32*wringBytes }
+func gemvsSmem(nt, kb int) int { return nt*8*kb*2 + gemvsThreads/32*wringBytes }
+
+// gemvsLaunchSmem is the dynamic shared memory gemvs_nt<nt> over splits of
+// kb is launched with, for a grid of blocks on a device of sms
+// multiprocessors and optin bytes of shared memory a block: gemvsSmem,
+// raised past half of optin where the grid is at most one block a
+// multiprocessor, so that no two of its blocks share one (and its
+// bandwidth) while another stands idle. Blocks of 112 KB or less (the 1B
+// shape's o of 17-32 tokens once the staged rows lost their padding, its
+// q|k|v and o of 2-8 tokens) could pair up. Measured on one H200 (NOTES.md,
+// phase 22; 1B GPU ms, two rounds): batch 4 0.941/0.935 -> 0.930/0.925,
+// 8 0.973/0.970 -> 0.939/0.939, 16 1.016/1.012 -> 0.990/0.989. Raised for
+// every grid, the 16-token step's 192-block q|k|v went to two waves
+// (1.025/1.031).
+func gemvsLaunchSmem(nt, kb, blocks, sms, optin int) int {
+	n := gemvsSmem(nt, kb)
+	if blocks <= sms {
+		n = max(n, optin/2+1)
+	}
+	return n
+}
 
 // planes is how a product's output lies for its consumer: n planes,
 // stride rows apart, added up in order (kernels/00_common.cu, MAX_PLANES).
@@ -184,7 +203,9 @@ func (s *Stage) smallProduct(p smallProd, y, x, w gpu.DevicePtr, T, lo, in, out 
 	nt := gemvsNTFor(T, lo)
 	a := s.args.Reset().Ptr(w).Ptr(x).Ptr(y).Int32(int32(out)).Int32(int32(in)).Int32(int32(T)).Int32(int32(lo)).Int32(int32(kb))
 	grid := gpu.Dim3{X: uint32(out / gemvsRowBlock), Y: uint32(in / kb)}
-	if err := s.launchDep("gemvs "+p.String(), gemvsName(nt), grid, gpu.Dim3{X: gemvsThreads}, gemvsSmem(nt, kb), a); err != nil {
+	info := s.dev.Info()
+	smem := gemvsLaunchSmem(nt, kb, out/gemvsRowBlock*(in/kb), info.SMs, info.MaxSharedPerBlockOptin)
+	if err := s.launchDep("gemvs "+p.String(), gemvsName(nt), grid, gpu.Dim3{X: gemvsThreads}, smem, a); err != nil {
 		return planes{}, err
 	}
 	return s.smallPlanes(p, T, lo, in, out), nil

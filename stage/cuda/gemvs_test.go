@@ -41,7 +41,8 @@ func TestGemvsSplit(t *testing.T) {
 		{"8B qkv, 32 plain tokens", prodQKV, 32, 0, 4096, 6144, smem, maxTokens, 2048},
 		{"8B o, 24 plain tokens: 4 splits, 128 blocks", prodO, 24, 0, 4096, 4096, smem, maxTokens, 1024},
 		{"8B o, 32 plain tokens", prodO, 32, 0, 4096, 4096, smem, maxTokens, 1024},
-		{"8B qkv, 32 plain tokens, 2 KB less shared memory", prodQKV, 32, 0, 4096, 6144, 225 << 10, maxTokens, 0},
+		{"8B qkv, 32 plain tokens, a byte short of its 224 KB", prodQKV, 32, 0, 4096, 6144, 224<<10 - 1, maxTokens, 0},
+		{"8B qkv, 32 plain tokens in 224 KB", prodQKV, 32, 0, 4096, 6144, 224 << 10, maxTokens, 2048},
 		{"out of 16,384: 2 splits are 256 blocks, cuBLAS", prodO, 32, 0, 4096, 16384, smem, maxTokens, 0},
 		{"1B qkv, 32 plain tokens, planes past the workspace", prodQKV, 32, 0, 2048, 3072, smem, 63, 0},
 		{"1B qkv, 32 plain tokens, planes at the workspace's edge", prodQKV, 32, 0, 2048, 3072, smem, 64, 512},
@@ -75,8 +76,9 @@ func TestGemvgFits(t *testing.T) {
 		{"1B, 1 plain token", 1, 0, 2048, 8192, sms, smem, true},
 		{"1B, 16 plain tokens", 16, 0, 2048, 8192, sms, smem, true},
 		{"1B, 17 plain tokens", 17, 0, 2048, 8192, sms, smem, true},
-		{"1B, 32 plain tokens: staged rows and rings fill the shared memory", 32, 0, 2048, 8192, sms, smem, true},
-		{"1B, 32 plain tokens, 2 KB less shared memory", 32, 0, 2048, 8192, sms, smem - 2<<10, false},
+		{"1B, 32 plain tokens: staged rows and rings, 224 of 227 KB", 32, 0, 2048, 8192, sms, smem, true},
+		{"1B, 32 plain tokens, a byte short of its 224 KB", 32, 0, 2048, 8192, sms, 224<<10 - 1, false},
+		{"1B, 32 plain tokens in 224 KB", 32, 0, 2048, 8192, sms, 224 << 10, true},
 		{"1B, 33 plain tokens: cuBLAS", 33, 0, 2048, 8192, sms, smem, false},
 		{"8B: 224 blocks, two waves", 8, 8, 4096, 14336, sms, smem, false},
 		{"blocks of one wave at the edge", 8, 8, 2048, 64 * 132, sms, smem, true},
@@ -106,5 +108,43 @@ func TestGemvsWaveSplits(t *testing.T) {
 		if got := gemvsWaveSplits(c.out, c.sms); got != c.want {
 			t.Errorf("gemvsWaveSplits(%d, %d) = %d, want %d", c.out, c.sms, got, c.want)
 		}
+	}
+}
+
+// TestLaunchSmem: the shared memory gemvs and gemvg blocks are launched
+// with keeps a one-wave gemvs grid to a block a multiprocessor, and gemvg
+// of 32 staged rows alone on its multiprocessor (227 KB a block, 132
+// multiprocessors: one H200).
+func TestLaunchSmem(t *testing.T) {
+	const sms, optin = 132, 227 << 10
+	half := optin/2 + 1
+	for _, c := range []struct {
+		name                 string
+		nt, kb, blocks, want int
+	}{
+		{"1B o, 32 tokens: 128 blocks of 112 KB, raised", 4, 256, 128, half},
+		{"1B q|k|v, 8 compensated tokens: 96 blocks of 112 KB, raised", 2, 512, 96, half},
+		{"1B down, 32 tokens: 160 KB already alone", 4, 1024, 128, gemvsSmem(4, 1024)},
+		{"1B q|k|v, 16 compensated tokens: 192 blocks, two a multiprocessor", 4, 256, 192, gemvsSmem(4, 256)},
+		{"one block a multiprocessor at the edge", 1, 512, sms, half},
+	} {
+		if got := gemvsLaunchSmem(c.nt, c.kb, c.blocks, sms, optin); got != c.want {
+			t.Errorf("%s: gemvsLaunchSmem = %d, want %d", c.name, got, c.want)
+		}
+	}
+	for _, c := range []struct {
+		name     string
+		nt, want int
+	}{
+		{"32 staged rows: all of it", 4, optin},
+		{"16 staged rows: its own", 2, gemvgSmem(2, 2048)},
+		{"8 staged rows: its own", 1, gemvgSmem(1, 2048)},
+	} {
+		if got := gemvgLaunchSmem(c.nt, 2048, optin); got != c.want {
+			t.Errorf("gemvgLaunchSmem, %s = %d, want %d", c.name, got, c.want)
+		}
+	}
+	if gemvsSmem(4, 256) > optin/2-(1<<10) {
+		t.Errorf("gemvsSmem(4, 256) = %d: the raise is not what keeps two from a multiprocessor", gemvsSmem(4, 256))
 	}
 }

@@ -89,10 +89,13 @@ __device__ __forceinline__ int staged_row(int r, int t, int lo, int half) {
 // mma_staged multiplies J 32-k chunks of A fragments (wring_mma's: k
 // permuted within each chunk, 8 c .. 8 c + 7 a lane) from kc on with every n-tile's
 // B fragments, the same k of staged rows g + 8 nt in shared memory (blane:
-// the lane's row g at its 8 c; rows stride bf16 apart), into acc[nt].
+// the lane's row g at its 8 c; rows stride bf16 apart, their 16-byte
+// chunks swizzled as stage_cols lays them: so chunk j of an odd row is
+// read at j ^ 1; kc a multiple of 64, J even), into acc[nt].
 template <int NT, int J>
 __device__ __forceinline__ void mma_staged(float (&acc)[NT][4], const u32x4 (&a)[J][2], unsigned blane, int stride,
                                            int kc) {
+    const int odd = (threadIdx.x >> 2) & 1;  // the parity of the lane's row g
 #pragma unroll
     for (int j = 0; j < J; j++) {
 #pragma unroll
@@ -100,7 +103,7 @@ __device__ __forceinline__ void mma_staged(float (&acc)[NT][4], const u32x4 (&a)
             unsigned b[4];
             asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];"
                          : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3])
-                         : "r"(blane + (unsigned)((nt * 8 * stride + kc + 32 * j) * 2)));
+                         : "r"(blane + (unsigned)((nt * 8 * stride + kc + 32 * (j ^ odd)) * 2)));
             mma_bf16(acc[nt], a[j][0].x, a[j][1].x, a[j][0].y, a[j][1].y, b[0], b[1]);
             mma_bf16(acc[nt], a[j][0].z, a[j][1].z, a[j][0].w, a[j][1].w, b[2], b[3]);
         }
@@ -124,7 +127,13 @@ __device__ __forceinline__ void mma_staged(float (&acc)[NT][4], const u32x4 (&a)
 // stage_cols starts copying columns c0 .. c1 - 1 of the NT * 8 staged rows
 // of x (staged_row's, from column k0 of x's rows of k; a row of none
 // zero-filled) into shared memory at sbase, rows stride bf16 apart, by
-// cp.async from the block's THREADS threads, as one group.
+// cp.async from the block's THREADS threads, as one group. Rows lie
+// unpadded (stride a multiple of 64), 16-byte chunk ch of row r at chunk
+// ch ^ 4 (r & 1), so that a quarter warp's reads of rows g and g + 1 fall
+// in distinct banks (mma_staged), as the weight ring's do: 2 KB less at
+// 32 rows than the 64 bf16 of padding a row they had (phase 22 in
+// NOTES.md; residency is now the host's choice, gemvsLaunchSmem and
+// gemvgLaunchSmem).
 template <int NT, int THREADS>
 __device__ __forceinline__ void stage_cols(unsigned sbase, const bf16* x, int k, int k0, int c0, int c1, int stride,
                                            int t, int lo) {
@@ -132,7 +141,7 @@ __device__ __forceinline__ void stage_cols(unsigned sbase, const bf16* x, int k,
     for (int e = threadIdx.x; e < NT * 8 * cpr; e += THREADS) {
         const int r = e / cpr, col = c0 + e % cpr * 8;
         const int xr = staged_row(r, t, lo, NT * 4);
-        cp_async16(sbase + (unsigned)((r * stride + col) * 2), xr >= 0 ? x + (size_t)xr * k + k0 + col : x,
+        cp_async16(sbase + (unsigned)((r * stride + (col ^ (r & 1) << 5)) * 2), xr >= 0 ? x + (size_t)xr * k + k0 + col : x,
                    xr >= 0 ? 16 : 0);
     }
     cp_async_commit();

@@ -14,23 +14,22 @@
 // up sum of the same feature and token. The weights stream through the
 // warp's weight ring (gemv.cu: wring_*; its rows 0-7 the gate rows, 8-15
 // the up rows), its first WRING_STAGES - 1 stages started before the wait.
-// The block stages all of x (NT * 8 rows of k, laid out as gemvs.cu's,
-// rows GEMVG_PAD bf16 apart beyond k) by cp.async after the wait, in two
-// parts (stage_rows: a quarter of k, then the rest), and starts its
-// multiplies once the first is in: the whole took 4.45 us after the wait at
-// 32 rows (1B, one H200), every block reading the same 128 KB, while the
-// warps' rings sat full. It holds a multiprocessor's shared memory. Dynamic shared memory:
-// gemvgSmem(NT, k), the staged rows, then the warps' rings. k must be a
-// multiple of WRING_KS.
+// The block stages all of x (NT * 8 rows of k, laid out as gemvs.cu's)
+// by cp.async after the wait, in two parts (stage_rows: a quarter of k,
+// then the rest), and starts its multiplies once the first is in: the
+// whole took 4.45 us after the wait at 32 rows (1B, one H200), every block
+// reading the same 128 KB, while the warps' rings sat full. A block holds
+// a multiprocessor (at 32 rows alone: gemvgLaunchSmem). Dynamic shared
+// memory: gemvgSmem(NT, k), the staged rows, then the warps' rings. k must
+// be a multiple of WRING_KS.
 #define GEMVG_THREADS 256
-#define GEMVG_PAD 32
 
 template <int NT>
 __device__ __forceinline__ void gemvg_body(const bf16* __restrict__ w, const bf16* __restrict__ x,
                                            bf16* __restrict__ out, int inter, int k, int t, int lo) {
     extern __shared__ unsigned gemvg_sm[];
     const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5, g = lane >> 2, c = lane & 3;
-    const int f = blockIdx.x * 64 + wid * 8 + g, stride = k + GEMVG_PAD, nst = k / WRING_KS;
+    const int f = blockIdx.x * 64 + wid * 8 + g, stride = k, nst = k / WRING_KS;
     const unsigned sbase = smem_addr(gemvg_sm);
     const unsigned ring = sbase + (unsigned)(NT * 8 * stride * 2 + wid * WRING_BYTES);
     // The warp's gate rows (ring rows 0-7) and up rows (8-15).

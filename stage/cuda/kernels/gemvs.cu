@@ -16,22 +16,21 @@
 // chunk, the same way for x), its first WRING_STAGES - 1 stages started
 // before the wait. The block stages its split of x in shared memory by
 // cp.async, NT * 8 rows (the tokens' values from row 0, with lo their
-// remainders from row NT * 4; rows between zero), rows GEMVS_PAD bf16
-// apart beyond kb so that a quarter warp's 16-byte reads fall in distinct
-// banks, and every warp reads its B fragments there, all of it in before
-// the multiplies start (staged in two parts as gemvg does, the 1B shape's
-// batch-32 products took 5.35 us a run against 5.20). A block holds a
-// multiprocessor's shared memory. Dynamic shared memory: gemvsSmem(NT, kb),
+// remainders from row NT * 4; rows between zero) of kb, swizzled
+// (gemv.cu: stage_cols), and every warp reads its B fragments there, all
+// of it in before the multiplies start (staged in two parts as gemvg does,
+// the 1B shape's batch-32 products took 5.35 us a run against 5.20). The
+// host keeps a one-wave grid to a block a multiprocessor
+// (gemvsLaunchSmem). Dynamic shared memory: gemvsSmem(NT, kb),
 // the staged rows, then the warps' rings.
 #define GEMVS_THREADS 256
-#define GEMVS_PAD 32
 
 template <int NT>
 __device__ __forceinline__ void gemvs_body(const bf16* __restrict__ w, const bf16* __restrict__ x, float* __restrict__ y,
                                            int n, int k, int t, int lo, int kb) {
     extern __shared__ unsigned gemvs_sm[];
     const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5, g = lane >> 2, c = lane & 3;
-    const int n0 = blockIdx.x * 128 + wid * 16, k0 = blockIdx.y * kb, stride = kb + GEMVS_PAD, nst = kb / WRING_KS;
+    const int n0 = blockIdx.x * 128 + wid * 16, k0 = blockIdx.y * kb, stride = kb, nst = kb / WRING_KS;
     const unsigned sbase = smem_addr(gemvs_sm);
     const unsigned ring = sbase + (unsigned)(NT * 8 * stride * 2 + wid * WRING_BYTES);
     // Rows n0 .. n0 + 15 of W from the split's first k.
