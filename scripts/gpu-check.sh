@@ -323,7 +323,9 @@ if [ -z "$quick" ]; then
 	for shape in llama1b llama8b; do
 		left=$((${HF_BUDGET:-540} - SECONDS))
 		((left > 30)) || { echo "no time left for $shape" | tee -a "$LOG"; status=1; continue; }
-		[ "$shape" = llama1b ] && left=$((left * 2 / 5))
+		# Half for the 1B shape: at 2/5 (65 s of HF_BUDGET=455), its
+		# compile step of batch 32 was cut (phase 22 in stage/cuda/NOTES.md).
+		[ "$shape" = llama1b ] && left=$((left / 2))
 		# The figures to beat are torch.compile's (measured first); eager
 		# and graph are informational, so a run the budget cuts after the
 		# compile figures costs only those.
