@@ -204,7 +204,7 @@ func (s *Stage) smallProduct(p smallProd, y, x, w gpu.DevicePtr, T, lo, in, out 
 	a := s.args.Reset().Ptr(w).Ptr(x).Ptr(y).Int32(int32(out)).Int32(int32(in)).Int32(int32(T)).Int32(int32(lo)).Int32(int32(kb))
 	grid := gpu.Dim3{X: uint32(out / gemvsRowBlock), Y: uint32(in / kb)}
 	info := s.dev.Info()
-	smem := gemvsLaunchSmem(nt, kb, out/gemvsRowBlock*(in/kb), info.SMs, info.MaxSharedPerBlockOptin)
+	smem := gemvsLaunchSmem(nt, kb, int(grid.X*grid.Y), info.SMs, info.MaxSharedPerBlockOptin)
 	if err := s.launchDep("gemvs "+p.String(), gemvsName(nt), grid, gpu.Dim3{X: gemvsThreads}, smem, a); err != nil {
 		return planes{}, err
 	}

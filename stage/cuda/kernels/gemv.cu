@@ -141,8 +141,8 @@ __device__ __forceinline__ void stage_cols(unsigned sbase, const bf16* x, int k,
     for (int e = threadIdx.x; e < NT * 8 * cpr; e += THREADS) {
         const int r = e / cpr, col = c0 + e % cpr * 8;
         const int xr = staged_row(r, t, lo, NT * 4);
-        cp_async16(sbase + (unsigned)((r * stride + (col ^ (r & 1) << 5)) * 2), xr >= 0 ? x + (size_t)xr * k + k0 + col : x,
-                   xr >= 0 ? 16 : 0);
+        const unsigned dst = sbase + (unsigned)((r * stride + (col ^ ((r & 1) << 5))) * 2);
+        cp_async16(dst, xr >= 0 ? x + (size_t)xr * k + k0 + col : x, xr >= 0 ? 16 : 0);
     }
     cp_async_commit();
 }
