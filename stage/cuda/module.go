@@ -194,7 +194,9 @@ func lookupKernels(mod gpu.Module, info gpu.DeviceInfo, optional bool) (map[stri
 		}
 	}
 	for _, nt := range gemvsNT {
-		if n := min(gemvsSmem(nt, gemvsMaxKB), info.MaxSharedPerBlockOptin); n > 48<<10 {
+		// The most any launch asks for: the largest split, raised as a
+		// one-wave grid is (gemvsLaunchSmem).
+		if n := min(gemvsLaunchSmem(nt, gemvsMaxKB, 1, 1, info.MaxSharedPerBlockOptin), info.MaxSharedPerBlockOptin); n > 48<<10 {
 			if err := fn[gemvsName(nt)].SetMaxDynamicSharedMem(n); err != nil {
 				return nil, err
 			}
