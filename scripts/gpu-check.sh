@@ -28,6 +28,10 @@
 #                per-kernel breakdowns (TestSplitDecodeTiming; random
 #                Llama-3.2-1B and Llama-3.1-8B weights): what each stage of a
 #                two-GPU pipeline costs, and how evenly a split divides it
+#       ratio    the decode targets alone, in about 4 minutes: TestDecodeTiming
+#                at batch 1 and 32 on random Llama-3.2-1B and Llama-3.1-8B
+#                weights beside transformers' torch.compile step of the same
+#                shapes and batches, in the whole check's decode tables
 #       timeline where one batch-1 decode step's time goes, block by block
 #                (TestStepTimeline: the program compiled again with
 #                TANDEM_TIMELINE; random Llama-3.2-1B and Llama-3.1-8B
@@ -165,6 +169,18 @@ gotest() {
 	grep -E -- '^(--- FAIL|FAIL|ok|PASS)' "$OUT/$name.log" | tail -5
 	return "$rc"
 }
+
+if [ "$MODE" = ratio ]; then
+	step "the decode targets' ratios alone: tandem's step and transformers' torch.compile step, random weights"
+	TANDEM_BENCH_SHAPES=llama1b,llama8b TANDEM_BENCH_BATCHES=1,32 gotest timing -test.run 'TestDecodeTiming$' -test.timeout 300s || status=1
+	for shape in llama1b llama8b; do
+		timeout 240 python3 "$HERE/hf_bench.py" --shape "$shape" --batches 1,32 --forms compile --runs 1 --steps 64 \
+			--out "$WORK/$shape.bench.json" 2>&1 | grep -v Warning | tee -a "$LOG"
+		[ "${PIPESTATUS[0]}" = 0 ] || status=1
+	done
+	python3 "$HERE/hf_summary.py" "$WORK" "$RESULTS" "$OUT" "tandem decode ratios on $DEVICE, $(date -u +%Y-%m-%d), exit status $status" 2>&1 | tee -a "$LOG"
+	exit $status
+fi
 
 if [ "$MODE" = kernels ]; then
 	step "kernels: compile, references, bandwidth"
