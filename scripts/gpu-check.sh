@@ -32,6 +32,11 @@
 #                at batch 1 and 32 on random Llama-3.2-1B and Llama-3.1-8B
 #                weights beside transformers' torch.compile step of the same
 #                shapes and batches, in the whole check's decode tables
+#       api      the API alone: the 1B shape's random checkpoint served by a
+#                leader and one CUDA stage, tandemctl bench at concurrency 1,
+#                32 and 64 for each --max-batch-tokens of API_TOKENS (default
+#                "512 2048"), the leader's steps traced during the
+#                concurrency-32 run (OUT/api*trace-c32.json, Chrome trace)
 #       timeline where one batch-1 decode step's time goes, block by block
 #                (TestStepTimeline: the program compiled again with
 #                TANDEM_TIMELINE; random Llama-3.2-1B and Llama-3.1-8B
@@ -97,7 +102,7 @@ if [ "${1:-build}" = build ]; then
 	exit 0
 fi
 if [ "$1" != device ]; then
-	echo "usage: gpu-check.sh [build [DIR]] | device [quick|kernels|nccl|split|timeline]" >&2
+	echo "usage: gpu-check.sh [build [DIR]] | device [quick|kernels|nccl|split|ratio|api|timeline]" >&2
 	exit 2
 fi
 
@@ -150,6 +155,65 @@ if [ "$MODE" = timeline ]; then
 	exit $status
 fi
 
+# api_tokenizer: a tokenizer of the 1B shape's vocabulary for $MODEL (the
+# random checkpoints have none; the bench sends token ids).
+api_tokenizer() {
+	"$TOOLS/tandemctl" model init --out "$WORK/tok" --vocab 128256 --layers 1 --hidden 64 --heads 2 --kv-heads 1 --intermediate 64 >>"$LOG" 2>&1 &&
+		cp "$WORK/tok/tokenizer.json" "$MODEL/"
+}
+
+# api NAME TANDEMD PREFIX [BATCH_TOKENS]: a leader and one CUDA stage of
+# TANDEMD serving $MODEL (--max-batch-tokens BATCH_TOKENS, default 512),
+# tandemctl bench at concurrency $API_CONCURRENCY (1, 32 and 64) into
+# RESULTS/PREFIXcN.json, each bounded, the daemons stopped after; with
+# API_TRACE set, the leader's steps during the concurrency-32 bench are
+# recorded too (OUT/PREFIXtrace-c32.json, its summary in the log).
+api() {
+	local name=$1 daemon=$2 prefix=$3 tokens=${4:-512}
+	local LEADER=127.0.0.1:17400
+	mkdir -p "$WORK/logs"
+	local common=(serve --model "$MODEL" --leader leader --fast-gossip --max-seqs 64 --max-batch-tokens "$tokens" --log-level info)
+	"$daemon" "${common[@]}" --name leader --stage=false --backend cpu --grpc "$LEADER" --gossip 127.0.0.1:17401 \
+		--expect-stages 1 >/dev/null 2>"$WORK/logs/$name-leader.log" &
+	local pids=($!)
+	TANDEM_CACHE_DIR=$WORK/cache-$name "$daemon" "${common[@]}" --name gpu0 --backend cuda \
+		--grpc 127.0.0.1:17410 --gossip 127.0.0.1:17411 --seeds 127.0.0.1:17401 >/dev/null 2>"$WORK/logs/$name-gpu0.log" &
+	pids+=($!)
+	local start=$SECONDS serving=1
+	until "$TOOLS/tandemctl" --addr "$LEADER" status --json 2>/dev/null | python3 -c 'import json,sys; sys.exit(0 if json.load(sys.stdin).get("serving") else 1)' 2>/dev/null; do
+		if ((SECONDS - start > 120)); then
+			echo "$name: not serving after 120 s" | tee -a "$LOG"
+			status=1
+			serving=
+			break
+		fi
+		sleep 0.5
+	done
+	if [ -n "$serving" ]; then
+		echo "$name: serving $((SECONDS - start)) s after start" | tee -a "$LOG"
+		for n in ${API_CONCURRENCY:-1 32 64}; do
+			local tracer=
+			if [ -n "${API_TRACE:-}" ] && [ "$n" = 32 ]; then
+				"$TOOLS/tandemctl" --addr "$LEADER" trace --steps 400 --wait 15s -o "$OUT/${prefix}trace-c32.json" >"$WORK/${prefix}trace.txt" 2>&1 &
+				tracer=$!
+				sleep 0.5
+			fi
+			timeout 100 "$TOOLS/tandemctl" --addr "$LEADER" bench --timeout 90s --concurrency "$n" --requests "$n" --prompt-tokens 64 --max-tokens 256 \
+				--vocab 128256 --seed 1000 --json >"$RESULTS/${prefix}c$n.json" 2>>"$LOG" || status=1
+			python3 -c 'import json,sys; b=json.load(open(sys.argv[1])); print("%s concurrency %d: %.0f tokens/s, ITL p50 %.3f ms p99 %.3f ms, TTFT p50 %.1f ms p99 %.1f ms, wall %.1f ms%s" % (sys.argv[2], b["concurrency"], b["tokens_per_s"], b["itl_p50_ms"], b["itl_p99_ms"], b["ttft_p50_ms"], b["ttft_p99_ms"], 1e3 * b["wall_s"], "".join(", stage %d busy %.1f%% (device %.1f%%)" % (st["stage"], 100 * st["busy"], 100 * st.get("device_busy", 0)) for st in b.get("stages", []))))' \
+				"$RESULTS/${prefix}c$n.json" "$name" 2>&1 | tee -a "$LOG"
+			if [ -n "$tracer" ]; then
+				wait "$tracer"
+				tee -a "$LOG" <"$WORK/${prefix}trace.txt"
+			fi
+		done
+	fi
+	kill -TERM "${pids[@]}" 2>/dev/null
+	for p in "${pids[@]}"; do timeout 30 tail --pid="$p" -f /dev/null || kill -KILL "$p"; done
+	grep -E 'skinny kernels|optional kernels' "$WORK/logs/$name-gpu0.log" | tail -5 | tee -a "$LOG"
+	tail -n 40 "$WORK/logs/$name-gpu0.log" >"$OUT/daemons-$name.log"
+}
+
 step "environment"
 {
 	date -u
@@ -179,6 +243,24 @@ if [ "$MODE" = ratio ]; then
 		[ "${PIPESTATUS[0]}" = 0 ] || status=1
 	done
 	python3 "$HERE/hf_summary.py" "$WORK" "$RESULTS" "$OUT" "tandem decode ratios on $DEVICE, $(date -u +%Y-%m-%d), exit status $status" 2>&1 | tee -a "$LOG"
+	exit $status
+fi
+
+if [ "$MODE" = api ]; then
+	step "the API alone: tandemctl bench with the leader's steps traced at concurrency 32, --max-batch-tokens of ${API_TOKENS:=512 2048}"
+	MODEL=$WORK/llama1b
+	python3 - "$MODEL" "$HERE" <<'EOF' 2>&1 | tee -a "$LOG"
+import sys
+sys.path.insert(0, sys.argv[2])
+import hf_ref
+model, _ = hf_ref.build("llama1b", 0.02, 1234)
+model.save_pretrained(sys.argv[1])
+EOF
+	api_tokenizer
+	export API_TRACE=1
+	for tokens in $API_TOKENS; do
+		api "now-$tokens" "$TOOLS/tandemd" "api${tokens}_" "$tokens"
+	done
 	exit $status
 fi
 
@@ -286,46 +368,7 @@ fi
 if [ -z "$quick" ]; then
 	step "(8) the 1B checkpoint through the gRPC API: tandemctl bench"
 	MODEL=$WORK/llama1b
-	"$TOOLS/tandemctl" model init --out "$WORK/tok" --vocab 128256 --layers 1 --hidden 64 --heads 2 --kv-heads 1 --intermediate 64 >>"$LOG" 2>&1 &&
-		cp "$WORK/tok/tokenizer.json" "$MODEL/"
-	mkdir -p "$WORK/logs"
-	# api NAME TANDEMD PREFIX: a leader and one CUDA stage of TANDEMD,
-	# tandemctl bench at concurrency 1, 32 and 64 into RESULTS/PREFIXcN.json,
-	# each bounded, the daemons stopped after.
-	api() {
-		local name=$1 daemon=$2 prefix=$3
-		local LEADER=127.0.0.1:17400
-		local common=(serve --model "$MODEL" --leader leader --fast-gossip --max-seqs 64 --max-batch-tokens 512 --log-level info)
-		"$daemon" "${common[@]}" --name leader --stage=false --backend cpu --grpc "$LEADER" --gossip 127.0.0.1:17401 \
-			--expect-stages 1 >/dev/null 2>"$WORK/logs/$name-leader.log" &
-		local pids=($!)
-		TANDEM_CACHE_DIR=$WORK/cache-$name "$daemon" "${common[@]}" --name gpu0 --backend cuda \
-			--grpc 127.0.0.1:17410 --gossip 127.0.0.1:17411 --seeds 127.0.0.1:17401 >/dev/null 2>"$WORK/logs/$name-gpu0.log" &
-		pids+=($!)
-		local start=$SECONDS serving=1
-		until "$TOOLS/tandemctl" --addr "$LEADER" status --json 2>/dev/null | python3 -c 'import json,sys; sys.exit(0 if json.load(sys.stdin).get("serving") else 1)' 2>/dev/null; do
-			if ((SECONDS - start > 120)); then
-				echo "$name: not serving after 120 s" | tee -a "$LOG"
-				status=1
-				serving=
-				break
-			fi
-			sleep 0.5
-		done
-		if [ -n "$serving" ]; then
-			echo "$name: serving $((SECONDS - start)) s after start" | tee -a "$LOG"
-			for n in 1 32 64; do
-				timeout 100 "$TOOLS/tandemctl" --addr "$LEADER" bench --timeout 90s --concurrency "$n" --requests "$n" --prompt-tokens 64 --max-tokens 256 \
-					--vocab 128256 --seed 1000 --json >"$RESULTS/${prefix}c$n.json" 2>>"$LOG" || status=1
-				python3 -c 'import json,sys; b=json.load(open(sys.argv[1])); print("%s concurrency %d: %.0f tokens/s, ITL p50 %.3f ms p99 %.3f ms, TTFT p50 %.1f ms" % (sys.argv[2], b["concurrency"], b["tokens_per_s"], b["itl_p50_ms"], b["itl_p99_ms"], b["ttft_p50_ms"]))' \
-					"$RESULTS/${prefix}c$n.json" "$name" 2>&1 | tee -a "$LOG"
-			done
-		fi
-		kill -TERM "${pids[@]}" 2>/dev/null
-		for p in "${pids[@]}"; do timeout 30 tail --pid="$p" -f /dev/null || kill -KILL "$p"; done
-		grep -E 'skinny kernels|optional kernels' "$WORK/logs/$name-gpu0.log" | tail -5 | tee -a "$LOG"
-		tail -n 40 "$WORK/logs/$name-gpu0.log" >"$OUT/daemons-$name.log"
-	}
+	api_tokenizer
 	api now "$TOOLS/tandemd" api_
 	if [ -f "$BASE/tandemd.xz" ]; then
 		unxz_to "$BASE/tandemd.xz" "$TOOLS/tandemd-base"
