@@ -64,10 +64,11 @@ def decode_tables(work, res):
             print(f"{b:>6} {d['wall_ms']:>12.3f} {d['gpu_ms']:>7.3f} {d['gpu_ms'] / floor:>9.2f} {fmt(before):>8} "
                   f"{fmt(bench.get(f'eager_{b}')):>9} {fmt(bench.get(f'graph_{b}')):>9} {fmt(hc):>11} {rgpu:>7} {rwall:>8} "
                   f"{int(b) / d['wall_ms'] * 1e3:>8.0f}")
-        for n in (512, 2048):
-            if f"prefill_{n}_gpu_ms" in dec:
-                print(f"   eager prefill of {n} tokens: {dec[f'prefill_{n}_gpu_ms']:.3f} ms GPU, "
-                      f"{dec[f'prefill_{n}_tflops']:.0f} TFLOP/s ({100 * dec[f'prefill_{n}_tflops'] / 790:.0f}% of 790)")
+        for key, what in (("8x64", "512 tokens (8 x 64)"), ("32x64", "2048 tokens (32 x 64, the API bench's prompts)"),
+                          ("2048", "2048 tokens (4 x 512)")):
+            if f"prefill_{key}_gpu_ms" in dec:
+                print(f"   eager prefill of {what}: {dec[f'prefill_{key}_gpu_ms']:.3f} ms GPU, "
+                      f"{dec[f'prefill_{key}_tflops']:.0f} TFLOP/s ({100 * dec[f'prefill_{key}_tflops'] / 790:.0f}% of 790)")
         for b in ("1", "32"):
             cb, sk = dec.get(f"profile_batch_{b}_cublas"), dec.get(f"profile_batch_{b}_skinny")
             if not cb or not sk:

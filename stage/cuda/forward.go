@@ -50,6 +50,12 @@ func (s *Stage) run(f *flight) error {
 	if err := s.upload(s.b.batch, f.hostBatch[:4*p.uploadWords(lay)]); err != nil {
 		return fmt.Errorf("upload batch description: %w", err)
 	}
+	if f.sh.prefill {
+		lo, hi := lay.tileList(), lay.rowList()+2*f.sh.rowsLeft
+		if err := s.upload(s.b.batch+gpu.DevicePtr(4*lo), f.hostBatch[4*lo:4*hi]); err != nil {
+			return fmt.Errorf("upload attention's tiles and rows: %w", err)
+		}
+	}
 	if err := f.events[0].Record(st); err != nil {
 		return err
 	}
@@ -363,7 +369,9 @@ func (s *Stage) kvLayerPtrs(i int) (k, v gpu.DevicePtr) {
 // attention orders the attention of the stage's layer i over the paged KV
 // cache, through the batch's block tables, split along the sequence
 // (attnPlan): into fp32 rows for the skinny o projection, else into the
-// compensated bf16 rows of the cuBLAS path.
+// compensated bf16 rows of the cuBLAS path. A step with whole prefill
+// tiles (sh.prefill) gives them to the tensor-core prefill kernel and the
+// rows left, if any, to the per-row kernel (prefillLists).
 func (s *Stage) attention(i int, sh shape) error {
 	m := &s.m
 	lay := s.pl.lay
@@ -374,21 +382,19 @@ func (s *Stage) attention(i int, sh shape) error {
 	if !s.sk.use(T) {
 		out, outB, lo = 0, s.b.attnB, s.remainders(T)
 	}
-	// Steps with whole prefill tiles give them to the tensor-core kernel,
-	// the per-row one taking the other rows, if any.
-	whole := 0
-	if sh.prefill {
-		whole = 1
-	}
 	// The parameters both kernels begin with (ATT_PARAMS, PF_PARAMS).
 	common := func() *gpu.KernelArgs {
 		return s.args.Reset().Ptr(s.b.q).Ptr(kc).Ptr(vc).Ptr(out).Ptr(outB).Int32(int32(lo)).
 			Ptr(s.word(lay.tables())).Ptr(s.word(lay.tableOff())).Ptr(s.word(lay.pos())).Int32(int32(s.pl.kv.blockSize)).
 			Int32(int32(m.NumHeads)).Int32(int32(m.NumKVHeads))
 	}
+	rows, perRow := gpu.DevicePtr(0), T
+	if sh.prefill {
+		rows, perRow = s.word(lay.rowList()), sh.rowsLeft
+	}
 	at := s.at.launch(T)
 	a := common().Int32(int32(m.HeadDim)).Float32(scale).
-		Int32(int32(at.splits)).Int32(int32(at.minChunk)).Ptr(s.b.part).Ptr(s.b.partML).Ptr(s.b.counts).Int32(int32(whole))
+		Int32(int32(at.splits)).Int32(int32(at.minChunk)).Ptr(s.b.part).Ptr(s.b.partML).Ptr(s.b.counts).Ptr(rows)
 	name := at.name
 	if s.ropeInAttention(sh) {
 		lw := s.layers[i]
@@ -401,14 +407,14 @@ func (s *Stage) attention(i int, sh shape) error {
 			a.Int32(int32(p.n)).Int32(int32(p.stride))
 		}
 	}
-	grid := gpu.Dim3{X: uint32(T), Y: uint32(s.at.nkv * s.at.groups), Z: uint32(at.splits)}
-	if !sh.allTiles {
-		if err := s.launchDep("attention", name, grid, gpu.Dim3{X: uint32(at.threads)}, at.smem, a); err != nil || whole == 0 {
+	if perRow > 0 {
+		grid := gpu.Dim3{X: uint32(perRow), Y: uint32(s.at.nkv * s.at.groups), Z: uint32(at.splits)}
+		if err := s.launchDep("attention", name, grid, gpu.Dim3{X: uint32(at.threads)}, at.smem, a); err != nil || !sh.prefill {
 			return err
 		}
 	}
-	a = common().Float32(scale).Int32(int32(T))
-	grid = gpu.Dim3{X: uint32((T + prefillTile - 1) / prefillTile), Y: uint32(m.NumHeads)}
+	a = common().Float32(scale).Ptr(s.word(lay.tileList()))
+	grid := gpu.Dim3{X: uint32(sh.tiles), Y: uint32(m.NumHeads)}
 	return s.launchDep("attention prefill", prefillName(m.HeadDim), grid, gpu.Dim3{X: prefillThreads}, 0, a)
 }
 

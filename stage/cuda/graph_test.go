@@ -26,14 +26,14 @@ func TestKeyShape(t *testing.T) {
 		k    graphs.Step
 		want shape
 	}{
-		{last, decodeKey(1), shape{1, 1, 1, false, false, true}},
-		{last, decodeKey(4), shape{4, 4, 4, false, false, true}},
-		{last, spec, shape{6, 6, 3, false, false, false}},
-		{last, mixedKey(graphs.Piecewise, 2), shape{2, 2, 2, false, false, false}},
-		{last, mixedKey(graphs.Piecewise, 16), shape{16, 8, 4, false, false, false}},
-		{last, mixedKey(graphs.Full, 40), shape{40, 8, 4, false, false, false}},
-		{mid, decodeKey(4), shape{4, 0, 0, false, false, true}},
-		{mid, mixedKey(graphs.Piecewise, 16), shape{16, 0, 0, false, false, false}},
+		{last, decodeKey(1), shape{tokens: 1, rows: 1, sampled: 1, decode: true}},
+		{last, decodeKey(4), shape{tokens: 4, rows: 4, sampled: 4, decode: true}},
+		{last, spec, shape{tokens: 6, rows: 6, sampled: 3}},
+		{last, mixedKey(graphs.Piecewise, 2), shape{tokens: 2, rows: 2, sampled: 2}},
+		{last, mixedKey(graphs.Piecewise, 16), shape{tokens: 16, rows: 8, sampled: 4}},
+		{last, mixedKey(graphs.Full, 40), shape{tokens: 40, rows: 8, sampled: 4}},
+		{mid, decodeKey(4), shape{tokens: 4, rows: 0, sampled: 0, decode: true}},
+		{mid, mixedKey(graphs.Piecewise, 16), shape{tokens: 16, rows: 0, sampled: 0}},
 	}
 	for _, tc := range tests {
 		if got := tc.pl.keyShape(tc.k); got != tc.want {
@@ -139,7 +139,7 @@ func TestPad(t *testing.T) {
 			}
 		}
 	}
-	pl.padding(p, shape{4, 2, 2, false, false, true})
+	pl.padding(p, shape{tokens: 4, rows: 2, sampled: 2, decode: true})
 	if p.tokens != 0 || p.rows != 0 || p.nSampled != 0 || p.tableWords != 1 || p.words[lay.cacheRow()] != scratch || p.words[lay.cacheRow()+3] != scratch {
 		t.Errorf("padding-only plan: tokens %d rows %d sampled %d, first cache rows %v", p.tokens, p.rows, p.nSampled, p.words[lay.cacheRow():lay.cacheRow()+4])
 	}

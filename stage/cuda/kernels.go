@@ -243,8 +243,8 @@ const (
 	statusWords   = 4
 
 	attentionHeads = 8                 // ATT_RMAX: query heads per block
-	prefillTile    = 64                // PF_TILE in attention.cu: token rows of a prefill attention block
-	prefillMinRows = 16                // PF_MIN_ROWS in attention.cu: the fewest rows of a whole tile
+	prefillTile    = 64                // the positions of a prefill tile (prefillLists): a prefill block's rows, 16 a warp
+	prefillMinRows = 16                // the fewest rows of a whole prefill tile
 	prefillThreads = 128               // PF_THREADS in attention_prefill.cu
 	maxHeadDim     = 256               // the widest rows attention.cu takes
 	sampleThreads  = 1024              // SAMPLE_THREADS in sample.cu

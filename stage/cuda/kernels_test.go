@@ -23,8 +23,10 @@ func TestKernelSource(t *testing.T) {
 		}
 	}
 	// The prefill attention's launch shape.
-	for _, d := range []string{fmt.Sprintf("#define PF_TILE %d\n", prefillTile), fmt.Sprintf("#define PF_WARPS %d\n", prefillThreads/32), fmt.Sprintf("#define PF_MIN_ROWS %d\n", prefillMinRows),
-		fmt.Sprintf("#define NORM_CLUSTER %d\n", normCluster)} {
+	if prefillTile != 16*prefillThreads/32 {
+		t.Errorf("prefill tiles of %d rows; a prefill block of %d threads holds 16 rows a warp", prefillTile, prefillThreads)
+	}
+	for _, d := range []string{fmt.Sprintf("#define PF_WARPS %d\n", prefillThreads/32), fmt.Sprintf("#define NORM_CLUSTER %d\n", normCluster)} {
 		if !strings.Contains(src, d) {
 			t.Errorf("program lacks %q", d)
 		}

@@ -149,7 +149,9 @@ func (s *Stage) startBatch(ctx context.Context, b *stage.Batch, own bool) (*flig
 		s.pl.pad(&f.p, f.sh)
 	}
 	if s.prefill {
-		f.sh.prefill, f.sh.allTiles = s.pl.lay.prefillTiles(f.p.words, f.sh.tokens)
+		if tiles, rows := s.pl.lay.prefillLists(f.p.words, f.sh.tokens); tiles > 0 {
+			f.sh.prefill, f.sh.tiles, f.sh.rowsLeft = true, tiles, rows
+		}
 	}
 	if err := s.dev.Do(func() error { return s.run(f) }); err != nil {
 		return nil, fmt.Errorf("cuda stage [%d,%d): batch %d (%s): %w", s.lo, s.hi, b.ID, step, err)

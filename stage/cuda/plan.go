@@ -21,7 +21,10 @@ type layout struct {
 // Word offsets of each part: per token row its token (or placeholder),
 // position, KV cache row and the offset of its sequence's block table
 // within the tables; the logits rows; the sampling parameters; the block
-// tables, word 0 of which is the scratch block that padding reads.
+// tables, word 0 of which is the scratch block that padding reads; then,
+// for eager steps with whole prefill tiles (prefillLists), the tiles and
+// the rows left to the per-row attention kernel, uploaded only by those
+// steps.
 func (l layout) tokens() int    { return 0 }
 func (l layout) pos() int       { return l.maxTokens }
 func (l layout) cacheRow() int  { return 2 * l.maxTokens }
@@ -29,7 +32,9 @@ func (l layout) tableOff() int  { return 3 * l.maxTokens }
 func (l layout) logitRows() int { return 4 * l.maxTokens }
 func (l layout) sample() int    { return 4*l.maxTokens + l.maxLogitRows }
 func (l layout) tables() int    { return l.sample() + sampleParams*l.maxSeqs }
-func (l layout) words() int     { return l.tables() + 1 + l.maxSeqs*l.maxBlocks }
+func (l layout) tileList() int  { return (l.tables() + 1 + l.maxSeqs*l.maxBlocks + 3) &^ 3 } // 16-byte aligned (copy_words)
+func (l layout) rowList() int   { return l.tileList() + 2*(l.maxTokens/prefillMinRows) }
+func (l layout) words() int     { return l.rowList() + 2*l.maxTokens }
 
 // pagedKV is what the stage knows of its paged KV cache: the geometry and
 // each sequence's cached length. The blocks themselves are the leader's.
@@ -242,34 +247,52 @@ func (pl *planner) addOutputs(s *stage.Seq, p *plan) error {
 // shape is what a step's kernels are launched for: token rows, logits rows
 // and sampled sequences. An eager step has the batch's own; a replayed
 // graph has those it was captured for, which the batch's are padded to.
-// prefill says some of the step's tiles are whole prefill tiles, so
-// attention runs the prefill kernel on those, and allTiles that every row
-// is in one, so the per-row kernel is not launched (eager steps only: a
-// captured shape has both false). decode says every token row is the one
+// prefill says attention follows the description's lists (prefillLists):
+// the prefill kernel takes the tiles, the per-row kernel the rows left
+// (eager steps with whole tiles only: a captured shape has prefill false,
+// and its per-row kernel takes every row). decode says every token row is the one
 // token of its sequence (an eager batch of such, or a uniform decode key
 // of query length 1), so attention may rotate and cache this step's keys
 // itself (Stage.ropeInAttention).
 type shape struct {
 	tokens, rows, sampled int
-	prefill, allTiles     bool
+	prefill               bool
+	tiles, rowsLeft       int // with prefill: prefillLists's counts
 	decode                bool
 }
 
-// prefillTiles reports whether the first T rows of description w make a
-// whole prefill tile (some) and whether every row is in one (all): tiles of
-// prefillTile rows (the last may be shorter) of at least prefillMinRows
-// consecutive positions of one sequence. The host's copy of pf_tile_whole
-// in attention.cu, which the kernels apply on the device.
-func (l layout) prefillTiles(w []int32, T int) (some, all bool) {
-	off, pos := w[l.tableOff():], w[l.pos():]
-	all = T > 0
-	for t0 := 0; t0 < T; t0 += prefillTile {
-		t1 := min(T, t0+prefillTile) - 1
-		whole := t1-t0+1 >= prefillMinRows && off[t0] == off[t1] && int(pos[t1]-pos[t0]) == t1-t0
-		some = some || whole
-		all = all && whole
+// prefillLists plans attention for the first T rows of description w:
+// the whole prefill tiles, for attention_prefill_d*, and the rows left to
+// the per-row kernel. A tile is the rows of one sequence at consecutive
+// positions that share a block of prefillTile positions, wherever they lie
+// in the step; a whole one has at least prefillMinRows rows. It writes
+// the whole tiles as (first row, last row) pairs at w[tileList()] and the
+// other rows as (row, its sequence's first position in the step) pairs at
+// w[rowList()], and returns how many of each.
+func (l layout) prefillLists(w []int32, T int) (tiles, rows int) {
+	off, pos := w[l.tableOff():l.tableOff()+T], w[l.pos():l.pos()+T]
+	tl, rl := w[l.tileList():l.rowList()], w[l.rowList():l.words()]
+	chunk := 0 // the first row of the current sequence
+	for t0 := 0; t0 < T; {
+		if off[t0] != off[chunk] {
+			chunk = t0
+		}
+		t1 := t0
+		for t1+1 < T && off[t1+1] == off[t0] && pos[t1+1] == pos[t1]+1 && pos[t1+1]/prefillTile == pos[t0]/prefillTile {
+			t1++
+		}
+		if t1-t0+1 >= prefillMinRows {
+			tl[2*tiles], tl[2*tiles+1] = int32(t0), int32(t1)
+			tiles++
+		} else {
+			for r := t0; r <= t1; r++ {
+				rl[2*rows], rl[2*rows+1] = int32(r), pos[chunk]
+				rows++
+			}
+		}
+		t0 = t1 + 1
 	}
-	return some, all
+	return tiles, rows
 }
 
 // applyOwn has the sampler record each sampled token under its sequence's

@@ -3,6 +3,8 @@ package cuda
 import (
 	"maps"
 	"math"
+	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 
@@ -246,9 +248,18 @@ func TestPlanRelease(t *testing.T) {
 	}
 }
 
-// TestPrefillTiles: which steps' rows the prefill attention takes (tiles of
-// 64 rows, at least 16 consecutive positions of one sequence).
-func TestPrefillTiles(t *testing.T) {
+// TestPrefillLists: which rows of a step the prefill attention takes, in
+// tiles (a sequence's rows whose positions share a block of 64; whole: at
+// least 16 rows), wherever the sequences' rows lie in the step, and which
+// it leaves to the per-row kernel.
+func TestPrefillLists(t *testing.T) {
+	// The lists are uploaded on their own, from the tile list on, by
+	// copy_words: 16-byte aligned.
+	for _, l := range []layout{{1, 1, 1, 1}, {512, 64, 256, 2049}, {2048, 3, 7, 5}} {
+		if l.tileList()%4 != 0 {
+			t.Errorf("layout %+v: tile list at word %d; want a multiple of 4", l, l.tileList())
+		}
+	}
 	lay := layout{maxTokens: 256, maxSeqs: 8, maxLogitRows: 8, maxBlocks: 8}
 	// seqs lays out sequences of (rows, first position) one after another,
 	// each with its own block table.
@@ -265,22 +276,69 @@ func TestPrefillTiles(t *testing.T) {
 		return w, T
 	}
 	for _, tc := range []struct {
-		name      string
-		seqs      [][2]int
-		some, all bool
+		name        string
+		seqs        [][2]int
+		tiles, rows int
 	}{
-		{"one prompt of 128", [][2]int{{128, 0}}, true, true},
-		{"mid-sequence chunk, short last tile", [][2]int{{80, 300}}, true, true},
-		{"last tile of 2 rows", [][2]int{{130, 0}}, true, false},
-		{"decodes", [][2]int{{1, 5}, {1, 9}, {1, 2}}, false, false},
-		{"two prompts in one tile", [][2]int{{48, 0}, {16, 0}}, false, false},
-		{"a prompt, then decodes", [][2]int{{64, 0}, {1, 7}, {1, 3}}, true, false},
-		{"a short prompt", [][2]int{{15, 0}}, false, false},
-		{"16 rows", [][2]int{{16, 0}}, true, true},
+		{"one prompt of 128", [][2]int{{128, 0}}, 2, 0},
+		{"mid-sequence chunk: tiles of 20 and 60 rows", [][2]int{{80, 300}}, 2, 0},
+		{"mid-sequence chunk: tiles of 4, 64 and 12 rows", [][2]int{{80, 316}}, 1, 16},
+		{"last tile of 2 rows", [][2]int{{130, 0}}, 2, 2},
+		{"decodes", [][2]int{{1, 5}, {1, 9}, {1, 2}}, 0, 3},
+		{"two prompts of 48 and 16", [][2]int{{48, 0}, {16, 0}}, 2, 0},
+		{"a prompt, then decodes", [][2]int{{64, 0}, {1, 7}, {1, 3}}, 1, 2},
+		{"a decode, then prompts", [][2]int{{1, 7}, {64, 0}, {64, 0}}, 2, 1},
+		{"a chunk's 15-row tail, then prompts", [][2]int{{15, 49}, {64, 0}, {100, 0}}, 3, 15},
+		{"three prompts of 64", [][2]int{{64, 0}, {64, 0}, {64, 0}}, 3, 0},
+		{"a short prompt", [][2]int{{15, 0}}, 0, 15},
+		{"16 rows", [][2]int{{16, 0}}, 1, 0},
+		{"16 rows across a block of positions", [][2]int{{16, 56}}, 0, 16},
 	} {
 		w, T := seqs(tc.seqs...)
-		if some, all := lay.prefillTiles(w, T); some != tc.some || all != tc.all {
-			t.Errorf("%s: prefillTiles = %v, %v; want %v, %v", tc.name, some, all, tc.some, tc.all)
+		if tiles, rows := lay.prefillLists(w, T); tiles != tc.tiles || rows != tc.rows {
+			t.Errorf("%s: prefillLists = %d tiles, %d rows; want %d, %d", tc.name, tiles, rows, tc.tiles, tc.rows)
+		}
+	}
+	// Random steps against the definition: rows grouped by (sequence,
+	// position / 64), a group of 16 rows or more a tile, the other rows
+	// listed with their sequence's first position.
+	rng := rand.New(rand.NewPCG(3, 4))
+	for range 2000 {
+		var s [][2]int
+		for n, T := 0, 0; n < lay.maxSeqs; n++ {
+			rows := 1 + rng.IntN(100)
+			if T+rows > lay.maxTokens || n > 0 && rng.IntN(3) == 0 {
+				break
+			}
+			s = append(s, [2]int{rows, rng.IntN(200)})
+			T += rows
+		}
+		w, T := seqs(s...)
+		var wantTiles, wantRows []int32
+		for r, i := 0, 0; i < len(s); i++ {
+			group := map[int][]int32{}
+			var blocks []int
+			for p := s[i][1]; p < s[i][1]+s[i][0]; p, r = p+1, r+1 {
+				if group[p/64] == nil {
+					blocks = append(blocks, p/64)
+				}
+				group[p/64] = append(group[p/64], int32(r))
+			}
+			for _, b := range blocks {
+				if g := group[b]; len(g) >= 16 {
+					wantTiles = append(wantTiles, g[0], g[len(g)-1])
+				} else {
+					for _, row := range g {
+						wantRows = append(wantRows, row, int32(s[i][1]))
+					}
+				}
+			}
+		}
+		tiles, rows := lay.prefillLists(w, T)
+		gotTiles := w[lay.tileList() : lay.tileList()+2*tiles]
+		gotRows := w[lay.rowList() : lay.rowList()+2*rows]
+		if !slices.Equal(gotTiles, wantTiles) || !slices.Equal(gotRows, wantRows) {
+			t.Fatalf("sequences (rows, first position) %v: tiles %v, rows %v; want %v, %v", s, gotTiles, gotRows, wantTiles, wantRows)
 		}
 	}
 }

@@ -719,6 +719,10 @@ func TestAttentionKernel(t *testing.T) {
 	}{
 		// Tiles: two whole, one mixed (four sequences), a short whole one.
 		{32, 8, 64, []attnSeq{{200, 150}, {40, 40}, {300, 1}, {70, 20}}},
+		// A decode row ahead of two prompts (their tiles follow their
+		// positions, not the step's rows), a chunk from position 100 (a
+		// whole tile of 28 rows, then 52), one from 60 (two short tiles).
+		{32, 8, 64, []attnSeq{{70, 1}, {64, 64}, {64, 64}, {180, 80}, {70, 10}}},
 		// A tile at position 0, two mid-sequence, a 2-row tail.
 		{32, 8, 128, []attnSeq{{64, 64}, {513, 130}}},
 		{14, 2, 64, []attnSeq{{100, 100}}},
@@ -737,9 +741,12 @@ type attnSetup struct {
 	part, partML, counts gpu.DevicePtr
 	ctx, seq             []int // per token: its position + 1, its sequence
 	tab                  [][]int32
-	// prefill: launch runs attention_prefill_d<hd> beside the per-row
-	// kernel, which leaves it the whole tiles.
-	prefill bool
+	// prefill: launch runs attention_prefill_d<hd> on the whole tiles
+	// beside the per-row kernel on the rows left (prefillLists's, on the
+	// device at tiles and rows), as the stage does.
+	prefill       bool
+	tiles, rows   gpu.DevicePtr
+	nTiles, nRows int
 	// plan is the per-row kernel's: its warps and least part are varied.
 	plan attnPlan
 }
@@ -796,6 +803,14 @@ func newAttnSetup(t *testing.T, r *kernelRig, nh, nkv, hd int, seqs []attnSeq, m
 	r.upload(t, a.tables, gpu.AsBytes(words))
 	r.upload(t, a.tabOff, gpu.AsBytes(off))
 	r.upload(t, a.pos, gpu.AsBytes(pos))
+	lay := layout{maxTokens: a.tok}
+	desc := make([]int32, lay.words())
+	copy(desc[lay.pos():], pos)
+	copy(desc[lay.tableOff():], off)
+	a.nTiles, a.nRows = lay.prefillLists(desc, a.tok)
+	a.tiles, a.rows = r.alloc(t, 4*max(1, 2*a.nTiles)), r.alloc(t, 4*max(1, 2*a.nRows))
+	r.upload(t, a.tiles, gpu.AsBytes(desc[lay.tileList():lay.tileList()+2*a.nTiles]))
+	r.upload(t, a.rows, gpu.AsBytes(desc[lay.rowList():lay.rowList()+2*a.nRows]))
 	units := a.tok * nkv * newAttnPlan(&model.Config{NumHeads: nh, NumKVHeads: nkv}, smsEstimate).groups
 	a.part = r.alloc(t, units*maxSplits*attentionHeads*hd*4)
 	a.partML = r.alloc(t, units*maxSplits*attentionHeads*2*4)
@@ -810,36 +825,39 @@ func (a *attnSetup) launch(r *kernelRig, splits int, dep bool) error {
 	ap := a.plan
 	groups := ap.groups
 	al := ap.launch(a.tok)
-	whole := 0
-	if a.prefill {
-		whole = 1
-	}
 	scale := float32(1 / math.Sqrt(float64(a.hd)))
-	args := a.args(r, al, splits, a.tok, whole)
-	grid := gpu.Dim3{X: uint32(a.tok), Y: uint32(a.nkv * groups), Z: uint32(splits)}
+	prefill := a.prefill && a.nTiles > 0
+	rows, perRow := gpu.DevicePtr(0), a.tok
+	if prefill {
+		rows, perRow = a.rows, a.nRows
+	}
 	launch := func(f gpu.Function, grid, block gpu.Dim3, smem int, args *gpu.KernelArgs) error {
 		if dep {
 			return f.LaunchDependent(grid, block, smem, r.st, args)
 		}
 		return f.Launch(grid, block, smem, r.st, args)
 	}
-	if err := launch(r.fn[al.name], grid, gpu.Dim3{X: uint32(al.threads)}, al.smem, args); err != nil || !a.prefill {
-		return err
+	if perRow > 0 {
+		args := a.args(r, al, splits, a.tok, rows)
+		grid := gpu.Dim3{X: uint32(perRow), Y: uint32(a.nkv * groups), Z: uint32(splits)}
+		if err := launch(r.fn[al.name], grid, gpu.Dim3{X: uint32(al.threads)}, al.smem, args); err != nil || !prefill {
+			return err
+		}
 	}
-	args = r.args.Reset().Ptr(a.q).Ptr(a.kc).Ptr(a.vc).Ptr(a.out).Ptr(a.outB).Int32(int32(a.tok)).
+	args := r.args.Reset().Ptr(a.q).Ptr(a.kc).Ptr(a.vc).Ptr(a.out).Ptr(a.outB).Int32(int32(a.tok)).
 		Ptr(a.tables).Ptr(a.tabOff).Ptr(a.pos).Int32(int32(a.bs)).Int32(int32(a.nh)).Int32(int32(a.nkv)).
-		Float32(scale).Int32(int32(a.tok))
-	grid = gpu.Dim3{X: uint32((a.tok + prefillTile - 1) / prefillTile), Y: uint32(a.nh)}
-	return launch(r.fn[prefillName(a.hd)], grid, gpu.Dim3{X: prefillThreads}, 0, args)
+		Float32(scale).Ptr(a.tiles)
+	return launch(r.fn[prefillName(a.hd)], gpu.Dim3{X: uint32(a.nTiles), Y: uint32(a.nh)}, gpu.Dim3{X: prefillThreads}, 0, args)
 }
 
 // args are the per-row and tensor-core kernels' ATT_PARAMS for launch al
-// in splits parts, the outputs' remainder rows lo on.
-func (a *attnSetup) args(r *kernelRig, al attnLaunch, splits, lo, whole int) *gpu.KernelArgs {
+// in splits parts, the outputs' remainder rows lo on, for the rows listed
+// at rows (0: every row).
+func (a *attnSetup) args(r *kernelRig, al attnLaunch, splits, lo int, rows gpu.DevicePtr) *gpu.KernelArgs {
 	scale := float32(1 / math.Sqrt(float64(a.hd)))
 	return r.args.Reset().Ptr(a.q).Ptr(a.kc).Ptr(a.vc).Ptr(a.out).Ptr(a.outB).Int32(int32(lo)).
 		Ptr(a.tables).Ptr(a.tabOff).Ptr(a.pos).Int32(int32(a.bs)).Int32(int32(a.nh)).Int32(int32(a.nkv)).Int32(int32(a.hd)).
-		Float32(scale).Int32(int32(splits)).Int32(int32(al.minChunk)).Ptr(a.part).Ptr(a.partML).Ptr(a.counts).Int32(int32(whole))
+		Float32(scale).Int32(int32(splits)).Int32(int32(al.minChunk)).Ptr(a.part).Ptr(a.partML).Ptr(a.counts).Ptr(rows)
 }
 
 // attnVariant is a block size and least part of the per-row kernel, or

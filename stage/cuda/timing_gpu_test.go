@@ -225,7 +225,8 @@ func timeDecode(t *testing.T, dev *gpu.Device, bw float64, bm benchModel) {
 			tables.Free(id)
 		}
 	}
-	// Prefill: 8 sequences of 64 tokens, then 4 of 512, eagerly.
+	// Prefill, eagerly: 8 sequences of 64 tokens, 32 of 64 (the API
+	// bench's 32 prompts in one step), then 4 of 512.
 	layerFlops := 2 * float64(st.Memory().WeightBytes-int64(cfg.VocabSize*cfg.HiddenSize*2)) / 2 // 2 FLOP per weight per token
 	if !cfg.TieEmbedding {
 		layerFlops = 2 * float64(st.Memory().WeightBytes-2*int64(cfg.VocabSize*cfg.HiddenSize*2)) / 2
@@ -233,7 +234,7 @@ func timeDecode(t *testing.T, dev *gpu.Device, bw float64, bm benchModel) {
 	// Each size as the stage runs it (past CompensatedTokens rows the GEMMs
 	// take the bf16 activations alone) and with every GEMM compensated;
 	// then the per-kernel breakdown of the 2,048-token prefill.
-	for _, pf := range []struct{ seqs, len int }{{8, 64}, {4, 512}} {
+	for _, pf := range []struct{ seqs, len int }{{8, 64}, {32, 64}, {4, 512}} {
 		n := pf.seqs * pf.len
 		// Attention: each token attends to its position + 1 keys (QK and PV).
 		attn := float64(pf.seqs) * float64(pf.len*(pf.len+1)/2) * 4 * float64(cfg.NumHeads*cfg.HeadDim) * float64(cfg.NumLayers)
@@ -255,6 +256,9 @@ func timeDecode(t *testing.T, dev *gpu.Device, bw float64, bm benchModel) {
 			ms := median(times)
 			tflops := (layerFlops*float64(n) + attn) / (ms / 1e3) / 1e12
 			key, how := fmt.Sprintf("prefill_%d", n), fmt.Sprintf("as run (compensated up to %d rows)", st.compTokens)
+			if pf.len < 512 {
+				key = fmt.Sprintf("prefill_%dx%d", pf.seqs, pf.len)
+			}
 			if comp {
 				key, how = key+"_compensated", "every GEMM compensated"
 			}
@@ -263,17 +267,40 @@ func timeDecode(t *testing.T, dev *gpu.Device, bw float64, bm benchModel) {
 			t.Logf("%s: eager prefill of %d tokens (%d x %d), %s: %.3f ms GPU, %.0f TFLOP/s (%.0f%% of %d)", bm.name, n, pf.seqs, pf.len, how, ms, tflops, 100*tflops/peakTFLOPS, peakTFLOPS)
 		}
 	}
+	// The step the API bench's leader runs when 31 prompts arrive behind a
+	// decoding sequence: that sequence's one row first, then the prompts,
+	// each repetition timed (the first of a shape may differ).
 	{
-		ids, b := newSeqs(4, 512)
+		var times []string
+		for rep := 0; rep < 3; rep++ {
+			ids, b := newSeqs(1, 64)
+			if _, err := st.Forward(ctx, b); err != nil {
+				t.Fatal(err)
+			}
+			more, mixed := newSeqs(31, 64)
+			mixed.Seqs = append([]stage.Seq{{ID: ids[0], Pos: 64, Tokens: []int32{1}, Sample: true}}, mixed.Seqs...)
+			if _, err := st.Forward(ctx, fill(t, tables, mixed)); err != nil {
+				t.Fatal(err)
+			}
+			times = append(times, fmt.Sprintf("%.3f", float64(st.LastStepTime())/1e6))
+			release(append(ids, more...))
+		}
+		t.Logf("%s: eager step of a decode row and 31 prompts of 64 tokens: %s ms GPU", bm.name, strings.Join(times, ", "))
+	}
+	for _, pf := range []struct {
+		seqs, len int
+		key       string
+	}{{32, 64, "profile_prefill_32x64"}, {4, 512, "profile_prefill_2048"}} {
+		ids, b := newSeqs(pf.seqs, pf.len)
 		p, _, err := st.ProfileStep(ctx, b)
 		if err != nil {
 			t.Fatal(err)
 		}
 		release(ids)
 		var prof strings.Builder
-		res["profile_prefill_2048"] = profileResult(p, &prof)
-		t.Logf("%s prefill of 4 x 512 tokens: kernels %.3f ms (step %.3f ms eager, events between kernels)\n%s", bm.name,
-			float64(p.Sum)/1e6, float64(p.Step)/1e6, prof.String())
+		res[pf.key] = profileResult(p, &prof)
+		t.Logf("%s prefill of %d x %d tokens: kernels %.3f ms (step %.3f ms eager, events between kernels)\n%s", bm.name,
+			pf.seqs, pf.len, float64(p.Sum)/1e6, float64(p.Step)/1e6, prof.String())
 	}
 
 	var table strings.Builder

@@ -24,29 +24,16 @@
 // null, with its rounding remainder lo rows on (put_split).
 // attention_rN takes groups of up to N query heads (N = 1, 2, 4, 8; the
 // launch picks the smallest N at least nh / nkv, or 8).
-// With whole set, the rows of whole prefill tiles (pf_tile_whole) are left
-// to attention_prefill_d*, launched beside this kernel.
-// Grid: (tokens, nkv * groups, splits), groups = ceil((nh / nkv) / N).
+// With rows set (a step with whole prefill tiles, which
+// attention_prefill_d* takes beside this kernel), block x takes row
+// rows[2x], whose sequence's first position in the step is rows[2x + 1]
+// (the host's prefillLists); else block x takes row x.
+// Grid: (tokens or rows listed, nkv * groups, splits), groups = ceil((nh / nkv) / N).
 // Block: W * 32 threads (attention_rN_wW: W warps, 4 or 16); dynamic
 // shared memory W * N * (hd + 2) floats (the warps' partial softmax
 // states). hd: a multiple of 8, at most 256.
 #define ATT_RMAX 8
 #define ATT_U 2  // keys a lane has in flight (4 was slower: NOTES.md)
-#define PF_TILE 64
-#define PF_MIN_ROWS 16
-
-// pf_tile_whole reports whether the tile of PF_TILE token rows holding row
-// t (the step's last tile may be shorter) is at least PF_MIN_ROWS
-// consecutive positions of one sequence, a prefill chunk's: the rows
-// attention_prefill_d* (attention_prefill.cu) takes, and attention_r*
-// leaves, when both run (the host applies the same rule: prefillTiles in
-// plan.go). A sequence's rows are consecutive in a step, so the same block
-// table at both ends of the tile means one sequence throughout.
-__device__ __forceinline__ bool pf_tile_whole(int t, int tokens, const int* table_off, const int* pos) {
-    const int t0 = t / PF_TILE * PF_TILE;
-    const int t1 = min(tokens, t0 + PF_TILE) - 1;
-    return t1 - t0 + 1 >= PF_MIN_ROWS && table_off[t0] == table_off[t1] && pos[t1] - pos[t0] == t1 - t0;
-}
 
 // att_merge folds the running softmax state (m2, l2, a2) into (m, l, a).
 __device__ __forceinline__ void att_merge(float& m, float& l, float* a, float m2, float l2,
@@ -146,10 +133,10 @@ __device__ __forceinline__ void att_warps_out(const float* wm, const float* wl, 
 #define ATT_PARAMS                                                                          \
     const float *q, const bf16 *kcache, const bf16 *vcache, float *out, bf16 *out_bf, int lo, \
         const int *tables, const int *table_off, const int *pos, int bs, int nh, int nkv,     \
-        int hd, float scale, int splits, int min_chunk, float *part, float *part_ml, int *counters, int whole
+        int hd, float scale, int splits, int min_chunk, float *part, float *part_ml, int *counters, const int *rows
 #define ATT_ARGS \
     q, kcache, vcache, out, out_bf, lo, tables, table_off, pos, bs, nh, nkv, hd, scale, splits, \
-        min_chunk, part, part_ml, counters, whole
+        min_chunk, part, part_ml, counters, rows
 
 template <int RM, int W>
 __device__ __forceinline__ void attention_body(ATT_PARAMS) {
@@ -160,7 +147,7 @@ __device__ __forceinline__ void attention_body(ATT_PARAMS) {
     __shared__ int last;
     pdl_trigger();
     const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
-    const int t = blockIdx.x, sp = blockIdx.z;
+    const int t = rows ? rows[2 * blockIdx.x] : blockIdx.x, sp = blockIdx.z;
     const int R = nh / nkv;
     const int groups = (R + RM - 1) / RM;
     const int kh = blockIdx.y / groups;
@@ -172,14 +159,15 @@ __device__ __forceinline__ void attention_body(ATT_PARAMS) {
     const int n = pos[t] + 1;
     const int chunk = max((n + splits - 1) / splits, min_chunk);
     const int parts = (n + chunk - 1) / chunk;
-    if (sp >= parts || (whole && pf_tile_whole(t, gridDim.x, table_off, pos))) {
+    if (sp >= parts) {
         pdl_wait();
         return;
     }
     const int jb = sp * chunk, je = min(n, jb + chunk);
-    // Keys this step writes (a chunk of at most gridDim.x positions ending
-    // at pos[t]) are read after the wait; those before, at once.
-    const int fresh = n - (int)gridDim.x;
+    // Keys this step writes (from its sequence's first position in the
+    // step: listed, or at most gridDim.x positions before pos[t]) are read
+    // after the wait; those before, at once.
+    const int fresh = rows ? rows[2 * blockIdx.x + 1] : n - (int)gridDim.x;
     const int* tab = tables + table_off[t];
     const int kvdim = nkv * hd;
     const int G = hd >> 3;  // 16-byte chunks per row

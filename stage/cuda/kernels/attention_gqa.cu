@@ -19,9 +19,9 @@
 // part, the block writes the output (as attention_r*: fp32 rows
 // to out, or the bf16 pair to out_bf), else its partial, and the last
 // block of the (token, kv head) merges the parts (att_merge_parts; unit
-// t * nkv + kv head, as attention_r* with one group). With whole set, the
-// rows of whole prefill tiles are left to attention_prefill_d*.
-// attention_gqa_d<HD>_w<W>: grid (tokens, nkv, splits), block W * 32
+// t * nkv + kv head, as attention_r* with one group). Rows as attention_r*
+// takes them (all, or those listed in rows).
+// attention_gqa_d<HD>_w<W>: grid (tokens or rows listed, nkv, splits), block W * 32
 // threads, dynamic shared memory GQA_STAGES * 2 * 16 W * (HD + 8) bf16
 // (gqaSmem: each stage's K and V tiles, then the warps' states).
 // Parameters: ATT_PARAMS (hd must be HD). Needs sm_80 (the host launches
@@ -113,7 +113,7 @@ __device__ __forceinline__ void gqa_body(GQA_ROPE_PARAMS, int planes, int pstrid
     __shared__ int last;
     const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
     const int g = lane >> 2, c = lane & 3;
-    const int t = blockIdx.x, kh = blockIdx.y, sp = blockIdx.z;
+    const int t = rows ? rows[2 * blockIdx.x] : blockIdx.x, kh = blockIdx.y, sp = blockIdx.z;
     const int R = nh / nkv;
     // The batch description and the keys of earlier steps are there before
     // the kernels this one depends on end: read them first.
@@ -121,7 +121,7 @@ __device__ __forceinline__ void gqa_body(GQA_ROPE_PARAMS, int planes, int pstrid
     const int chunk = max((n + splits - 1) / splits, min_chunk);
     const int parts = (n + chunk - 1) / chunk;
     TL_BEGIN
-    if (sp >= parts || (whole && pf_tile_whole(t, gridDim.x, table_off, pos))) {
+    if (sp >= parts) {
         pdl_wait();
         TL_WAIT
         TL_END_NOW(TL_ATTENTION_EMPTY)
@@ -129,7 +129,7 @@ __device__ __forceinline__ void gqa_body(GQA_ROPE_PARAMS, int planes, int pstrid
     }
     const int jb = sp * chunk, je = min(n, jb + chunk);
     // Keys this step may write: from here on (with ROPE, only its own).
-    const int fresh = ROPE ? n - 1 : n - (int)gridDim.x;
+    const int fresh = ROPE ? n - 1 : rows ? rows[2 * blockIdx.x + 1] : n - (int)gridDim.x;
     const int* tab = tables + table_off[t];
     const int kvdim = nkv * HD;
 

@@ -1,12 +1,14 @@
 // attention_prefill_d<HD>: causal attention for the whole prefill tiles of a
-// step (pf_tile_whole: PF_TILE consecutive token rows of one sequence, or
-// the step's shorter last tile) on the tensor cores, flash-attention style.
+// step (the host's prefillLists: up to 64 rows of one sequence at
+// consecutive positions, at least 16) on the tensor cores, flash-attention
+// style.
 // attention_r* (attention.cu) attends once per row, re-reading every key
-// for every row; here a tile's rows share each key. The rows of other
-// tiles are attention_r*'s, launched beside this kernel with whole set.
+// for every row; here a tile's rows share each key. The other
+// rows are attention_r*'s (those the host lists), launched beside it.
 //
 // Block: PF_WARPS warps for one query head h (kv head h / (nh / nkv)) and
-// one tile, each warp 16 of its rows. The keys 0..pos of the tile's last
+// one tile, rows tiles[2x] .. tiles[2x + 1] for block x, each warp 16 of
+// its rows. The keys 0..pos of the tile's last
 // row go in blocks of PF_KEYS: the block stages their K and V rows (through
 // the sequence's block table, 16-byte loads) in shared memory; each warp
 // computes S = q·Kᵀ with its fp32 q (times scale) split into a bf16 value
@@ -21,7 +23,7 @@
 // elements (rows g, g + 8; columns 2c, 2c + 1, 2c + 8, 2c + 9), B elements
 // (k 2c, 2c + 1, 2c + 8, 2c + 9; column g) and C elements (rows g, g + 8;
 // columns 2c, 2c + 1); S's C fragments are P's A fragments once packed.
-// Grid: (ceil(tokens / PF_TILE), nh). Block: PF_THREADS. Needs
+// Grid: (tiles, nh). Block: PF_THREADS. Needs
 // sm_80 (the host launches it only there) and HD 64 or 128.
 #define PF_WARPS 4
 #define PF_THREADS (PF_WARPS * 32)
@@ -30,7 +32,7 @@
 template <int HD>
 __device__ __forceinline__ void prefill_body(const float* q, const bf16* kcache, const bf16* vcache, float* out,
                                              bf16* out_bf, int lo, const int* tables, const int* table_off,
-                                             const int* pos, int bs, int nh, int nkv, float scale, int tokens) {
+                                             const int* pos, int bs, int nh, int nkv, float scale, const int* tiles) {
     constexpr int KS = HD / 16;  // k-steps of q·Kᵀ
     constexpr int ND = HD / 8;   // column tiles of the output
     constexpr int RS = HD + 8;   // shared row stride in bf16: rows 16 bytes apart in the banks
@@ -41,14 +43,10 @@ __device__ __forceinline__ void prefill_body(const float* q, const bf16* kcache,
     pdl_trigger();
     const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
     const int g = lane >> 2, c = lane & 3;
-    const int t0 = blockIdx.x * PF_TILE, h = blockIdx.y;
+    const int h = blockIdx.y;
     // The batch description is there before the kernels this one depends
     // on end.
-    if (t0 >= tokens || !pf_tile_whole(t0, tokens, table_off, pos)) {
-        pdl_wait();
-        return;
-    }
-    const int t1 = min(tokens, t0 + PF_TILE) - 1;
+    const int t0 = tiles[2 * blockIdx.x], t1 = tiles[2 * blockIdx.x + 1];
     const int p0 = pos[t0], nkeys = pos[t1] + 1;
     const int kh = h / (nh / nkv), kvdim = nkv * HD;
     const int* tab = tables + table_off[t0];
@@ -175,8 +173,8 @@ __device__ __forceinline__ void prefill_body(const float* q, const bf16* kcache,
 #define PF_PARAMS                                                                                   \
     const float *q, const bf16 *kcache, const bf16 *vcache, float *out, bf16 *out_bf, int lo,        \
         const int *tables, const int *table_off, const int *pos, int bs, int nh, int nkv, float scale, \
-        int tokens
-#define PF_ARGS q, kcache, vcache, out, out_bf, lo, tables, table_off, pos, bs, nh, nkv, scale, tokens
+        const int* tiles
+#define PF_ARGS q, kcache, vcache, out, out_bf, lo, tables, table_off, pos, bs, nh, nkv, scale, tiles
 
 extern "C" __global__ void __launch_bounds__(PF_THREADS) attention_prefill_d64(PF_PARAMS) {
     prefill_body<64>(PF_ARGS);
