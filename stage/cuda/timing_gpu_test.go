@@ -233,7 +233,7 @@ func timeDecode(t *testing.T, dev *gpu.Device, bw float64, bm benchModel) {
 	}
 	// Each size as the stage runs it (past CompensatedTokens rows the GEMMs
 	// take the bf16 activations alone) and with every GEMM compensated;
-	// then the per-kernel breakdown of the 2,048-token prefill.
+	// then the per-kernel breakdowns of the prefills of 32 x 64 and 4 x 512.
 	for _, pf := range []struct{ seqs, len int }{{8, 64}, {32, 64}, {4, 512}} {
 		n := pf.seqs * pf.len
 		// Attention: each token attends to its position + 1 keys (QK and PV).
