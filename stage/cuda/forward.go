@@ -50,7 +50,7 @@ func (s *Stage) run(f *flight) error {
 	if err := s.upload(s.b.batch, f.hostBatch[:4*p.uploadWords(lay)]); err != nil {
 		return fmt.Errorf("upload batch description: %w", err)
 	}
-	if f.sh.prefill {
+	if f.sh.prefill() {
 		lo, hi := lay.tileList(), lay.rowList()+2*f.sh.rowsLeft
 		if err := s.upload(s.b.batch+gpu.DevicePtr(4*lo), f.hostBatch[4*lo:4*hi]); err != nil {
 			return fmt.Errorf("upload attention's tiles and rows: %w", err)
@@ -389,7 +389,7 @@ func (s *Stage) attention(i int, sh shape) error {
 			Int32(int32(m.NumHeads)).Int32(int32(m.NumKVHeads))
 	}
 	rows, perRow := gpu.DevicePtr(0), T
-	if sh.prefill {
+	if sh.prefill() {
 		rows, perRow = s.word(lay.rowList()), sh.rowsLeft
 	}
 	at := s.at.launch(T)
@@ -409,7 +409,7 @@ func (s *Stage) attention(i int, sh shape) error {
 	}
 	if perRow > 0 {
 		grid := gpu.Dim3{X: uint32(perRow), Y: uint32(s.at.nkv * s.at.groups), Z: uint32(at.splits)}
-		if err := s.launchDep("attention", name, grid, gpu.Dim3{X: uint32(at.threads)}, at.smem, a); err != nil || !sh.prefill {
+		if err := s.launchDep("attention", name, grid, gpu.Dim3{X: uint32(at.threads)}, at.smem, a); err != nil || !sh.prefill() {
 			return err
 		}
 	}

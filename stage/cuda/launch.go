@@ -150,7 +150,7 @@ func (s *Stage) startBatch(ctx context.Context, b *stage.Batch, own bool) (*flig
 	}
 	if s.prefill {
 		if tiles, rows := s.pl.lay.prefillLists(f.p.words, f.sh.tokens); tiles > 0 {
-			f.sh.prefill, f.sh.tiles, f.sh.rowsLeft = true, tiles, rows
+			f.sh.tiles, f.sh.rowsLeft = tiles, rows
 		}
 	}
 	if err := s.dev.Do(func() error { return s.run(f) }); err != nil {

@@ -247,19 +247,21 @@ func (pl *planner) addOutputs(s *stage.Seq, p *plan) error {
 // shape is what a step's kernels are launched for: token rows, logits rows
 // and sampled sequences. An eager step has the batch's own; a replayed
 // graph has those it was captured for, which the batch's are padded to.
-// prefill says attention follows the description's lists (prefillLists):
-// the prefill kernel takes the tiles, the per-row kernel the rows left
-// (eager steps with whole tiles only: a captured shape has prefill false,
-// and its per-row kernel takes every row). decode says every token row is the one
+// With tiles (prefill), attention follows the description's lists
+// (prefillLists): the prefill kernel takes the tiles, the per-row kernel
+// the rows left (eager steps with whole tiles only: a captured shape has
+// none, and its per-row kernel takes every row). decode says every token row is the one
 // token of its sequence (an eager batch of such, or a uniform decode key
 // of query length 1), so attention may rotate and cache this step's keys
 // itself (Stage.ropeInAttention).
 type shape struct {
 	tokens, rows, sampled int
-	prefill               bool
-	tiles, rowsLeft       int // with prefill: prefillLists's counts
+	tiles, rowsLeft       int // prefillLists's counts (eager steps with whole tiles)
 	decode                bool
 }
+
+// prefill reports whether attention follows the description's lists.
+func (sh shape) prefill() bool { return sh.tiles > 0 }
 
 // prefillLists plans attention for the first T rows of description w:
 // the whole prefill tiles, for attention_prefill_d*, and the rows left to
