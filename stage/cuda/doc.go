@@ -176,7 +176,11 @@
 // stage's own stream, into two wrappers bound to a runtime mode each:
 // FULL, one graph of the whole step, attention included; PIECEWISE, one
 // graph per dense segment (the input, each stretch between two attention
-// calls, the head), attention running eagerly between them. NCCL is not
+// calls, the head), attention running eagerly between them. It then runs
+// cuBLAS's products at every multiple of 64 rows past the largest key (the
+// LM head at every multiple of 8 logits rows), and afterwards an eager
+// step's products are padded to the smallest shape warmed: cuBLAS's first
+// product of a shape costs milliseconds of host time. NCCL is not
 // captured: a stage's neighbour may be a CPU or TCP stage, and the
 // transport moves activations into Input before Forward. Forward obeys
 // Batch.Graph: for a Full or Piecewise step it pads the batch description

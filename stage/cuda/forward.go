@@ -484,8 +484,14 @@ func (s *Stage) rmsnorm(rows int, y gpu.DevicePtr, p planes, w gpu.DevicePtr, ou
 
 // linear computes the fp32 row-major y[rows×out] = x·Wᵀ for bf16 x
 // [rows×in] and a bf16 Hugging Face weight W [out×in] with cuBLAS,
-// accumulating in fp32.
+// accumulating in fp32. While Capture runs it records the rows; after
+// Capture it pads them to a shape Capture warmed (gemmwarm.go).
 func (s *Stage) linear(label string, y, x, w gpu.DevicePtr, rows, in, out int) error {
+	if s.g.capturing {
+		s.g.gemm.record(in, out, rows)
+	} else {
+		rows = s.g.gemm.pad(in, out, rows)
+	}
 	if s.prof != nil {
 		s.prof.before(s, "cublas "+label)
 	}

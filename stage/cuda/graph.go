@@ -24,6 +24,8 @@ type graphState struct {
 	report    GraphReport
 	// Counts of the graphs captured so far and their nodes.
 	graphCount, nodeCount int
+	// gemm is the cuBLAS products' shapes Capture warmed.
+	gemm gemmShapes
 }
 
 // wrapper is bound to one runtime mode: for a step of that mode it replays
@@ -240,8 +242,9 @@ func (pl *planner) captureOrder(keys []graphs.Step) ([]graphs.Step, error) {
 // Capture captures the CUDA graphs of keys (the leader dispatcher's
 // graphs.Dispatcher.Keys), largest first, each after an eager warm-up run
 // of its shape, on the stage's own (non-default) stream: one graph per
-// Full key, and one per dense segment for a Piecewise key. Every buffer
-// already exists, so capture allocates nothing but the graphs themselves;
+// Full key, and one per dense segment for a Piecewise key. Then it warms
+// up cuBLAS's products at the shapes eager steps past the largest key
+// are padded to (gemmwarm.go). Every buffer already exists, so capture allocates nothing but the graphs themselves;
 // the memory held back by Config.GraphMemory is released first, and
 // Capture fails when the graphs took more. Capture may be called once;
 // afterwards Forward replays the graphs of steps whose key was captured
@@ -315,6 +318,14 @@ func (s *Stage) captureAll(order []graphs.Step) error {
 		}
 		rep.PerKey = append(rep.PerKey, KeyReport{Step: k, Graphs: s.g.graphCount - g0, Nodes: s.g.nodeCount - n0, Bytes: int64(before - after)})
 		captured(i+1, len(order))
+	}
+	if len(order) > 0 {
+		if err := s.warmEager(order[0].Desc.NumTokens); err != nil {
+			return err
+		}
+		if err := s.stream.Synchronize(); err != nil {
+			return fmt.Errorf("warm up eager shapes: %w", err)
+		}
 	}
 	free1, _, err := gpu.MemInfo()
 	if err != nil {
