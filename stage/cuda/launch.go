@@ -148,7 +148,8 @@ func (s *Stage) startBatch(ctx context.Context, b *stage.Batch, own bool) (*flig
 		f.sh = s.pl.keyShape(step)
 		s.pl.pad(&f.p, f.sh)
 	}
-	if s.prefill {
+	// A full graph's attention was captured without the lists.
+	if s.prefill && step.Mode != graphs.Full {
 		if tiles, rows := s.pl.lay.prefillLists(f.p.words, f.sh.tokens); tiles > 0 {
 			f.sh.tiles, f.sh.rowsLeft = tiles, rows
 		}
