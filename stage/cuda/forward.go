@@ -421,8 +421,8 @@ func (s *Stage) attention(i int, sh shape) error {
 // head computes the logits rows of the step (the final norm of the
 // selected rows, the LM head in fp32) and samples: with the skinny LM head
 // when the rows are few (the norm folded in, its blocks' softmax partials
-// handed to the sampler), else a norm kernel, cuBLAS and logit_stats for
-// the partials.
+// handed to the sampler), else a norm kernel and gemvh (up to 16 rows, the
+// partials in its epilogue) or cuBLAS and logit_stats for the partials.
 func (s *Stage) head(sh shape) error {
 	m := &s.m
 	lay := s.pl.lay
@@ -441,10 +441,15 @@ func (s *Stage) head(sh shape) error {
 		if err := s.rmsnorm(sh.rows, 0, planes{}, s.weights.norm, 0, rows); err != nil {
 			return err
 		}
-		if err := s.linear("lm_head", s.b.logits, s.b.normed, s.weights.lmHead, sh.rows, m.HiddenSize, m.VocabSize); err != nil {
+		if s.gemvh(sh.rows) {
+			var err error
+			stats = s.b.stats
+			if nstat, err = s.lmHeadStats(s.b.logits, s.b.normed, s.weights.lmHead, stats, sh.rows); err != nil {
+				return fmt.Errorf("LM head: %w", err)
+			}
+		} else if err := s.linear("lm_head", s.b.logits, s.b.normed, s.weights.lmHead, sh.rows, m.HiddenSize, m.VocabSize); err != nil {
 			return fmt.Errorf("LM head: %w", err)
-		}
-		if sh.sampled > 0 {
+		} else if sh.sampled > 0 {
 			stats, nstat = s.b.stats, logitStatsPartials(m.VocabSize)
 			a := s.args.Reset().Ptr(s.b.logits).Int32(int32(m.VocabSize)).Ptr(stats)
 			grid := gpu.Dim3{X: uint32(sh.rows), Y: uint32(logitStatsParts(m.VocabSize))}

@@ -75,7 +75,7 @@ func warmRows(from, to, step int) []int {
 // each cuBLAS product of the stage's layers at every multiple of
 // eagerRowStep past maxKey (and the most rows an eager step gives it)
 // and, on the last stage, the LM head at every multiple of headRowStep up
-// to MaxLogitRows, so that linear's padding finds them warm. Their outputs
+// to MaxLogitRows that gemvh does not take, so that linear's padding finds them warm. Their outputs
 // go to the products' own buffers and are never read. Device goroutine
 // only, while Capture records.
 func (s *Stage) warmEager(maxKey int) error {
@@ -107,6 +107,9 @@ func (s *Stage) warmEager(maxKey int) error {
 	}
 	if s.last {
 		for _, rows := range warmRows(0, lay.maxLogitRows, headRowStep) {
+			if s.gemvh(rows) {
+				continue // not on cuBLAS
+			}
 			if err := s.linear("lm_head", s.b.logits, s.b.normed, s.weights.lmHead, rows, H, m.VocabSize); err != nil {
 				return fmt.Errorf("warm up the LM head of %d rows: %w", rows, err)
 			}

@@ -210,7 +210,7 @@ var kernelNames = func() []string {
 			n = append(n, gemvName(v, nt))
 		}
 	}
-	return append(append(append(append(n, gqaNames...), gemvfNames...), gemvsNames...), gemvgNames...)
+	return append(append(append(append(append(n, gqaNames...), gemvfNames...), gemvsNames...), gemvgNames...), gemvhNames...)
 }()
 
 // gqaNames lists the attention_gqa entry points.

@@ -17,7 +17,7 @@ func TestKernelSource(t *testing.T) {
 		t.Errorf("program does not start with the common definitions:\n%.200s", src)
 	}
 	for _, name := range append(slices.Clone(kernelNames), optionalNames...) {
-		re := regexp.MustCompile(`(extern "C" __global__ void (\w+_DIMS\s+)?(__launch_bounds__\(\w+\)\s+)?` + name + `\(|(GEMV[FSTGR]?|GQA|GQA_ROPEP?)_ENTRY\(` + name + `,)`)
+		re := regexp.MustCompile(`(extern "C" __global__ void (\w+_DIMS\s+)?(__launch_bounds__\(\w+\)\s+)?` + name + `\(|(GEMV[FSTGRH]?|GQA|GQA_ROPEP?)_ENTRY\(` + name + `,)`)
 		if n := len(re.FindAllString(src, -1)); n != 1 {
 			t.Errorf("kernel %s defined %d times in the program; want once", name, n)
 		}
@@ -76,6 +76,7 @@ func TestKernelSource(t *testing.T) {
 		fmt.Sprintf("#define GEMV_THREADS %d\n", gemvThreads),
 		fmt.Sprintf("#define GEMVS_THREADS %d\n", gemvsThreads),
 		fmt.Sprintf("#define GEMVG_THREADS %d\n", gemvgThreads),
+		fmt.Sprintf("#define GEMVH_THREADS %d\n", gemvhThreads),
 		fmt.Sprintf("#define WRING_STAGES %d\n", wringStages),
 		fmt.Sprintf("#define WRING_KS %d\n", wringKS),
 		fmt.Sprintf("#define MAX_PLANES %d\n", maxPlanes),

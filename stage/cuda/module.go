@@ -203,8 +203,8 @@ func lookupKernels(mod gpu.Module, info gpu.DeviceInfo, optional bool) (map[stri
 		}
 	}
 	if info.MaxSharedPerBlockOptin > 48<<10 {
-		// gemvg: as large as any k gemvgFits admits.
-		for _, name := range append(slices.Clone(gemvfNames), gemvgNames...) {
+		// gemvg and gemvh: as large as any k gemvgFits and gemvhFits admit.
+		for _, name := range append(append(slices.Clone(gemvfNames), gemvgNames...), gemvhNames...) {
 			if err := fn[name].SetMaxDynamicSharedMem(info.MaxSharedPerBlockOptin); err != nil {
 				return nil, err
 			}

@@ -289,12 +289,13 @@ const (
 	tlGemvg = 21
 	tlNorm  = 22
 	tlSilu  = 23
+	tlGemvh = 24
 )
 
 // tlNames names every tag the timeline records.
 var tlNames = map[int]string{tlAttention: "attention", tlAttentionEmpty: "attention", tlGemvf + 1: "lm_head",
 	tlGemvf + 2: "resid", tlGemvf + 3: "gate_up", tlGemvf + 4: "qkv", tlGemvs: "gemvs", tlGemvg: "gemvg",
-	tlNorm: "norm", tlSilu: "silu"}
+	tlNorm: "norm", tlSilu: "silu", tlGemvh: "gemvh"}
 
 // tlGroup cuts records into kernels: sorted by the return of their waits
 // (a dependent launch's blocks wait for the whole of the kernel before it;

@@ -43,7 +43,7 @@ __device__ __forceinline__ void pdl_wait() {
 // << 24 | block; start (ns); wait | mark << 32 (ns after start); end (ns
 // after start). Tags: TL_ATTENTION, TL_ATTENTION_EMPTY (a part past its
 // sequence's end), TL_GEMVF + the gemvf epilogue, and the cuBLAS path's
-// kernels of our own: TL_GEMVS, TL_GEMVG, TL_NORM (rmsnorm, rmsnorm_planes),
+// kernels of our own: TL_GEMVS, TL_GEMVG, TL_GEMVH, TL_NORM (rmsnorm, rmsnorm_planes),
 // TL_SILU (silu_mul; its mark is its wait). tl_reset empties the records,
 // tl_read copies them out with their count.
 #ifdef TANDEM_TIMELINE
@@ -55,6 +55,7 @@ __device__ __forceinline__ void pdl_wait() {
 #define TL_GEMVG 21
 #define TL_NORM 22
 #define TL_SILU 23
+#define TL_GEMVH 24
 __device__ unsigned long long tl_rec[TL_MAX * 4];
 __device__ unsigned tl_cnt;
 __device__ __forceinline__ unsigned long long tl_now() {

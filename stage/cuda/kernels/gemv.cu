@@ -166,19 +166,26 @@ __device__ __forceinline__ int stage_rows(unsigned sbase, const bf16* x, int k, 
     return ka / WRING_KS;
 }
 
+// wring_copy starts the lane's part of copying k from kst * WRING_KS on of
+// the warp's 16 weight rows (r0, r1) into ring slot slot.
+__device__ __forceinline__ void wring_copy(unsigned ring, const bf16* r0, const bf16* r1, int k, int kst, int slot,
+                                           int lane) {
+    const unsigned dst = ring + (unsigned)(slot * (16 * WRING_KS * 2));
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        const int r = (lane >> 3) + 4 * j, ch = lane & 7;
+        const bf16* src = (j < 2 ? r0 + (size_t)r * k : r1 + (size_t)(r - 8) * k) + kst * WRING_KS + ch * 8;
+        cp_async16(dst + (unsigned)(r * 128 + (ch ^ ((r & 1) << 2)) * 16), src, 16);
+    }
+}
+
 // wring_issue starts the lane's part of stage st (k from st * WRING_KS on)
 // into its slot, unless st >= nst, and commits a cp.async group either way,
 // so that every lane counts the same groups.
 __device__ __forceinline__ void wring_issue(unsigned ring, const bf16* r0, const bf16* r1, int k, int st, int nst,
                                             int lane) {
     if (st < nst) {
-        const unsigned dst = ring + (unsigned)((st % WRING_STAGES) * (16 * WRING_KS * 2));
-#pragma unroll
-        for (int j = 0; j < 4; j++) {
-            const int r = (lane >> 3) + 4 * j, ch = lane & 7;
-            const bf16* src = (j < 2 ? r0 + (size_t)r * k : r1 + (size_t)(r - 8) * k) + st * WRING_KS + ch * 8;
-            cp_async16(dst + (unsigned)(r * 128 + (ch ^ ((r & 1) << 2)) * 16), src, 16);
-        }
+        wring_copy(ring, r0, r1, k, st, st % WRING_STAGES, lane);
     }
     cp_async_commit();
 }

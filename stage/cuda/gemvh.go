@@ -1,0 +1,78 @@
+package cuda
+
+import (
+	"fmt"
+	"slices"
+
+	"github.com/tandem-llm/tandem/gpu"
+)
+
+// The cuBLAS path's LM head of few rows, with the sampler's softmax
+// partials in its epilogue, a dependent launch (kernels/gemvh.cu).
+const gemvhThreads = 256 // GEMVH_THREADS
+
+func gemvhName(nt int) string { return fmt.Sprintf("gemvh_nt%d", nt) }
+
+// gemvhNT are gemvh's n-tiles of 8 staged rows: up to 16 rows. At 32
+// (n-tile 4) every warp reads the staged rows from shared memory twice
+// over for each byte of weights, and the head took 151 us against
+// cuBLAS's 134 plus logit_stats (1B, one H200, NOTES.md phase 25).
+var gemvhNT = []int{1, 2}
+
+// gemvhNames lists the gemvh_* entry points.
+var gemvhNames = func() []string {
+	n := make([]string, len(gemvhNT))
+	for i, nt := range gemvhNT {
+		n[i] = gemvhName(nt)
+	}
+	return n
+}()
+
+// gemvhSmem is the dynamic shared memory of gemvh_nt<nt> for inputs of k:
+// the staged rows, then the warps' weight rings.
+func gemvhSmem(nt, k int) int { return nt*8*k*2 + gemvhThreads/32*wringBytes }
+
+// gemvhBlocks is gemvh's grid on a device of sms multiprocessors for a
+// vocabulary of vocab rows: a block a multiprocessor, and no more warps
+// than units of 16 rows.
+func gemvhBlocks(vocab, sms int) int { return max(1, min(sms, vocab/16/(gemvhThreads/32))) }
+
+// gemvhPartials is the softmax partials gemvh writes per logits row: one
+// per warp of its grid.
+func gemvhPartials(vocab, sms int) int { return gemvhBlocks(vocab, sms) * gemvhThreads / 32 }
+
+// gemvhMaxRows is the most logits rows gemvh takes.
+var gemvhMaxRows = 8 * slices.Max(gemvhNT)
+
+// gemvhFits is gemvh's rule: whether the LM head of rows logits rows of
+// hidden features over a vocabulary of vocab takes gemvh on a device of
+// smem bytes of shared memory a block: at most gemvhMaxRows rows, whole
+// units of 16 vocabulary rows, k a multiple of the ring's stage, and the
+// staged rows and the rings within the shared memory. It replaces cuBLAS
+// and logit_stats. Measured on one H200 (NOTES.md, phase 25; 1B GPU ms of
+// a decode step, two rounds against cuBLAS): batch 2 0.925/0.927 ->
+// 0.922/0.923, 8 0.932/0.934 -> 0.930/0.928, 16 0.981/0.982 ->
+// 0.980/0.978; the head alone 125.5 us at 2 rows (4.18 TB/s).
+func gemvhFits(rows, hidden, vocab, smem int) bool {
+	nt := gemvsNTFor(rows, 0)
+	return slices.Contains(gemvhNT, nt) && vocab%16 == 0 && hidden%wringKS == 0 && gemvhSmem(nt, hidden) <= smem
+}
+
+// gemvh reports whether the stage's LM head of rows logits rows runs on
+// gemvh: only as a dependent launch, like gemvs.
+func (s *Stage) gemvh(rows int) bool {
+	return s.gemvs && gemvhFits(rows, s.m.HiddenSize, s.m.VocabSize, s.dev.Info().MaxSharedPerBlockOptin)
+}
+
+// lmHeadStats orders gemvh: the logits of the rows normed rows of x and
+// the LM head w into logits, and their softmax partials into stats; it
+// returns the partials per row.
+func (s *Stage) lmHeadStats(logits, x, w, stats gpu.DevicePtr, rows int) (int, error) {
+	H, V := s.m.HiddenSize, s.m.VocabSize
+	info := s.dev.Info()
+	nt := gemvsNTFor(rows, 0)
+	a := s.args.Reset().Ptr(w).Ptr(x).Ptr(logits).Int32(int32(V)).Int32(int32(H)).Int32(int32(rows)).Ptr(stats)
+	grid := gpu.Dim3{X: uint32(gemvhBlocks(V, info.SMs))}
+	err := s.launchDep("gemvh lm_head+stats", gemvhName(nt), grid, gpu.Dim3{X: gemvhThreads}, gemvhSmem(nt, H), a)
+	return gemvhPartials(V, info.SMs), err
+}

@@ -1,0 +1,173 @@
+// gemvh_nt<NT>: the LM head of the cuBLAS path's steps of 2-16 logits
+// rows (gemvh.go says which), with the softmax partials the sampler reads
+// in its epilogue, a dependent launch: no logit_stats kernel follows it,
+// and its first weights load before griddepcontrol.wait, beside the final
+// norm.
+//
+// out[r][f] = x_r · W_f for the bf16 rows x of t logits rows and the head
+// W [n x k], in fp32 (out row-major [t x n]). The grid is persistent: each
+// warp of the grid takes units of 16 weight rows (n / 16 of them),
+// unit u by warp u mod warps, warps numbered warp-major (warp w of block b
+// is w * gridDim.x + b) so that the units left over spread across the
+// blocks: a block's share differs from another's by at most one unit. The
+// warp streams all of its units' weights through its ring (gemv.cu:
+// wring_*) as one run of stages, so the next unit's first stages load
+// while a unit ends. The block stages x once (NT * 8 rows of k, as
+// gemvs.cu; in two parts as gemvg.cu) after the wait.
+//
+// Each lane keeps, for each of its rows, a running softmax partial over
+// the logits it computes (its 2 features of every unit of its warp: the
+// maximum, its lowest index, the sum of exp(v - maximum), whether a value
+// was NaN or infinite, updated as logit_stats does); at the end the
+// 8 lanes of a row merge theirs (logit_stats's order of merging) and write
+// the warp's partial of the row to stats[(r * gridDim.x * 8 + warp) * 4],
+// the layout sample reads (nstat = gridDim.x * 8). The partials depend on
+// the grid alone, never on the step's other rows.
+//
+// Grid: at most n / 16 / 8 blocks (every warp has a unit); block
+// GEMVH_THREADS; dynamic shared memory gemvhSmem(NT, k): the staged rows,
+// then the warps' rings. n a multiple of 16, k of WRING_KS.
+#define GEMVH_THREADS 256
+
+template <int NT>
+__device__ __forceinline__ void gemvh_body(const bf16* __restrict__ w, const bf16* __restrict__ x,
+                                           float* __restrict__ out, int n, int k, int t, float* __restrict__ stats) {
+    extern __shared__ unsigned gemvh_sm[];
+    const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5, g = lane >> 2, c = lane & 3;
+    const int stride = k, nst = k / WRING_KS;
+    const int warps = gridDim.x * (GEMVH_THREADS / 32), gw = wid * gridDim.x + blockIdx.x;
+    const int total = (n / 16 - gw + warps - 1) / warps * nst;  // the warp's stages
+    const unsigned sbase = smem_addr(gemvh_sm);
+    const unsigned ring = sbase + (unsigned)(NT * 8 * stride * 2 + wid * WRING_BYTES);
+    // issue starts stage st of the warp's run (unit st / nst of its own,
+    // k-stage st % nst) into its slot, and commits a group either way.
+    auto issue = [&](int st) {
+        if (st < total) {
+            const bf16* r0 = w + (size_t)(gw + st / nst * warps) * 16 * k;
+            wring_copy(ring, r0, r0 + (size_t)8 * k, k, st % nst, st % WRING_STAGES, lane);
+        }
+        cp_async_commit();
+    };
+    TL_BEGIN
+    pdl_trigger();
+#pragma unroll
+    for (int st = 0; st < WRING_STAGES - 1; st++) {
+        issue(st);
+    }
+    pdl_wait();
+    TL_WAIT
+    const int sync = stage_rows<NT, GEMVH_THREADS, true>(sbase, x, k, 0, k, stride, t, 0);
+    TL_MARK
+    float acc[NT][4];
+    // The lane's running partial of row nt * 8 + 2c + h: sm, si, ss, sb.
+    float sm[NT][2], ss[NT][2];
+    int si[NT][2], sb[NT][2];
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) acc[nt][i] = 0.f;
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            sm[nt][h] = NEG_INF;
+            ss[nt][h] = 0.f;
+            si[nt][h] = 0x7fffffff;
+            sb[nt][h] = 0;
+        }
+    }
+    const unsigned blane = sbase + (unsigned)((g * stride + 8 * c) * 2);
+    const unsigned arow = ring + (unsigned)(g * 128);
+#pragma unroll 1
+    for (int st = 0; st < total; st++) {
+        const int kst = st % nst;
+        cp_async_wait<WRING_STAGES - 2>();
+        if (st == sync && sync < nst) {
+            // Every thread's rest of the staged rows is in (in every
+            // warp's first unit; with no rest, stage_rows met already).
+            __syncthreads();
+        } else {
+            __syncwarp();
+        }
+        const unsigned as = arow + (unsigned)((st % WRING_STAGES) * (16 * WRING_KS * 2));
+        u32x4 a[WRING_KS / 32][2];
+#pragma unroll
+        for (int j = 0; j < WRING_KS / 32; j++) {
+            const unsigned off = (unsigned)(((4 * j + c) ^ ((g & 1) << 2)) * 16);
+            asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];"
+                         : "=r"(a[j][0].x), "=r"(a[j][0].y), "=r"(a[j][0].z), "=r"(a[j][0].w)
+                         : "r"(as + off));
+            asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];"
+                         : "=r"(a[j][1].x), "=r"(a[j][1].y), "=r"(a[j][1].z), "=r"(a[j][1].w)
+                         : "r"(as + 8 * 128 + off));
+        }
+        issue(st + WRING_STAGES - 1);
+        mma_staged<NT, WRING_KS / 32>(acc, a, blane, stride, kst * WRING_KS);
+        if (kst == nst - 1) {
+            // The unit's logits: features f and f + 8 of rows 2c, 2c + 1
+            // of each n-tile, in increasing feature order per lane.
+            const int f = (gw + st / nst * warps) * 16 + g;
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const int r = nt * 8 + 2 * c + h;
+                    if (r < t) {
+#pragma unroll
+                        for (int e = 0; e < 2; e++) {
+                            const float v = acc[nt][2 * e + h];
+                            const int i = f + 8 * e;
+                            out[(size_t)r * n + i] = v;
+                            sb[nt][h] |= (__float_as_uint(v) & 0x7f800000u) == 0x7f800000u;
+                            if (better(v, i, sm[nt][h], si[nt][h])) {
+                                ss[nt][h] = sm[nt][h] == NEG_INF ? 0.f : ss[nt][h] * expf(sm[nt][h] - v);
+                                sm[nt][h] = v;
+                                si[nt][h] = i;
+                            }
+                            ss[nt][h] += expf(v - sm[nt][h]);
+                        }
+                    }
+                }
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) acc[nt][i] = 0.f;
+        }
+    }
+    // The 8 lanes of each row (lanes c, c + 4, ..., c + 28) merge their
+    // partials; lane c writes the warp's.
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            float m = sm[nt][h], s = ss[nt][h];
+            int mi = si[nt][h], bad = sb[nt][h];
+            for (int o = 16; o >= 4; o >>= 1) {
+                const float om = __shfl_xor_sync(0xffffffffu, m, o), os = __shfl_xor_sync(0xffffffffu, s, o);
+                const int oi = __shfl_xor_sync(0xffffffffu, mi, o);
+                bad |= __shfl_xor_sync(0xffffffffu, bad, o);
+                const bool take = better(om, oi, m, mi);
+                const float nm = take ? om : m;
+                s = (m == NEG_INF ? 0.f : s * expf(m - nm)) + (om == NEG_INF ? 0.f : os * expf(om - nm));
+                m = nm;
+                mi = take ? oi : mi;
+            }
+            const int r = nt * 8 + 2 * c + h;
+            if (g == 0 && r < t) {
+                float* p = stats + ((size_t)r * warps + blockIdx.x * (GEMVH_THREADS / 32) + wid) * 4;
+                p[0] = m;
+                p[1] = __int_as_float(mi);
+                p[2] = s;
+                p[3] = __int_as_float(bad);
+            }
+        }
+    TL_END(TL_GEMVH)
+}
+
+#define GEMVH_ENTRY(name, nt)                                                                                  \
+    extern "C" __global__ void __launch_bounds__(GEMVH_THREADS, 1)                                             \
+        name(const bf16* __restrict__ w, const bf16* __restrict__ x, float* __restrict__ out, int n, int k, int t, \
+             float* __restrict__ stats) {                                                                      \
+        gemvh_body<nt>(w, x, out, n, k, t, stats);                                                             \
+    }
+
+GEMVH_ENTRY(gemvh_nt1, 1)
+GEMVH_ENTRY(gemvh_nt2, 2)
