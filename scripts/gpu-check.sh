@@ -270,7 +270,7 @@ fi
 
 if [ "$MODE" = kernels ]; then
 	step "kernels: compile, references, bandwidth"
-	gotest kernels -test.run 'TestKernelSource|TestSkinnyKernels|TestAttentionKernel|TestAttentionRopeKernel|TestGemvsKernel|TestGemvgKernel|TestNormKernel|TestSampleKernel|TestSkinnyBandwidth|TestPlanSkinny|TestWorkspaceBytes' -test.timeout 150s || status=1
+	gotest kernels -test.run 'TestKernelSource|TestSkinnyKernels|TestAttentionKernel|TestAttentionRopeKernel|TestGemvsKernel|TestGemvgKernel|TestGemvhKernel|TestNormKernel|TestSampleKernel|TestSkinnyBandwidth|TestPlanSkinny|TestWorkspaceBytes' -test.timeout 150s || status=1
 	grep -A80 'skinny products' "$OUT/kernels.log" | head -120
 	step "conformance on every path, graphs (short)"
 	gotest conformance -test.run 'TestConformance|TestGraphs|TestGraphErrors|TestGraphLongRun|TestMemoryReport' -test.short -test.timeout 200s || status=1
@@ -334,7 +334,7 @@ done
 # (gemvt.cu) fail them, everything after runs without them
 # (TANDEM_CUDA_OPTIONAL=off), so that one broken kernel costs its own
 # figures, not the run's.
-KERNELS='TestKernelSource|TestSkinnyKernels|TestAttentionKernel|TestAttentionRopeKernel|TestGemvsKernel|TestGemvgKernel|TestNormKernel'
+KERNELS='TestKernelSource|TestSkinnyKernels|TestAttentionKernel|TestAttentionRopeKernel|TestGemvsKernel|TestGemvgKernel|TestGemvhKernel|TestNormKernel'
 step "(4a) kernel tests: every skinny product and attention against float64 references"
 gotest kernels0 -test.run "$KERNELS" -test.timeout 150s || status=1
 if grep -qE -- '--- FAIL: TestSkinnyKernels/[^ ]*/t(13|32)|optional kernels \(gemvt.cu\) did not compile|panic:' "$OUT/kernels0.log"; then
