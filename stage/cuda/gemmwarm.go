@@ -75,9 +75,9 @@ func warmRows(from, to, step int) []int {
 // each cuBLAS product of the stage's layers at every multiple of
 // eagerRowStep past maxKey (and the most rows an eager step gives it)
 // and, on the last stage, the LM head at every multiple of headRowStep up
-// to MaxLogitRows that gemvh does not take, so that linear's padding finds them warm. Their outputs
-// go to the products' own buffers and are never read. Device goroutine
-// only, while Capture records.
+// to MaxLogitRows that gemvh does not take, so that linear's padding
+// finds them warm. Their outputs go to the products' own buffers and are
+// never read. Device goroutine only, while Capture records.
 func (s *Stage) warmEager(maxKey int) error {
 	m := &s.m
 	H, I := m.HiddenSize, m.IntermediateSize

@@ -17,7 +17,7 @@ func gemvgName(nt int) string { return fmt.Sprintf("gemvg_nt%d", nt) }
 
 // gemvgNames lists the gemvg_* entry points: one for each of gemvs's
 // n-tiles, as gemvsNTFor picks gemvg's too.
-var gemvgNames = ntNames(gemvgName)
+var gemvgNames = ntNames(gemvsNT, gemvgName)
 
 // gemvgSmem is the dynamic shared memory of gemvg_nt<nt> for inputs of k:
 // the staged rows, then the warps' weight rings.

@@ -20,13 +20,7 @@ func gemvhName(nt int) string { return fmt.Sprintf("gemvh_nt%d", nt) }
 var gemvhNT = []int{1, 2}
 
 // gemvhNames lists the gemvh_* entry points.
-var gemvhNames = func() []string {
-	n := make([]string, len(gemvhNT))
-	for i, nt := range gemvhNT {
-		n[i] = gemvhName(nt)
-	}
-	return n
-}()
+var gemvhNames = ntNames(gemvhNT, gemvhName)
 
 // gemvhSmem is the dynamic shared memory of gemvh_nt<nt> for inputs of k:
 // the staged rows, then the warps' weight rings.

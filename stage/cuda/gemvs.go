@@ -26,12 +26,12 @@ var gemvsNT = []int{1, 2, 4}
 func gemvsName(nt int) string { return fmt.Sprintf("gemvs_nt%d", nt) }
 
 // gemvsNames lists the gemvs_* entry points.
-var gemvsNames = ntNames(gemvsName)
+var gemvsNames = ntNames(gemvsNT, gemvsName)
 
-// ntNames is the names of a kernel's entries for each of gemvsNT.
-func ntNames(name func(nt int) string) []string {
-	n := make([]string, len(gemvsNT))
-	for i, nt := range gemvsNT {
+// ntNames is the names of a kernel's entries for each of its n-tiles nts.
+func ntNames(nts []int, name func(nt int) string) []string {
+	n := make([]string, len(nts))
+	for i, nt := range nts {
 		n[i] = name(nt)
 	}
 	return n

@@ -303,6 +303,32 @@ __device__ __forceinline__ bool better(float v, int i, float bv, int bi) {
     return v > bv || (v == bv && i < bi);
 }
 
+// A softmax partial of logits (logit_stats, gemvh; sample merges them): the
+// maximum m, its lowest index mi, the sum s of exp(v - m) and whether a
+// value was NaN or infinite (bad). stats_add folds logit v of index i in.
+__device__ __forceinline__ void stats_add(float v, int i, float& m, int& mi, float& s, int& bad) {
+    bad |= (__float_as_uint(v) & 0x7f800000u) == 0x7f800000u;
+    if (better(v, i, m, mi)) {
+        s = m == NEG_INF ? 0.f : s * expf(m - v);
+        m = v;
+        mi = i;
+    }
+    s += expf(v - m);
+}
+
+// stats_merge merges the partial of the lane o lanes over (xor) into this
+// lane's, in the same order in both lanes (the sums commute).
+__device__ __forceinline__ void stats_merge(float& m, int& mi, float& s, int& bad, int o) {
+    const float om = __shfl_xor_sync(0xffffffffu, m, o), os = __shfl_xor_sync(0xffffffffu, s, o);
+    const int oi = __shfl_xor_sync(0xffffffffu, mi, o);
+    bad |= __shfl_xor_sync(0xffffffffu, bad, o);
+    const bool take = better(om, oi, m, mi);
+    const float nm = take ? om : m;
+    s = (m == NEG_INF ? 0.f : s * expf(m - nm)) + (om == NEG_INF ? 0.f : os * expf(om - nm));
+    m = nm;
+    mi = take ? oi : mi;
+}
+
 // block_argmax reduces (v, i) pairs to the best one by better(), returned to
 // every thread through *v and *i. shv and shi hold 32 entries each.
 __device__ void block_argmax(float* v, int* i, float* shv, int* shi) {

@@ -203,6 +203,23 @@ __device__ __forceinline__ void wring_prime(unsigned ring, const bf16* r0, const
     pdl_wait();
 }
 
+// wring_frags loads the lane's A fragments of ring slot slot (arow: the
+// ring at the lane's row g): rows g and g + 8 (same parity), k 32 j + 8 c
+// .. + 7 of each 32-k chunk j, as mma_staged takes them.
+__device__ __forceinline__ void wring_frags(u32x4 (&a)[WRING_KS / 32][2], unsigned arow, int slot, int g, int c) {
+    const unsigned as = arow + (unsigned)(slot * (16 * WRING_KS * 2));
+#pragma unroll
+    for (int j = 0; j < WRING_KS / 32; j++) {
+        const unsigned off = (unsigned)(((4 * j + c) ^ ((g & 1) << 2)) * 16);
+        asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];"
+                     : "=r"(a[j][0].x), "=r"(a[j][0].y), "=r"(a[j][0].z), "=r"(a[j][0].w)
+                     : "r"(as + off));
+        asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];"
+                     : "=r"(a[j][1].x), "=r"(a[j][1].y), "=r"(a[j][1].z), "=r"(a[j][1].w)
+                     : "r"(as + 8 * 128 + off));
+    }
+}
+
 // wring_mma multiplies the nst stages of the ring with every n-tile of the
 // staged rows (mma_staged: blane, stride; stage st at staged k st *
 // WRING_KS), refilling each slot as it is freed. The caller has issued
@@ -224,19 +241,8 @@ __device__ __forceinline__ void wring_mma(float (&acc)[NT][4], unsigned ring, co
         } else {
             __syncwarp();
         }
-        const unsigned as = arow + (unsigned)((st % WRING_STAGES) * (16 * WRING_KS * 2));
         u32x4 a[WRING_KS / 32][2];
-#pragma unroll
-        for (int j = 0; j < WRING_KS / 32; j++) {
-            // Rows g and g + 8 (same parity), k 32 j + 8 c .. + 7.
-            const unsigned off = (unsigned)(((4 * j + c) ^ ((g & 1) << 2)) * 16);
-            asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];"
-                         : "=r"(a[j][0].x), "=r"(a[j][0].y), "=r"(a[j][0].z), "=r"(a[j][0].w)
-                         : "r"(as + off));
-            asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];"
-                         : "=r"(a[j][1].x), "=r"(a[j][1].y), "=r"(a[j][1].z), "=r"(a[j][1].w)
-                         : "r"(as + 8 * 128 + off));
-        }
+        wring_frags(a, arow, st % WRING_STAGES, g, c);
         // Slot st - 1's reads are a whole iteration behind; refill it.
         wring_issue(ring, r0, r1, k, st + WRING_STAGES - 1, nst, lane);
         mma_staged<NT, WRING_KS / 32>(acc, a, blane, stride, st * WRING_KS);

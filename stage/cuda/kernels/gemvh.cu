@@ -16,10 +16,9 @@
 // gemvs.cu; in two parts as gemvg.cu) after the wait.
 //
 // Each lane keeps, for each of its rows, a running softmax partial over
-// the logits it computes (its 2 features of every unit of its warp: the
-// maximum, its lowest index, the sum of exp(v - maximum), whether a value
-// was NaN or infinite, updated as logit_stats does); at the end the
-// 8 lanes of a row merge theirs (logit_stats's order of merging) and write
+// the logits it computes (its 2 features of every unit of its warp:
+// stats_add, as logit_stats does); at the end the 8 lanes of a row merge
+// theirs (stats_merge) and write
 // the warp's partial of the row to stats[(r * gridDim.x * 8 + warp) * 4],
 // the layout sample reads (nstat = gridDim.x * 8). The partials depend on
 // the grid alone, never on the step's other rows.
@@ -87,18 +86,8 @@ __device__ __forceinline__ void gemvh_body(const bf16* __restrict__ w, const bf1
         } else {
             __syncwarp();
         }
-        const unsigned as = arow + (unsigned)((st % WRING_STAGES) * (16 * WRING_KS * 2));
         u32x4 a[WRING_KS / 32][2];
-#pragma unroll
-        for (int j = 0; j < WRING_KS / 32; j++) {
-            const unsigned off = (unsigned)(((4 * j + c) ^ ((g & 1) << 2)) * 16);
-            asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];"
-                         : "=r"(a[j][0].x), "=r"(a[j][0].y), "=r"(a[j][0].z), "=r"(a[j][0].w)
-                         : "r"(as + off));
-            asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];"
-                         : "=r"(a[j][1].x), "=r"(a[j][1].y), "=r"(a[j][1].z), "=r"(a[j][1].w)
-                         : "r"(as + 8 * 128 + off));
-        }
+        wring_frags(a, arow, st % WRING_STAGES, g, c);
         issue(st + WRING_STAGES - 1);
         mma_staged<NT, WRING_KS / 32>(acc, a, blane, stride, kst * WRING_KS);
         if (kst == nst - 1) {
@@ -116,13 +105,7 @@ __device__ __forceinline__ void gemvh_body(const bf16* __restrict__ w, const bf1
                             const float v = acc[nt][2 * e + h];
                             const int i = f + 8 * e;
                             out[(size_t)r * n + i] = v;
-                            sb[nt][h] |= (__float_as_uint(v) & 0x7f800000u) == 0x7f800000u;
-                            if (better(v, i, sm[nt][h], si[nt][h])) {
-                                ss[nt][h] = sm[nt][h] == NEG_INF ? 0.f : ss[nt][h] * expf(sm[nt][h] - v);
-                                sm[nt][h] = v;
-                                si[nt][h] = i;
-                            }
-                            ss[nt][h] += expf(v - sm[nt][h]);
+                            stats_add(v, i, sm[nt][h], si[nt][h], ss[nt][h], sb[nt][h]);
                         }
                     }
                 }
@@ -141,14 +124,7 @@ __device__ __forceinline__ void gemvh_body(const bf16* __restrict__ w, const bf1
             float m = sm[nt][h], s = ss[nt][h];
             int mi = si[nt][h], bad = sb[nt][h];
             for (int o = 16; o >= 4; o >>= 1) {
-                const float om = __shfl_xor_sync(0xffffffffu, m, o), os = __shfl_xor_sync(0xffffffffu, s, o);
-                const int oi = __shfl_xor_sync(0xffffffffu, mi, o);
-                bad |= __shfl_xor_sync(0xffffffffu, bad, o);
-                const bool take = better(om, oi, m, mi);
-                const float nm = take ? om : m;
-                s = (m == NEG_INF ? 0.f : s * expf(m - nm)) + (om == NEG_INF ? 0.f : os * expf(om - nm));
-                m = nm;
-                mi = take ? oi : mi;
+                stats_merge(m, mi, s, bad, o);
             }
             const int r = nt * 8 + 2 * c + h;
             if (g == 0 && r < t) {

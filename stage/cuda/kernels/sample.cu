@@ -101,26 +101,12 @@ extern "C" __global__ void __launch_bounds__(LS_THREADS) logit_stats(const float
     int mi = 0x7fffffff, bad = 0;
 #pragma unroll 8
     for (int i = c * LS_CHUNK + (int)threadIdx.x; i < e; i += LS_THREADS) {
-        const float v = l[i];
-        bad |= (__float_as_uint(v) & 0x7f800000u) == 0x7f800000u;
-        if (better(v, i, m, mi)) {
-            s = m == NEG_INF ? 0.f : s * expf(m - v);
-            m = v;
-            mi = i;
-        }
-        s += expf(v - m);
+        stats_add(l[i], i, m, mi, s, bad);
     }
     // The warp's partial: pairs merged in a fixed order, the same in every
     // lane (the sums commute).
     for (int o = 16; o > 0; o >>= 1) {
-        const float om = __shfl_xor_sync(0xffffffffu, m, o), os = __shfl_xor_sync(0xffffffffu, s, o);
-        const int oi = __shfl_xor_sync(0xffffffffu, mi, o);
-        bad |= __shfl_xor_sync(0xffffffffu, bad, o);
-        const bool take = better(om, oi, m, mi);
-        const float nm = take ? om : m;
-        s = (m == NEG_INF ? 0.f : s * expf(m - nm)) + (om == NEG_INF ? 0.f : os * expf(om - nm));
-        m = nm;
-        mi = take ? oi : mi;
+        stats_merge(m, mi, s, bad, o);
     }
     if ((threadIdx.x & 31) == 0) {
         float* st = stats + (((size_t)r * gridDim.y + c) * LS_WARPS + (threadIdx.x >> 5)) * 4;
