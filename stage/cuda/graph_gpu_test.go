@@ -63,7 +63,9 @@ func uniformDecode(b *stage.Batch) bool {
 // stage replaying graphs and a pipeline of two stages replaying graphs,
 // with the step's mode rotating through the dispatchers of PIECEWISE, FULL
 // and FULL_AND_PIECEWISE: decodes of 1 to 5 sequences (padded to 1, 2, 4
-// and 8) and mixed batches of prefill chunks and decodes. At batch 1 (no
+// and 8), mixed batches of prefill chunks and decodes, and a step past the
+// largest key, eager on the captured stages with its products padded to
+// the shapes Capture warmed (gemmwarm.go). At batch 1 (no
 // padding) the logits and tokens must be identical; elsewhere the GEMMs
 // run at the padded size, so the logits agree within 1e-2 relative and the
 // tokens wherever the eager top-2 gap is decisive. Every step's inputs are
@@ -178,6 +180,12 @@ func testGraphsMatchEager(t *testing.T, sh stagetest.Shape, w stagetest.TensorSo
 	plan = append(plan, []part{{1, 0}, {4, 12}, {5, 2}, {3, 0}}, []part{{1, 0}, {2, 0}, {3, 0}, {4, 0}, {5, 0}},
 		[]part{{1, 0}, {2, 0}, {3, 0}, {4, 0}, {5, 0}}, []part{{1, 0}, {2, 0}, {3, 0}, {4, 0}, {5, 0}},
 		[]part{{2, 0}}, []part{{2, 0}}, []part{{2, 0}, {4, 0}})
+	// Past the largest key (32 tokens) a step runs eagerly on the captured
+	// stages, its products padded to the shapes Capture warmed (41 GEMM
+	// rows to 64, 41 logits rows to 48), against the stage that captured
+	// nothing.
+	newSeq(6, 40)
+	plan = append(plan, []part{{2, 0}, {6, 40}}, []part{{2, 0}, {6, 0}})
 	exact, padded := 0, 0
 	worst := 0.0
 	for stepNo, parts := range plan {
@@ -200,10 +208,14 @@ func testGraphsMatchEager(t *testing.T, sh stagetest.Shape, w stagetest.TensorSo
 		wantSampled := slices.Clone(want.Sampled)
 		d := ds[stepNo%len(ds)]
 		mode, desc := d.Dispatch(b.NumTokens(), uniformDecode(b), len(b.Seqs))
-		if mode == graphs.None {
+		switch {
+		case mode != graphs.None:
+			b.Graph = graphs.Step{Mode: mode, Desc: desc}
+		case b.NumTokens() <= slices.Max(sizes):
 			t.Fatalf("step %d: %d tokens not dispatched to a graph", stepNo, b.NumTokens())
+		default:
+			b.Graph = graphs.Step{} // eager, padded
 		}
-		b.Graph = graphs.Step{Mode: mode, Desc: desc}
 		bitwise := b.NumTokens() == 1 && desc.NumTokens == 1
 		for name, run := range map[string]func(*stage.Batch) (*stage.Output, error){
 			"one stage":  func(b *stage.Batch) (*stage.Output, error) { return whole.Forward(ctx, b) },
