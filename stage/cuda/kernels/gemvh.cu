@@ -1,4 +1,4 @@
-// gemvh_nt<NT>: the LM head of the cuBLAS path's steps of 2-16 logits
+// gemvh_nt<NT>: the LM head of the cuBLAS path's steps of 1-16 logits
 // rows (gemvh.go says which), with the softmax partials the sampler reads
 // in its epilogue, a dependent launch: no logit_stats kernel follows it,
 // and its first weights load before griddepcontrol.wait, beside the final
@@ -18,10 +18,10 @@
 // Each lane keeps, for each of its rows, a running softmax partial over
 // the logits it computes (its 2 features of every unit of its warp:
 // stats_add, as logit_stats does); at the end the 8 lanes of a row merge
-// theirs (stats_merge) and write
-// the warp's partial of the row to stats[(r * gridDim.x * 8 + warp) * 4],
-// the layout sample reads (nstat = gridDim.x * 8). The partials depend on
-// the grid alone, never on the step's other rows.
+// theirs (stats_merge) and write the warp's partial of the row to
+// stats[(r * gridDim.x * 8 + warp) * 4], the layout sample reads (nstat =
+// gridDim.x * 8). The partials depend on the grid alone, never on the
+// step's other rows.
 //
 // Grid: at most n / 16 / 8 blocks (every warp has a unit); block
 // GEMVH_THREADS; dynamic shared memory gemvhSmem(NT, k): the staged rows,
