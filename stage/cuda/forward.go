@@ -442,19 +442,22 @@ func (s *Stage) head(sh shape) error {
 			return err
 		}
 		if s.gemvh(sh.rows) {
-			var err error
-			stats = s.b.stats
-			if nstat, err = s.lmHeadStats(s.b.logits, s.b.normed, s.weights.lmHead, stats, sh.rows); err != nil {
+			n, err := s.lmHeadStats(s.b.logits, s.b.normed, s.weights.lmHead, s.b.stats, sh.rows)
+			if err != nil {
 				return fmt.Errorf("LM head: %w", err)
 			}
-		} else if err := s.linear("lm_head", s.b.logits, s.b.normed, s.weights.lmHead, sh.rows, m.HiddenSize, m.VocabSize); err != nil {
-			return fmt.Errorf("LM head: %w", err)
-		} else if sh.sampled > 0 {
-			stats, nstat = s.b.stats, logitStatsPartials(m.VocabSize)
-			a := s.args.Reset().Ptr(s.b.logits).Int32(int32(m.VocabSize)).Ptr(stats)
-			grid := gpu.Dim3{X: uint32(sh.rows), Y: uint32(logitStatsParts(m.VocabSize))}
-			if err := s.launchDep("logit_stats", kLogitStats, grid, gpu.Dim3{X: statsThreads}, 0, a); err != nil {
-				return err
+			stats, nstat = s.b.stats, n
+		} else {
+			if err := s.linear("lm_head", s.b.logits, s.b.normed, s.weights.lmHead, sh.rows, m.HiddenSize, m.VocabSize); err != nil {
+				return fmt.Errorf("LM head: %w", err)
+			}
+			if sh.sampled > 0 {
+				stats, nstat = s.b.stats, logitStatsPartials(m.VocabSize)
+				a := s.args.Reset().Ptr(s.b.logits).Int32(int32(m.VocabSize)).Ptr(stats)
+				grid := gpu.Dim3{X: uint32(sh.rows), Y: uint32(logitStatsParts(m.VocabSize))}
+				if err := s.launchDep("logit_stats", kLogitStats, grid, gpu.Dim3{X: statsThreads}, 0, a); err != nil {
+					return err
+				}
 			}
 		}
 	}

@@ -3,6 +3,8 @@ package cuda
 import (
 	"fmt"
 	"slices"
+
+	"github.com/tandem-llm/tandem/gpu"
 )
 
 // cuBLAS spends milliseconds of host time on the first product of a shape
@@ -48,6 +50,12 @@ func (g *gemmShapes) record(in, out, rows int) {
 	}
 }
 
+// has reports whether the product in -> out ran with rows rows.
+func (g *gemmShapes) has(in, out, rows int) bool {
+	_, found := slices.BinarySearch(g.rows[[2]int{in, out}], rows)
+	return found
+}
+
 // pad is the rows the product in -> out of rows rows runs with: the
 // smallest recorded count at or above rows, else rows.
 func (g *gemmShapes) pad(in, out, rows int) int {
@@ -75,8 +83,8 @@ func warmRows(from, to, step int) []int {
 // each cuBLAS product of the stage's layers at every multiple of
 // eagerRowStep past maxKey (and the most rows an eager step gives it)
 // and, on the last stage, the LM head at every multiple of headRowStep up
-// to MaxLogitRows that gemvh does not take, so that linear's padding
-// finds them warm. Their outputs go to the products' own buffers and are
+// to MaxLogitRows that gemvh does not take (each shape the keys did not
+// run already), so that linear's padding finds them warm. Their outputs go to the products' own buffers and are
 // never read. Device goroutine only, while Capture records.
 func (s *Stage) warmEager(maxKey int) error {
 	m := &s.m
@@ -88,20 +96,34 @@ func (s *Stage) warmEager(maxKey int) error {
 	for T := maxKey + 1; T <= lay.maxTokens; T++ {
 		maxRows = max(maxRows, T+s.remainders(T))
 	}
+	// warm runs a product at rows unless the keys ran it so already.
+	warm := func(label string, y, x, w gpu.DevicePtr, rows, in, out int) error {
+		if s.g.gemm.has(in, out, rows) {
+			return nil
+		}
+		if err := s.linear(label, y, x, w, rows, in, out); err != nil {
+			return fmt.Errorf("warm up %s of %d rows: %w", label, rows, err)
+		}
+		return nil
+	}
 	if len(s.layers) > 0 {
 		lw := s.layers[0]
+		// The layer's products as forward.go orders them on cuBLAS.
+		prods := []struct {
+			label   string
+			y, x, w gpu.DevicePtr
+			in, out int
+		}{
+			{"qkv", s.b.qkv, s.b.normed, lw.qkv, H, s.qkvDim},
+			{"o", s.b.y, s.b.attnB, lw.o, s.qDim, H},
+			{"gate_up", s.b.gateUp, s.b.normed, lw.gateUp, H, 2 * I},
+			{"down", s.b.y, s.b.act, lw.down, I, H},
+		}
 		for _, rows := range warmRows(maxKey, maxRows, eagerRowStep) {
-			if err := s.linear("qkv", s.b.qkv, s.b.normed, lw.qkv, rows, H, s.qkvDim); err != nil {
-				return fmt.Errorf("warm up q|k|v of %d rows: %w", rows, err)
-			}
-			if err := s.linear("o", s.b.y, s.b.attnB, lw.o, rows, s.qDim, H); err != nil {
-				return fmt.Errorf("warm up o of %d rows: %w", rows, err)
-			}
-			if err := s.linear("gate_up", s.b.gateUp, s.b.normed, lw.gateUp, rows, H, 2*I); err != nil {
-				return fmt.Errorf("warm up gate|up of %d rows: %w", rows, err)
-			}
-			if err := s.linear("down", s.b.y, s.b.act, lw.down, rows, I, H); err != nil {
-				return fmt.Errorf("warm up down of %d rows: %w", rows, err)
+			for _, p := range prods {
+				if err := warm(p.label, p.y, p.x, p.w, rows, p.in, p.out); err != nil {
+					return err
+				}
 			}
 		}
 	}
@@ -110,8 +132,8 @@ func (s *Stage) warmEager(maxKey int) error {
 			if s.gemvh(rows) {
 				continue // not on cuBLAS
 			}
-			if err := s.linear("lm_head", s.b.logits, s.b.normed, s.weights.lmHead, rows, H, m.VocabSize); err != nil {
-				return fmt.Errorf("warm up the LM head of %d rows: %w", rows, err)
+			if err := warm("lm_head", s.b.logits, s.b.normed, s.weights.lmHead, rows, H, m.VocabSize); err != nil {
+				return err
 			}
 		}
 	}

@@ -52,17 +52,8 @@ func TestGemvhKernel(t *testing.T) {
 					nstat := gemvhPartials(p.vocab, info.SMs)
 					stats := r.alloc(t, rows*nstat*16)
 					r.poison(t, stats, rows*nstat*16)
-					err := r.dev.Do(func() error {
-						a := r.args.Reset().Ptr(w).Ptr(x).Ptr(out).Int32(int32(p.vocab)).Int32(int32(p.k)).Int32(int32(rows)).Ptr(stats)
-						grid := gpu.Dim3{X: uint32(gemvhBlocks(p.vocab, info.SMs))}
-						if err := r.fn[gemvhName(nt)].Launch(grid, gpu.Dim3{X: gemvhThreads}, gemvhSmem(nt, p.k), r.st, a); err != nil {
-							return err
-						}
-						return r.st.Synchronize()
-					})
-					if err != nil {
-						t.Fatal(err)
-					}
+					a := r.args.Reset().Ptr(w).Ptr(x).Ptr(out).Int32(int32(p.vocab)).Int32(int32(p.k)).Int32(int32(rows)).Ptr(stats)
+					r.launch(t, gemvhName(nt), gpu.Dim3{X: uint32(gemvhBlocks(p.vocab, info.SMs))}, gemvhThreads, gemvhSmem(nt, p.k), a)
 					ov := r.f32s(t, out, rows*p.vocab)
 					sv := r.f32s(t, stats, rows*nstat*4)
 					worst := 0.0

@@ -46,18 +46,9 @@ func TestGemvsKernel(t *testing.T) {
 					splits := p.in / kb
 					y := r.alloc(t, splits*tc.tokens*p.out*4)
 					r.poison(t, y, splits*tc.tokens*p.out*4)
-					err := r.dev.Do(func() error {
-						a := r.args.Reset().Ptr(w).Ptr(x).Ptr(y).Int32(int32(p.out)).Int32(int32(p.in)).
-							Int32(int32(tc.tokens)).Int32(int32(tc.lo)).Int32(int32(kb))
-						grid := gpu.Dim3{X: uint32(p.out / gemvsRowBlock), Y: uint32(splits)}
-						if err := r.fn[name].Launch(grid, gpu.Dim3{X: gemvsThreads}, sm, r.st, a); err != nil {
-							return err
-						}
-						return r.st.Synchronize()
-					})
-					if err != nil {
-						t.Fatal(err)
-					}
+					a := r.args.Reset().Ptr(w).Ptr(x).Ptr(y).Int32(int32(p.out)).Int32(int32(p.in)).
+						Int32(int32(tc.tokens)).Int32(int32(tc.lo)).Int32(int32(kb))
+					r.launch(t, name, gpu.Dim3{X: uint32(p.out / gemvsRowBlock), Y: uint32(splits)}, gemvsThreads, sm, a)
 					yv := r.f32s(t, y, splits*tc.tokens*p.out)
 					worst := 0.0
 					for i := 0; i < 400; i++ {
@@ -209,18 +200,9 @@ func TestGemvgKernel(t *testing.T) {
 				out := r.alloc(t, rows*p.inter*2)
 				r.poison(t, out, rows*p.inter*2)
 				nt := gemvsNTFor(tc.tokens, tc.lo)
-				err := r.dev.Do(func() error {
-					a := r.args.Reset().Ptr(w).Ptr(x).Ptr(out).Int32(int32(p.inter)).Int32(int32(p.in)).
-						Int32(int32(tc.tokens)).Int32(int32(tc.lo))
-					grid := gpu.Dim3{X: uint32(p.inter / gemvgFeatures)}
-					if err := r.fn[gemvgName(nt)].Launch(grid, gpu.Dim3{X: gemvgThreads}, gemvgSmem(nt, p.in), r.st, a); err != nil {
-						return err
-					}
-					return r.st.Synchronize()
-				})
-				if err != nil {
-					t.Fatal(err)
-				}
+				a := r.args.Reset().Ptr(w).Ptr(x).Ptr(out).Int32(int32(p.inter)).Int32(int32(p.in)).
+					Int32(int32(tc.tokens)).Int32(int32(tc.lo))
+				r.launch(t, gemvgName(nt), gpu.Dim3{X: uint32(p.inter / gemvgFeatures)}, gemvgThreads, gemvgSmem(nt, p.in), a)
 				ov := r.bf16s(t, out, rows*p.inter)
 				round := 1.0 / 256 // a bf16 output: half a unit is 2^-9 of it
 				if tc.lo > 0 {

@@ -279,6 +279,21 @@ func (r *kernelRig) bf16s(t *testing.T, p gpu.DevicePtr, n int) []float64 {
 	return out
 }
 
+// launch runs kernel name once on a grid of blocks of threads threads
+// with smem bytes of dynamic shared memory and the arguments a, and waits.
+func (r *kernelRig) launch(t *testing.T, name string, grid gpu.Dim3, threads, smem int, a *gpu.KernelArgs) {
+	t.Helper()
+	err := r.dev.Do(func() error {
+		if err := r.fn[name].Launch(grid, gpu.Dim3{X: uint32(threads)}, smem, r.st, a); err != nil {
+			return err
+		}
+		return r.st.Synchronize()
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
 // launchGemv runs c once for t tokens and waits.
 func (r *kernelRig) launchGemv(t *testing.T, m *model.Config, c *gemvCall, w gpu.DevicePtr, tok int, io gemvIO, invFreq gpu.DevicePtr) {
 	t.Helper()
