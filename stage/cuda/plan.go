@@ -251,9 +251,9 @@ func (pl *planner) addOutputs(s *stage.Seq, p *plan) error {
 // (prefillLists): the prefill kernel takes the tiles, the per-row kernel
 // the rows left (eager steps with whole tiles only: a captured shape has
 // none, and its per-row kernel takes every row). decode says every token
-// row is the one token of its sequence (an eager batch of such, or a uniform decode key
-// of query length 1), so attention may rotate and cache this step's keys
-// itself (Stage.ropeInAttention).
+// row is the one token of its sequence (an eager batch of such, or a
+// uniform decode key of query length 1), so attention may rotate and cache
+// this step's keys itself (Stage.ropeInAttention).
 type shape struct {
 	tokens, rows, sampled int
 	tiles, rowsLeft       int // prefillLists's counts (eager steps with whole tiles)
