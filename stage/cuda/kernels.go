@@ -73,6 +73,10 @@ var prefillHeadDims = []int{64, 128}
 
 func prefillName(hd int) string { return fmt.Sprintf("attention_prefill_d%d", hd) }
 
+// prefillSmem is the dynamic shared memory of attention_prefill_d<hd>: its
+// stages' K and V blocks of prefillTile keys, rows of hd + 8 bf16.
+func prefillSmem(hd int) int { return prefillStages * 2 * prefillTile * (hd + 8) * 2 }
+
 // gqaName is attention_gqa_d<hd>_w<w> (attention_gqa.cu), or with rope
 // attention_gqa_rope_d<hd>_w<w> (the rotary embedding and the KV cache
 // write folded in), compiled for the prefillHeadDims and gqaWarps.
@@ -246,6 +250,7 @@ const (
 	prefillTile    = 64                // the positions of a prefill tile (prefillLists): a prefill block's rows, 16 a warp
 	prefillMinRows = 16                // the fewest rows of a whole prefill tile
 	prefillThreads = 128               // PF_THREADS in attention_prefill.cu
+	prefillStages  = 2                 // PF_STAGES in attention_prefill.cu: key blocks in shared memory
 	maxHeadDim     = 256               // the widest rows attention.cu takes
 	sampleThreads  = 1024              // SAMPLE_THREADS in sample.cu
 	copyThreads    = 256               // copy_words's block

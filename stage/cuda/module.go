@@ -149,7 +149,7 @@ func (s *Stage) loadModule(img []byte, optional bool, dir string) error {
 // too when it has them) and raises the shared memory limit of those that
 // need more than the default 48 KiB (the gemvf and gemvg kernels: the
 // device's whole limit, as their need depends on the model;
-// attention_gqa_d128_w8).
+// attention_gqa_d128_w8, attention_prefill_d128).
 // Device goroutine only.
 func lookupKernels(mod gpu.Module, info gpu.DeviceInfo, optional bool) (map[string]gpu.Function, error) {
 	names := kernelNames
@@ -183,6 +183,11 @@ func lookupKernels(mod gpu.Module, info gpu.DeviceInfo, optional bool) (map[stri
 		}
 	}
 	for _, hd := range prefillHeadDims {
+		if n := prefillSmem(hd); n > 48<<10 && n <= info.MaxSharedPerBlockOptin {
+			if err := fn[prefillName(hd)].SetMaxDynamicSharedMem(n); err != nil {
+				return nil, err
+			}
+		}
 		for _, w := range gqaWarps {
 			if n := gqaSmem(hd, w); n > 48<<10 && n <= info.MaxSharedPerBlockOptin {
 				for _, name := range []string{gqaName(hd, w, false), gqaName(hd, w, true), gqaPlanesName(hd, w)} {

@@ -197,7 +197,7 @@ type Stage struct {
 	g           graphState
 	sk          skinnyPlan
 	// prefill says attention_prefill_d* serves the model (tensor cores,
-	// a head dim it is compiled for).
+	// a head dim it is compiled for, its stages within the shared memory).
 	prefill bool
 	// compTokens is Config.CompensatedTokens, the default applied.
 	compTokens int
@@ -318,7 +318,8 @@ func (s *Stage) init(cfg *Config) error {
 	info := s.dev.Info()
 	s.sk = planSkinny(m, cfg.SkinnyTokens, info.Major >= 8, info.MaxSharedPerBlockOptin)
 	s.compTokens = cfg.CompensatedTokens
-	s.prefill = info.Major >= 8 && slices.Contains(prefillHeadDims, m.HeadDim)
+	s.prefill = info.Major >= 8 && slices.Contains(prefillHeadDims, m.HeadDim) &&
+		prefillSmem(m.HeadDim) <= info.MaxSharedPerBlockOptin
 	if s.compTokens == 0 {
 		s.compTokens = DefaultCompensatedTokens
 	}

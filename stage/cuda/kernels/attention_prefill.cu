@@ -7,27 +7,34 @@
 // rows are attention_r*'s (those the host lists), launched beside it.
 //
 // Block: PF_WARPS warps for one query head h (kv head h / (nh / nkv)) and
-// one tile, rows tiles[2x] .. tiles[2x + 1] for block x, each warp 16 of
-// its rows. The keys 0..pos of the tile's last
-// row go in blocks of PF_KEYS: the block stages their K and V rows (through
-// the sequence's block table, 16-byte loads) in shared memory; each warp
-// computes S = q·Kᵀ with its fp32 q (times scale) split into a bf16 value
-// and remainder (two mma per fragment: about 16 bits of q; K is bf16 in the
-// cache), masks the keys past each row's position, keeps an fp32 online
-// softmax per row, and adds P·V with P split the same way. A warp whose
-// rows all precede a key block skips its products. Output as
-// attention_r*: fp32 rows to out, or the bf16 pair to out_bf (put_split,
-// remainders lo rows on).
+// one tile, rows tiles[2x] .. tiles[2x + 1] for x = gridDim.x - 1 -
+// blockIdx.x (the host lists a sequence's tiles in position order: so a
+// head's blocks take each sequence's tiles longest first, and the grid
+// ends with short ones), each warp 16 of its rows. The keys 0..pos of the tile's
+// last row go in blocks of PF_KEYS, copied by cp.async (through the
+// sequence's block table, keys past the last zero-filled) into PF_STAGES
+// stages of shared memory: the next blocks' copies are in flight while a
+// block is multiplied. Each warp computes S = q·Kᵀ with its fp32 q (times
+// scale) split into a bf16 value and remainder (two mma per
+// fragment: about 16 bits of q; K is bf16 in the cache; K's fragments by
+// ldmatrix), masks the keys past each row's position (the diagonal block
+// only), keeps an fp32 online softmax per row, and adds P·V with P split
+// the same way (V's fragments by ldmatrix.trans). A warp whose rows all
+// precede a key block skips its products. Output as attention_r*: fp32
+// rows to out, or the bf16 pair to out_bf (put_split, remainders lo rows
+// on).
 //
 // mma.m16n8k16 fragments: thread (g, c) = (lane / 4, lane % 4) holds A
 // elements (rows g, g + 8; columns 2c, 2c + 1, 2c + 8, 2c + 9), B elements
 // (k 2c, 2c + 1, 2c + 8, 2c + 9; column g) and C elements (rows g, g + 8;
 // columns 2c, 2c + 1); S's C fragments are P's A fragments once packed.
-// Grid: (tiles, nh). Block: PF_THREADS. Needs
-// sm_80 (the host launches it only there) and HD 64 or 128.
+// Grid: (tiles, nh). Block: PF_THREADS. Dynamic shared memory:
+// PF_STAGES * 2 * PF_KEYS * (HD + 8) bf16 (prefillSmem). Needs sm_80 (the
+// host launches it only there) and HD 64 or 128.
 #define PF_WARPS 4
 #define PF_THREADS (PF_WARPS * 32)
 #define PF_KEYS 64
+#define PF_STAGES 2
 
 template <int HD>
 __device__ __forceinline__ void prefill_body(const float* q, const bf16* kcache, const bf16* vcache, float* out,
@@ -37,23 +44,52 @@ __device__ __forceinline__ void prefill_body(const float* q, const bf16* kcache,
     constexpr int ND = HD / 8;   // column tiles of the output
     constexpr int RS = HD + 8;   // shared row stride in bf16: rows 16 bytes apart in the banks
     constexpr int CH = HD / 8;   // 16-byte chunks of a key row
-    __shared__ unsigned ksw[PF_KEYS * RS / 2], vsw[PF_KEYS * RS / 2];
-    const bf16* ks = (const bf16*)ksw;
-    const bf16* vs = (const bf16*)vsw;
+    constexpr int LD = PF_KEYS * CH / PF_THREADS;   // chunks of K (and of V) a thread copies a block
+    constexpr unsigned TILE = PF_KEYS * RS * 2;     // bytes of a K (or V) block
+    extern __shared__ unsigned pf_sm[];
+    // Stage st: its K block at sbase + 2 st TILE, its V block TILE on.
+    const unsigned sbase = smem_addr(pf_sm);
     pdl_trigger();
     const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
     const int g = lane >> 2, c = lane & 3;
-    const int h = blockIdx.y;
+    const int h = blockIdx.y, x = gridDim.x - 1 - blockIdx.x;
     // The batch description is there before the kernels this one depends
     // on end.
-    const int t0 = tiles[2 * blockIdx.x], t1 = tiles[2 * blockIdx.x + 1];
+    const int t0 = tiles[2 * x], t1 = tiles[2 * x + 1];
     const int p0 = pos[t0], nkeys = pos[t1] + 1;
     const int kh = h / (nh / nkv), kvdim = nkv * HD;
     const int* tab = tables + table_off[t0];
     const int wr0 = wid * 16;                   // the warp's first row in the tile
     const int wlast = min(wr0 + 15, t1 - t0);   // its last valid row (wr0 > t1 - t0: none)
     const int pr[2] = {p0 + wr0 + g, p0 + wr0 + g + 8};
-    pdl_wait();
+    const int nb = (nkeys + PF_KEYS - 1) / PF_KEYS;
+
+    // issue copies key block b into stage b % PF_STAGES (16-byte chunk e =
+    // tid + i * PF_THREADS: key e / CH, chunk e % CH), zero-filling the
+    // keys past nkeys, unless b >= nb, and commits a group either way, so
+    // that every thread counts the same groups.
+    auto issue = [&](int b) {
+        const unsigned st = sbase + (unsigned)(b % PF_STAGES) * 2 * TILE;
+#pragma unroll
+        for (int i = 0; i < LD && b < nb; i++) {
+            const int e = tid + i * PF_THREADS, j = b * PF_KEYS + e / CH;
+            const unsigned kd = st + (unsigned)(((e / CH) * RS + (e % CH) * 8) * 2);
+            if (j < nkeys) {
+                const size_t off = (size_t)(tab[j / bs] * bs + j % bs) * kvdim + kh * HD + (e % CH) * 8;
+                cp_async16(kd, kcache + off, 16);
+                cp_async16(kd + TILE, vcache + off, 16);
+            } else {
+                cp_async16(kd, kcache, 0);
+                cp_async16(kd + TILE, vcache, 0);
+            }
+        }
+        cp_async_commit();
+    };
+    pdl_wait();  // q and this step's keys are written
+#pragma unroll
+    for (int b = 0; b < PF_STAGES - 1; b++) {
+        issue(b);
+    }
 
     unsigned qh[KS][4], ql[KS][4];
 #pragma unroll
@@ -76,80 +112,80 @@ __device__ __forceinline__ void prefill_body(const float* q, const bf16* kcache,
     for (int n = 0; n < ND; n++)
 #pragma unroll
         for (int i = 0; i < 4; i++) o[n][i] = 0.f;
+    // This lane's row addresses for ldmatrix from a stage's key 0: K rows
+    // (lane & 7) of matrices 8 columns apart (B fragments of q·Kᵀ for
+    // k-steps s and s + 1 of 8 keys); V rows (lane & 7) + 8 ((lane >> 3) &
+    // 1), columns 8 (lane >> 4) (transposed: B fragments of P·V for 16 keys
+    // and column tiles n and n + 1).
+    const unsigned klane = (unsigned)(((lane & 7) * RS + (lane >> 3) * 8) * 2);
+    const unsigned vlane = TILE + (unsigned)((((lane & 7) + ((lane >> 3) & 1) * 8) * RS + (lane >> 4) * 8) * 2);
 
-    for (int kb = 0; kb < nkeys; kb += PF_KEYS) {
-        __syncthreads();  // the previous block's keys are used
-        for (int e = tid; e < PF_KEYS * CH; e += PF_THREADS) {
-            const int key = e / CH, part = e % CH, j = kb + key;
-            unsigned kw[4] = {0, 0, 0, 0}, vw[4] = {0, 0, 0, 0};
-            if (j < nkeys) {
-                const size_t off = (size_t)(tab[j / bs] * bs + j % bs) * kvdim + kh * HD + part * 8;
-                ldcg_u4(kcache + off, kw);
-                ldcg_u4(vcache + off, vw);
-            }
+    for (int b = 0; b < nb; b++) {
+        // Block b + PF_STAGES - 1 into the stage block b - 1 freed.
+        issue(b + PF_STAGES - 1);
+        cp_async_wait<PF_STAGES - 1>();
+        __syncthreads();  // block b is in
+        const int kb = b * PF_KEYS;
+        if (wr0 <= t1 - t0 && kb <= p0 + wlast) {  // some row of this warp reaches these keys
+            const unsigned st = sbase + (unsigned)(b % PF_STAGES) * 2 * TILE;
+            float sc[PF_KEYS / 8][4];
 #pragma unroll
-            for (int i = 0; i < 4; i++) {
-                ksw[(key * RS + part * 8) / 2 + i] = kw[i];
-                vsw[(key * RS + part * 8) / 2 + i] = vw[i];
-            }
-        }
-        __syncthreads();
-        if (wr0 > t1 - t0 || kb > p0 + wlast) {
-            continue;  // no row of this warp reaches these keys
-        }
-        float sc[PF_KEYS / 8][4];
+            for (int n = 0; n < PF_KEYS / 8; n++) {
 #pragma unroll
-        for (int n = 0; n < PF_KEYS / 8; n++) {
+                for (int i = 0; i < 4; i++) sc[n][i] = 0.f;
 #pragma unroll
-            for (int i = 0; i < 4; i++) sc[n][i] = 0.f;
-            const bf16* kr = ks + (n * 8 + g) * RS + 2 * c;
-#pragma unroll
-            for (int s = 0; s < KS; s++) {
-                const unsigned b0 = *(const unsigned*)(kr + 16 * s);
-                const unsigned b1 = *(const unsigned*)(kr + 16 * s + 8);
-                mma_bf16(sc[n], qh[s][0], qh[s][1], qh[s][2], qh[s][3], b0, b1);
-                mma_bf16(sc[n], ql[s][0], ql[s][1], ql[s][2], ql[s][3], b0, b1);
-            }
-        }
-        // Mask, and the online softmax of rows g (r 0) and g + 8 (r 1).
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            float mx = NEG_INF;
-#pragma unroll
-            for (int n = 0; n < PF_KEYS / 8; n++)
-#pragma unroll
-                for (int e = 0; e < 2; e++) {
-                    const int j = kb + n * 8 + 2 * c + e;
-                    float& v = sc[n][2 * r + e];
-                    v = j <= pr[r] ? v : NEG_INF;
-                    mx = fmaxf(mx, v);
+                for (int s = 0; s < KS; s += 2) {
+                    unsigned kf[4];
+                    ldsm_x4(st + klane + (unsigned)((n * 8 * RS + 16 * s) * 2), kf);
+                    mma_bf16(sc[n], qh[s][0], qh[s][1], qh[s][2], qh[s][3], kf[0], kf[1]);
+                    mma_bf16(sc[n], ql[s][0], ql[s][1], ql[s][2], ql[s][3], kf[0], kf[1]);
+                    mma_bf16(sc[n], qh[s + 1][0], qh[s + 1][1], qh[s + 1][2], qh[s + 1][3], kf[2], kf[3]);
+                    mma_bf16(sc[n], ql[s + 1][0], ql[s + 1][1], ql[s + 1][2], ql[s + 1][3], kf[2], kf[3]);
                 }
-            // Key 0 is every row's, so the maximum is finite from the first block on.
-            tc_softmax_row(sc, o, r, mx, m[r], l[r]);
-        }
-        // O += P·V, 16 keys a step.
-#pragma unroll
-        for (int kk = 0; kk < PF_KEYS / 16; kk++) {
-            unsigned ph[4], pl[4];
-            const float pv[4][2] = {{sc[2 * kk][0], sc[2 * kk][1]},
-                                    {sc[2 * kk][2], sc[2 * kk][3]},
-                                    {sc[2 * kk + 1][0], sc[2 * kk + 1][1]},
-                                    {sc[2 * kk + 1][2], sc[2 * kk + 1][3]}};
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                ph[i] = pack_bf16(pv[i][0], pv[i][1]);
-                pl[i] = pack_bf16(pv[i][0] - lo_bf16(ph[i]), pv[i][1] - hi_bf16(ph[i]));
             }
-            const bf16* v0 = vs + (16 * kk + 2 * c) * RS + g;
+            // Mask (only a block past the warp's first row has keys out of
+            // reach), and the online softmax of rows g (r 0) and g + 8 (r 1).
+            const bool diag = kb + PF_KEYS - 1 > p0 + wr0;
 #pragma unroll
-            for (int n = 0; n < ND; n++) {
-                const bf16* vp = v0 + n * 8;
-                const unsigned b0 = (unsigned)vp[0] | ((unsigned)vp[RS] << 16);
-                const unsigned b1 = (unsigned)vp[8 * RS] | ((unsigned)vp[9 * RS] << 16);
-                mma_bf16(o[n], ph[0], ph[1], ph[2], ph[3], b0, b1);
-                mma_bf16(o[n], pl[0], pl[1], pl[2], pl[3], b0, b1);
+            for (int r = 0; r < 2; r++) {
+                float mx = NEG_INF;
+#pragma unroll
+                for (int n = 0; n < PF_KEYS / 8; n++)
+#pragma unroll
+                    for (int e = 0; e < 2; e++) {
+                        const int j = kb + n * 8 + 2 * c + e;
+                        float& v = sc[n][2 * r + e];
+                        v = !diag || j <= pr[r] ? v : NEG_INF;
+                        mx = fmaxf(mx, v);
+                    }
+                // Key 0 is every row's, so the maximum is finite from the first block on.
+                tc_softmax_row(sc, o, r, mx, m[r], l[r]);
+            }
+            // O += P·V, 16 keys a step.
+#pragma unroll
+            for (int kk = 0; kk < PF_KEYS / 16; kk++) {
+                unsigned ph[4], pl[4];
+                const float pv[4][2] = {{sc[2 * kk][0], sc[2 * kk][1]},
+                                        {sc[2 * kk][2], sc[2 * kk][3]},
+                                        {sc[2 * kk + 1][0], sc[2 * kk + 1][1]},
+                                        {sc[2 * kk + 1][2], sc[2 * kk + 1][3]}};
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    ph[i] = pack_bf16(pv[i][0], pv[i][1]);
+                    pl[i] = pack_bf16(pv[i][0] - lo_bf16(ph[i]), pv[i][1] - hi_bf16(ph[i]));
+                }
+#pragma unroll
+                for (int n = 0; n < ND; n += 2) {
+                    unsigned vf[4];
+                    ldsm_x4_t(st + vlane + (unsigned)((16 * kk * RS + 8 * n) * 2), vf);
+                    mma_bf16(o[n], ph[0], ph[1], ph[2], ph[3], vf[0], vf[1]);
+                    mma_bf16(o[n], pl[0], pl[1], pl[2], pl[3], vf[0], vf[1]);
+                    mma_bf16(o[n + 1], ph[0], ph[1], ph[2], ph[3], vf[2], vf[3]);
+                    mma_bf16(o[n + 1], pl[0], pl[1], pl[2], pl[3], vf[2], vf[3]);
+                }
             }
         }
+        __syncthreads();  // block b's stage is free for block b + PF_STAGES
     }
     const size_t olo = (size_t)lo * nh * HD;
 #pragma unroll
