@@ -414,7 +414,7 @@ func (s *Stage) attention(i int, sh shape) error {
 		}
 	}
 	a = common().Float32(scale).Ptr(s.word(lay.tileList()))
-	grid := gpu.Dim3{X: uint32(sh.tiles), Y: uint32(m.NumHeads)}
+	grid := gpu.Dim3{X: uint32(m.NumHeads), Y: uint32(sh.tiles)}
 	return s.launchDep("attention prefill", prefillName(m.HeadDim), grid, gpu.Dim3{X: prefillThreads}, prefillSmem(m.HeadDim), a)
 }
 

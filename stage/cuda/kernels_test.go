@@ -17,7 +17,7 @@ func TestKernelSource(t *testing.T) {
 		t.Errorf("program does not start with the common definitions:\n%.200s", src)
 	}
 	for _, name := range append(slices.Clone(kernelNames), optionalNames...) {
-		re := regexp.MustCompile(`(extern "C" __global__ void (\w+_DIMS\s+)?(__launch_bounds__\(\w+\)\s+)?` + name + `\(|(GEMV[FSTGRH]?|GQA|GQA_ROPEP?)_ENTRY\(` + name + `,)`)
+		re := regexp.MustCompile(`(extern "C" __global__ void (\w+_DIMS\s+)?(__launch_bounds__\(\w+(, \d+)?\)\s+)?` + name + `\(|(GEMV[FSTGRH]?|GQA|GQA_ROPEP?)_ENTRY\(` + name + `,)`)
 		if n := len(re.FindAllString(src, -1)); n != 1 {
 			t.Errorf("kernel %s defined %d times in the program; want once", name, n)
 		}
@@ -26,7 +26,7 @@ func TestKernelSource(t *testing.T) {
 	if prefillTile != 16*prefillThreads/32 {
 		t.Errorf("prefill tiles of %d rows; a prefill block of %d threads holds 16 rows a warp", prefillTile, prefillThreads)
 	}
-	for _, d := range []string{fmt.Sprintf("#define PF_WARPS %d\n", prefillThreads/32), fmt.Sprintf("#define NORM_CLUSTER %d\n", normCluster)} {
+	for _, d := range []string{fmt.Sprintf("#define PF_WARPS %d\n", prefillThreads/32), fmt.Sprintf("#define PF_STAGES %d\n", prefillStages), fmt.Sprintf("#define NORM_CLUSTER %d\n", normCluster)} {
 		if !strings.Contains(src, d) {
 			t.Errorf("program lacks %q", d)
 		}

@@ -7,10 +7,12 @@
 // rows are attention_r*'s (those the host lists), launched beside it.
 //
 // Block: PF_WARPS warps for one query head h (kv head h / (nh / nkv)) and
-// one tile, rows tiles[2x] .. tiles[2x + 1] for x = gridDim.x - 1 -
-// blockIdx.x (the host lists a sequence's tiles in position order: so a
-// head's blocks take each sequence's tiles longest first, and the grid
-// ends with short ones), each warp 16 of its rows. The keys 0..pos of the tile's
+// one tile, rows tiles[2x] .. tiles[2x + 1] for x = gridDim.y - 1 -
+// blockIdx.y, each warp 16 of its rows. The host lists a sequence's tiles
+// in position order, so the blocks start (heads fastest) with the longest
+// tiles of each sequence and the grid ends with short ones: 1B 4 x 512
+// 97.0 -> 91.3 us, 8B 166.9 -> 161.6 against tiles fastest, in reverse
+// (one H200, NOTES.md phase 26). The keys 0..pos of the tile's
 // last row go in blocks of PF_KEYS, copied by cp.async (through the
 // sequence's block table, keys past the last zero-filled) into PF_STAGES
 // stages of shared memory: the next blocks' copies are in flight while a
@@ -28,7 +30,7 @@
 // elements (rows g, g + 8; columns 2c, 2c + 1, 2c + 8, 2c + 9), B elements
 // (k 2c, 2c + 1, 2c + 8, 2c + 9; column g) and C elements (rows g, g + 8;
 // columns 2c, 2c + 1); S's C fragments are P's A fragments once packed.
-// Grid: (tiles, nh). Block: PF_THREADS. Dynamic shared memory:
+// Grid: (nh, tiles). Block: PF_THREADS. Dynamic shared memory:
 // PF_STAGES * 2 * PF_KEYS * (HD + 8) bf16 (prefillSmem). Needs sm_80 (the
 // host launches it only there) and HD 64 or 128.
 #define PF_WARPS 4
@@ -52,7 +54,7 @@ __device__ __forceinline__ void prefill_body(const float* q, const bf16* kcache,
     pdl_trigger();
     const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
     const int g = lane >> 2, c = lane & 3;
-    const int h = blockIdx.y, x = gridDim.x - 1 - blockIdx.x;
+    const int h = blockIdx.x, x = gridDim.y - 1 - blockIdx.y;
     // The batch description is there before the kernels this one depends
     // on end.
     const int t0 = tiles[2 * x], t1 = tiles[2 * x + 1];
@@ -212,7 +214,10 @@ __device__ __forceinline__ void prefill_body(const float* q, const bf16* kcache,
         const int* tiles
 #define PF_ARGS q, kcache, vcache, out, out_bf, lo, tables, table_off, pos, bs, nh, nkv, scale, tiles
 
-extern "C" __global__ void __launch_bounds__(PF_THREADS) attention_prefill_d64(PF_PARAMS) {
+// At HD 64, three blocks a multiprocessor (168 registers, no spills; 179
+// and two blocks without the bound): 97.0 -> 86.4 us for the 1B shape's 4 x
+// 512 (NOTES.md phase 26). At 128 two blocks, the most its 255 fit.
+extern "C" __global__ void __launch_bounds__(PF_THREADS, 3) attention_prefill_d64(PF_PARAMS) {
     prefill_body<64>(PF_ARGS);
 }
 extern "C" __global__ void __launch_bounds__(PF_THREADS) attention_prefill_d128(PF_PARAMS) {
