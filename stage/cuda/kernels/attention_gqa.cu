@@ -92,6 +92,55 @@ __device__ __forceinline__ void tc_softmax_row(float (&sc)[NK][4], float (&o)[ND
     }
 }
 
+// tc_qk sets sc to the scores q·Kᵀ of NK column tiles of 8 keys: q as a
+// bf16 value and remainder pair (qh, ql: A fragments of KS k-steps; two mma
+// per fragment), K's B fragments by ldmatrix from shared memory (klane:
+// this lane's row address at the first key, as the kernels compute it; key
+// rows RS bf16 apart).
+template <int NK, int KS, int RS>
+__device__ __forceinline__ void tc_qk(float (&sc)[NK][4], const unsigned (&qh)[KS][4], const unsigned (&ql)[KS][4],
+                                      unsigned klane) {
+#pragma unroll
+    for (int n = 0; n < NK; n++) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) sc[n][i] = 0.f;
+#pragma unroll
+        for (int s = 0; s < KS; s += 2) {
+            unsigned b[4];
+            ldsm_x4(klane + (unsigned)((n * 8 * RS + 16 * s) * 2), b);
+            mma_bf16(sc[n], qh[s][0], qh[s][1], qh[s][2], qh[s][3], b[0], b[1]);
+            mma_bf16(sc[n], ql[s][0], ql[s][1], ql[s][2], ql[s][3], b[0], b[1]);
+            mma_bf16(sc[n], qh[s + 1][0], qh[s + 1][1], qh[s + 1][2], qh[s + 1][3], b[2], b[3]);
+            mma_bf16(sc[n], ql[s + 1][0], ql[s + 1][1], ql[s + 1][2], ql[s + 1][3], b[2], b[3]);
+        }
+    }
+}
+
+// tc_pv adds P·V of 16 keys to o (ND column tiles): P the softmax weights
+// s0 (keys 0-7) and s1 (8-15) of tc_softmax_row, as a bf16 value and
+// remainder pair of A fragments; V's B fragments by ldmatrix.trans (vlane:
+// this lane's address at the 16 keys' first row, as the kernels compute
+// it).
+template <int ND>
+__device__ __forceinline__ void tc_pv(float (&o)[ND][4], const float (&s0)[4], const float (&s1)[4], unsigned vlane) {
+    unsigned ph[4], pl[4];
+    const float pv[4][2] = {{s0[0], s0[1]}, {s0[2], s0[3]}, {s1[0], s1[1]}, {s1[2], s1[3]}};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        ph[i] = pack_bf16(pv[i][0], pv[i][1]);
+        pl[i] = pack_bf16(pv[i][0] - lo_bf16(ph[i]), pv[i][1] - hi_bf16(ph[i]));
+    }
+#pragma unroll
+    for (int nd = 0; nd < ND; nd += 2) {
+        unsigned b[4];
+        ldsm_x4_t(vlane + (unsigned)(nd * 8 * 2), b);
+        mma_bf16(o[nd], ph[0], ph[1], ph[2], ph[3], b[0], b[1]);
+        mma_bf16(o[nd], pl[0], pl[1], pl[2], pl[3], b[0], b[1]);
+        mma_bf16(o[nd + 1], ph[0], ph[1], ph[2], ph[3], b[2], b[3]);
+        mma_bf16(o[nd + 1], pl[0], pl[1], pl[2], pl[3], b[2], b[3]);
+    }
+}
+
 // GQA_ROPE_PARAMS: rope_qkv's inputs after ATT_PARAMS.
 #define GQA_ROPE_PARAMS \
     ATT_PARAMS, const float *qkv, const bf16 *bias, const float *inv_freq, const int *cache_row
@@ -265,20 +314,7 @@ __device__ __forceinline__ void gqa_body(GQA_ROPE_PARAMS, int planes, int pstrid
         if (kb + k0 < je) {
             const unsigned st = sbase + 2 * (it % S) * TILE;
             float sc[2][4];
-#pragma unroll
-            for (int nt = 0; nt < 2; nt++) {
-#pragma unroll
-                for (int i = 0; i < 4; i++) sc[nt][i] = 0.f;
-#pragma unroll
-                for (int s = 0; s < KS; s += 2) {
-                    unsigned b[4];
-                    ldsm_x4(st + klane + (unsigned)((nt * 8 * RS + 16 * s) * 2), b);
-                    mma_bf16(sc[nt], qh[s][0], qh[s][1], qh[s][2], qh[s][3], b[0], b[1]);
-                    mma_bf16(sc[nt], ql[s][0], ql[s][1], ql[s][2], ql[s][3], b[0], b[1]);
-                    mma_bf16(sc[nt], qh[s + 1][0], qh[s + 1][1], qh[s + 1][2], qh[s + 1][3], b[2], b[3]);
-                    mma_bf16(sc[nt], ql[s + 1][0], ql[s + 1][1], ql[s + 1][2], ql[s + 1][3], b[2], b[3]);
-                }
-            }
+            tc_qk<2, KS, RS>(sc, qh, ql, st + klane);
 #pragma unroll
             for (int r = 0; r < 2; r++) {
                 float mx = NEG_INF;
@@ -293,22 +329,7 @@ __device__ __forceinline__ void gqa_body(GQA_ROPE_PARAMS, int planes, int pstrid
                 // The warp's first key is in the part, so the maximum is finite.
                 tc_softmax_row(sc, o, r, mx, m[r], l[r]);
             }
-            unsigned ph[4], pl[4];
-            const float pv[4][2] = {{sc[0][0], sc[0][1]}, {sc[0][2], sc[0][3]}, {sc[1][0], sc[1][1]}, {sc[1][2], sc[1][3]}};
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                ph[i] = pack_bf16(pv[i][0], pv[i][1]);
-                pl[i] = pack_bf16(pv[i][0] - lo_bf16(ph[i]), pv[i][1] - hi_bf16(ph[i]));
-            }
-#pragma unroll
-            for (int nd = 0; nd < ND; nd += 2) {
-                unsigned b[4];
-                ldsm_x4_t(st + vlane + (unsigned)(nd * 8 * 2), b);
-                mma_bf16(o[nd], ph[0], ph[1], ph[2], ph[3], b[0], b[1]);
-                mma_bf16(o[nd], pl[0], pl[1], pl[2], pl[3], b[0], b[1]);
-                mma_bf16(o[nd + 1], ph[0], ph[1], ph[2], ph[3], b[2], b[3]);
-                mma_bf16(o[nd + 1], pl[0], pl[1], pl[2], pl[3], b[2], b[3]);
-            }
+            tc_pv(o, sc[0], sc[1], st + vlane);
         }
         if (kb + S * KEYS < je) {
             __syncthreads();  // every warp is done with this stage

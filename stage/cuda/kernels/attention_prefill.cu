@@ -131,20 +131,7 @@ __device__ __forceinline__ void prefill_body(const float* q, const bf16* kcache,
         if (wr0 <= t1 - t0 && kb <= p0 + wlast) {  // some row of this warp reaches these keys
             const unsigned st = sbase + (unsigned)(b % PF_STAGES) * 2 * TILE;
             float sc[PF_KEYS / 8][4];
-#pragma unroll
-            for (int n = 0; n < PF_KEYS / 8; n++) {
-#pragma unroll
-                for (int i = 0; i < 4; i++) sc[n][i] = 0.f;
-#pragma unroll
-                for (int s = 0; s < KS; s += 2) {
-                    unsigned kf[4];
-                    ldsm_x4(st + klane + (unsigned)((n * 8 * RS + 16 * s) * 2), kf);
-                    mma_bf16(sc[n], qh[s][0], qh[s][1], qh[s][2], qh[s][3], kf[0], kf[1]);
-                    mma_bf16(sc[n], ql[s][0], ql[s][1], ql[s][2], ql[s][3], kf[0], kf[1]);
-                    mma_bf16(sc[n], qh[s + 1][0], qh[s + 1][1], qh[s + 1][2], qh[s + 1][3], kf[2], kf[3]);
-                    mma_bf16(sc[n], ql[s + 1][0], ql[s + 1][1], ql[s + 1][2], ql[s + 1][3], kf[2], kf[3]);
-                }
-            }
+            tc_qk<PF_KEYS / 8, KS, RS>(sc, qh, ql, st + klane);
             // Mask (only a block past the warp's first row has keys out of
             // reach), and the online softmax of rows g (r 0) and g + 8 (r 1).
             const bool diag = kb + PF_KEYS - 1 > p0 + wr0;
@@ -166,25 +153,7 @@ __device__ __forceinline__ void prefill_body(const float* q, const bf16* kcache,
             // O += P·V, 16 keys a step.
 #pragma unroll
             for (int kk = 0; kk < PF_KEYS / 16; kk++) {
-                unsigned ph[4], pl[4];
-                const float pv[4][2] = {{sc[2 * kk][0], sc[2 * kk][1]},
-                                        {sc[2 * kk][2], sc[2 * kk][3]},
-                                        {sc[2 * kk + 1][0], sc[2 * kk + 1][1]},
-                                        {sc[2 * kk + 1][2], sc[2 * kk + 1][3]}};
-#pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    ph[i] = pack_bf16(pv[i][0], pv[i][1]);
-                    pl[i] = pack_bf16(pv[i][0] - lo_bf16(ph[i]), pv[i][1] - hi_bf16(ph[i]));
-                }
-#pragma unroll
-                for (int n = 0; n < ND; n += 2) {
-                    unsigned vf[4];
-                    ldsm_x4_t(st + vlane + (unsigned)((16 * kk * RS + 8 * n) * 2), vf);
-                    mma_bf16(o[n], ph[0], ph[1], ph[2], ph[3], vf[0], vf[1]);
-                    mma_bf16(o[n], pl[0], pl[1], pl[2], pl[3], vf[0], vf[1]);
-                    mma_bf16(o[n + 1], ph[0], ph[1], ph[2], ph[3], vf[2], vf[3]);
-                    mma_bf16(o[n + 1], pl[0], pl[1], pl[2], pl[3], vf[2], vf[3]);
-                }
+                tc_pv(o, sc[2 * kk], sc[2 * kk + 1], st + vlane + (unsigned)(16 * kk * RS * 2));
             }
         }
         __syncthreads();  // block b's stage is free for block b + PF_STAGES
