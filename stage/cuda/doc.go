@@ -113,8 +113,11 @@
 // elsewhere attention.cu's per-row kernel, fp32 throughout. The whole
 // 64-row tiles of a prefill chunk (consecutive positions of one sequence)
 // go to attention_prefill.cu, a flash-attention kernel on the tensor cores
-// (64 rows a block, the same pairs); the other kernel leaves them. Keys
-// written by earlier steps are read before waiting for the q|k|v kernel.
+// (64 rows of one query head a block, its blocks of 64 keys through shared
+// memory by cp.async, two stages, the same pairs); the other kernel leaves
+// them. Keys written by earlier steps are read before waiting for the
+// q|k|v kernel (attention_gqa's; the prefill kernel reads all its keys
+// after the wait).
 //
 // The GEMM inputs are compensated: each bf16 input holds a value's bf16
 // rounding and the bf16 rounding of the remainder (on the cuBLAS path T
