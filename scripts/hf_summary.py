@@ -20,6 +20,11 @@ def fmt(v, spec=".3f"):
     return "-" if v is None else format(v, spec)
 
 
+# Issue 15's targets for the GPU step against transformers' compile step
+# (shape, batch): the ratio asked for.
+RATIO_TARGETS = {("llama1b", "1"): 1.8, ("llama1b", "32"): 2, ("llama8b", "1"): 1.3, ("llama8b", "32"): 2}
+
+
 def decode_tables(work, res):
     """Decode steps of tandem (FULL_AND_PIECEWISE graphs), the baseline
     revision and transformers side by side; per-kernel breakdowns; skinny
@@ -64,6 +69,13 @@ def decode_tables(work, res):
             print(f"{b:>6} {d['wall_ms']:>12.3f} {d['gpu_ms']:>7.3f} {d['gpu_ms'] / floor:>9.2f} {fmt(before):>8} "
                   f"{fmt(bench.get(f'eager_{b}')):>9} {fmt(bench.get(f'graph_{b}')):>9} {fmt(hc):>11} {rgpu:>7} {rwall:>8} "
                   f"{int(b) / d['wall_ms'] * 1e3:>8.0f}")
+        # A ratio target that the weights' reads alone rule out: one that
+        # needs a step shorter than the floor.
+        for b in map(str, steps):
+            hc, want = bench.get(f"compile_{b}"), RATIO_TARGETS.get((name, b))
+            if hc and want and hc / want < floor:
+                print(f"   batch {b}: {want:g}x transformers' compile step is {hc / want:.3f} ms a step, under the "
+                      f"{floor:.3f} ms floor: no step that reads the weights once can meet it")
         for key, what in (("8x64", "512 tokens (8 x 64)"), ("32x64", "2048 tokens (32 x 64, the API bench's prompts)"),
                           ("2048", "2048 tokens (4 x 512)")):
             if f"prefill_{key}_gpu_ms" in dec:
