@@ -183,9 +183,10 @@ __device__ __forceinline__ void prefill_body(const float* q, const bf16* kcache,
         const int* tiles
 #define PF_ARGS q, kcache, vcache, out, out_bf, lo, tables, table_off, pos, bs, nh, nkv, scale, tiles
 
-// At HD 64, three blocks a multiprocessor (168 registers, no spills; 179
-// and two blocks without the bound): 97.0 -> 86.4 us for the 1B shape's 4 x
-// 512 (NOTES.md phase 26). At 128 two blocks, the most its 255 fit.
+// At HD 64, three blocks a multiprocessor (168 registers and 8 bytes
+// spilled; 179 and two blocks without the bound): 97.0 -> 86.4 us for the
+// 1B shape's 4 x 512 (NOTES.md phase 26). At 128 two blocks, the most its
+// 255 registers (8 bytes spilled) fit.
 extern "C" __global__ void __launch_bounds__(PF_THREADS, 3) attention_prefill_d64(PF_PARAMS) {
     prefill_body<64>(PF_ARGS);
 }
