@@ -414,8 +414,7 @@ func (s *Stage) attention(i int, sh shape) error {
 		}
 	}
 	a = common().Float32(scale).Ptr(s.word(lay.tileList()))
-	grid := gpu.Dim3{X: uint32(m.NumHeads), Y: uint32(sh.tiles)}
-	return s.launchDep("attention prefill", prefillName(m.HeadDim), grid, gpu.Dim3{X: prefillThreads}, prefillSmem(m.HeadDim), a)
+	return s.launchDep("attention prefill", prefillName(m.HeadDim), prefillGrid(m.NumHeads, sh.tiles), gpu.Dim3{X: prefillThreads}, prefillSmem(m.HeadDim), a)
 }
 
 // head computes the logits rows of the step (the final norm of the

@@ -8,6 +8,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/tandem-llm/tandem/gpu"
 	"github.com/tandem-llm/tandem/stage"
 )
 
@@ -72,6 +73,12 @@ func attentionSmem(r, w, hd int) int { return w * r * (hd + 2) * 4 }
 var prefillHeadDims = []int{64, 128}
 
 func prefillName(hd int) string { return fmt.Sprintf("attention_prefill_d%d", hd) }
+
+// prefillGrid is attention_prefill_d*'s grid for a step of tiles whole
+// tiles and nh query heads: heads fastest, so that the blocks start with
+// every head of the last tile listed (the kernel takes the tiles in
+// reverse).
+func prefillGrid(nh, tiles int) gpu.Dim3 { return gpu.Dim3{X: uint32(nh), Y: uint32(tiles)} }
 
 // prefillSmem is the dynamic shared memory of attention_prefill_d<hd>: its
 // stages' K and V blocks of prefillTile keys, rows of hd + 8 bf16.

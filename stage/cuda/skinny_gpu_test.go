@@ -862,7 +862,7 @@ func (a *attnSetup) launch(r *kernelRig, splits int, dep bool) error {
 	args := r.args.Reset().Ptr(a.q).Ptr(a.kc).Ptr(a.vc).Ptr(a.out).Ptr(a.outB).Int32(int32(a.tok)).
 		Ptr(a.tables).Ptr(a.tabOff).Ptr(a.pos).Int32(int32(a.bs)).Int32(int32(a.nh)).Int32(int32(a.nkv)).
 		Float32(scale).Ptr(a.tiles)
-	return launch(r.fn[prefillName(a.hd)], gpu.Dim3{X: uint32(a.nh), Y: uint32(a.nTiles)}, gpu.Dim3{X: prefillThreads}, prefillSmem(a.hd), args)
+	return launch(r.fn[prefillName(a.hd)], prefillGrid(a.nh, a.nTiles), gpu.Dim3{X: prefillThreads}, prefillSmem(a.hd), args)
 }
 
 // args are the per-row and tensor-core kernels' ATT_PARAMS for launch al
