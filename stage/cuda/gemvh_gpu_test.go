@@ -26,9 +26,7 @@ func TestGemvhKernel(t *testing.T) {
 		vocab, k int
 		rows     []int
 	}{{"1B head", 128256, 2048, []int{2, 16}}, {"small", 32000 + 48, 512, []int{1, 2, 5, 8, 13, 16}}} {
-		w := r.alloc(t, p.vocab*p.k*2)
-		r.fill(t, w, p.vocab*p.k, true, 0.05, 0)
-		wv := r.bf16s(t, w, p.vocab*p.k)
+		w, wv := r.randBF16(t, p.vocab*p.k, 0.05, 0)
 		for _, rows := range p.rows {
 			for _, nan := range []bool{false, true} {
 				if nan && rows != p.rows[len(p.rows)-1] {
@@ -44,9 +42,7 @@ func TestGemvhKernel(t *testing.T) {
 						// The shape's last case.
 						r.upload(t, w+gpu.DevicePtr((nanRow*p.k+7)*2), []byte{0xc0, 0x7f})
 					}
-					x := r.alloc(t, rows*p.k*2)
-					r.fill(t, x, rows*p.k, true, 1, 0)
-					xv := r.bf16s(t, x, rows*p.k)
+					x, xv := r.randBF16(t, rows*p.k, 1, 0)
 					out := r.alloc(t, rows*p.vocab*4)
 					r.poison(t, out, rows*p.vocab*4)
 					nstat := gemvhPartials(p.vocab, info.SMs)

@@ -25,14 +25,10 @@ func TestGemvsKernel(t *testing.T) {
 		name    string
 		out, in int
 	}{{"1B qkv", 3072, 2048}, {"1B o", 2048, 2048}, {"8B qkv", 6144, 4096}, {"8B o", 4096, 4096}, {"1B down", 2048, 8192}} {
-		w := r.alloc(t, p.out*p.in*2)
-		r.fill(t, w, p.out*p.in, true, 0.05, 0)
-		wv := r.bf16s(t, w, p.out*p.in)
+		w, wv := r.randBF16(t, p.out*p.in, 0.05, 0)
 		for _, tc := range []struct{ tokens, lo int }{{2, 2}, {3, 3}, {8, 8}, {13, 13}, {16, 16}, {5, 0}, {20, 0}, {32, 0}} {
 			rows := tc.tokens + tc.lo
-			x := r.alloc(t, rows*p.in*2)
-			r.fill(t, x, rows*p.in, true, 1, 0)
-			xv := r.bf16s(t, x, rows*p.in)
+			x, xv := r.randBF16(t, rows*p.in, 1, 0)
 			for _, kb := range []int{256, 512, 1024, 2048} {
 				if kb > p.in || (kb > 1024 && p.in < 4096) {
 					continue
@@ -185,18 +181,14 @@ func TestGemvgKernel(t *testing.T) {
 		name      string
 		inter, in int
 	}{{"1B gate_up", 8192, 2048}, {"k512", 512, 512}} {
-		w := r.alloc(t, 2*p.inter*p.in*2)
-		r.fill(t, w, 2*p.inter*p.in, true, 0.05, 0)
-		wv := r.bf16s(t, w, 2*p.inter*p.in)
+		w, wv := r.randBF16(t, 2*p.inter*p.in, 0.05, 0)
 		for _, tc := range []struct{ tokens, lo int }{{2, 2}, {3, 3}, {5, 5}, {8, 8}, {13, 13}, {16, 16}, {1, 0}, {5, 0}, {13, 0}, {16, 0}, {24, 0}, {32, 0}} {
 			t.Run(fmt.Sprintf("%s/t%d_lo%d", p.name, tc.tokens, tc.lo), func(t *testing.T) {
 				if nt := gemvsNTFor(tc.tokens, tc.lo); nt == 0 || gemvgSmem(nt, p.in) > info.MaxSharedPerBlockOptin {
 					t.Skipf("gemvg has no entry for %d tokens of this shape on this device", tc.tokens)
 				}
 				rows := tc.tokens + tc.lo
-				x := r.alloc(t, rows*p.in*2)
-				r.fill(t, x, rows*p.in, true, 1, 0)
-				xv := r.bf16s(t, x, rows*p.in)
+				x, xv := r.randBF16(t, rows*p.in, 1, 0)
 				out := r.alloc(t, rows*p.inter*2)
 				r.poison(t, out, rows*p.inter*2)
 				nt := gemvsNTFor(tc.tokens, tc.lo)

@@ -46,9 +46,7 @@ func TestNormKernel(t *testing.T) {
 					r.fill(t, y, tc.planes*src*hidden, false, 1, 0)
 					yv = r.f32s(t, y, tc.planes*src*hidden)
 				}
-				w := r.alloc(t, hidden*2)
-				r.fill(t, w, hidden, true, 0.5, 1)
-				wv := r.bf16s(t, w, hidden)
+				w, wv := r.randBF16(t, hidden, 0.5, 1)
 				outlo := 0
 				if tc.outlo {
 					outlo = tc.rows

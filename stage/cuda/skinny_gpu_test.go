@@ -266,6 +266,15 @@ func (r *kernelRig) f32s(t *testing.T, p gpu.DevicePtr, n int) []float32 {
 	return v
 }
 
+// randBF16 allocates n bf16 values, fills them as fill does (offset ±
+// scale) and returns them with their values read back.
+func (r *kernelRig) randBF16(t *testing.T, n int, scale, offset float32) (gpu.DevicePtr, []float64) {
+	t.Helper()
+	p := r.alloc(t, n*2)
+	r.fill(t, p, n, true, scale, offset)
+	return p, r.bf16s(t, p, n)
+}
+
 func (r *kernelRig) bf16s(t *testing.T, p gpu.DevicePtr, n int) []float64 {
 	t.Helper()
 	v := make([]uint16, n)
@@ -622,9 +631,7 @@ func checkRope(t *testing.T, r *kernelRig, m *model.Config, c gemvCall, tok int,
 	var bias gpu.DevicePtr
 	var bh []float64
 	if m.AttentionBias {
-		bias = r.alloc(t, c.n*2)
-		r.fill(t, bias, c.n, true, 0.1, 0)
-		bh = r.bf16s(t, bias, c.n)
+		bias, bh = r.randBF16(t, c.n, 0.1, 0)
 	}
 	freq := m.RopeInvFreq()
 	f32 := make([]float32, len(freq))
