@@ -36,7 +36,9 @@
 #                leader and one CUDA stage, tandemctl bench at concurrency 1,
 #                32 and 64 for each --max-batch-tokens of API_TOKENS (default
 #                "512 2048"), the leader's steps traced during the
-#                concurrency-32 run (OUT/api*trace-c32.json, Chrome trace)
+#                concurrency-32 run (OUT/api*trace-c32.json, Chrome trace),
+#                then transformers' batch-32 step on the bench's sequences
+#                (hf_api_peer below)
 #       timeline where one batch-1 decode step's time goes, block by block
 #                (TestStepTimeline: the program compiled again with
 #                TANDEM_TIMELINE; random Llama-3.2-1B and Llama-3.1-8B
@@ -71,7 +73,8 @@
 # one CUDA stage) with `tandemctl bench` at concurrency 1, 32 and 64 through
 # the gRPC API, and last (2b) times transformers' decode step at batch 1 and
 # 32, eager, in a CUDA graph and under torch.compile (scripts/hf_bench.py), on
-# the 1B and the Llama-3.1-8B shape. Logs and summary.json go to $OUT; the
+# the 1B and the Llama-3.1-8B shape, and its torch.compile step of batch 32
+# on the sequences of (8)'s bench (hf_api_peer). Logs and summary.json go to $OUT; the
 # summary table is printed last.
 set -uo pipefail
 
@@ -218,6 +221,19 @@ api() {
 	tail -n 40 "$WORK/logs/$name-gpu0.log" >"$OUT/daemons-$name.log"
 }
 
+# hf_api_peer SECONDS: transformers' torch.compile step of batch 32 on the
+# API bench's sequences (64-token prompts, 256 tokens: a static cache of
+# the 320 positions they reach, hf_bench's prompt + steps + 16; its steps
+# at contexts 71-310), into $WORK/llama1b.bench-api.json: the peer of
+# tandemctl bench's concurrency 32 and 64. transformers' step grows with
+# its cache's length, not the context reached (measured on one H200: 2.077
+# ms at 144 positions, the decode tables' figure, 2.458 at 330).
+hf_api_peer() {
+	timeout "$1" python3 "$HERE/hf_bench.py" --shape llama1b --batches 32 --forms compile --runs 1 --prompt 64 --steps 240 \
+		--out "$WORK/llama1b.bench-api.json" 2>&1 | grep -v Warning | tee -a "$LOG"
+	[ "${PIPESTATUS[0]}" = 0 ] || status=1
+}
+
 step "environment"
 {
 	date -u
@@ -265,6 +281,8 @@ EOF
 	for tokens in $API_TOKENS; do
 		api "now-$tokens" "$TOOLS/tandemd" "api${tokens}_" "$tokens"
 	done
+	step "transformers' batch-32 step at the bench's contexts"
+	hf_api_peer 240
 	exit $status
 fi
 
@@ -402,6 +420,12 @@ if [ -z "$quick" ]; then
 			fi
 		fi
 	done
+	left=$((${HF_BUDGET:-540} + 30 - SECONDS))
+	if ((left > 30)); then
+		hf_api_peer "$left"
+	else
+		echo "no time left for transformers' step at the API bench's contexts" | tee -a "$LOG"
+	fi
 fi
 
 step "summary"
