@@ -25,6 +25,15 @@ def fmt(v, spec=".3f"):
 RATIO_TARGETS = {("llama1b", "1"): 1.8, ("llama1b", "32"): 2, ("llama8b", "1"): 1.3, ("llama8b", "32"): 2}
 
 
+def load_bench(work, name):
+    """scripts/hf_bench.py's figures in work/name, or {}."""
+    path = os.path.join(work, name)
+    if not os.path.exists(path):
+        return {}
+    with open(path) as f:
+        return json.load(f)
+
+
 def decode_tables(work, res):
     """Decode steps of tandem (FULL_AND_PIECEWISE graphs), the baseline
     revision and transformers side by side; per-kernel breakdowns; skinny
@@ -34,11 +43,8 @@ def decode_tables(work, res):
         dec = res.get("decode_" + name)
         if not dec:
             continue
-        bench = {}
-        path = os.path.join(work, name + ".bench.json")
-        if os.path.exists(path):
-            with open(path) as f:
-                bench = json.load(f).get("decode_ms", {})
+        hb = load_bench(work, name + ".bench.json")
+        bench = hb.get("decode_ms", {})
         floor = dec["floor_ms"]
         print(f"-- decode step, {name} shape ({dec['weight_bytes']} weight bytes), {dec['device']}: copy bandwidth "
               f"{dec['copy_bw_bytes_per_s'] / 1e12:.2f} TB/s -> HBM floor {floor:.3f} ms; skinny kernels up to "
@@ -69,6 +75,9 @@ def decode_tables(work, res):
             print(f"{b:>6} {d['wall_ms']:>12.3f} {d['gpu_ms']:>7.3f} {d['gpu_ms'] / floor:>9.2f} {fmt(before):>8} "
                   f"{fmt(bench.get(f'eager_{b}')):>9} {fmt(bench.get(f'graph_{b}')):>9} {fmt(hc):>11} {rgpu:>7} {rwall:>8} "
                   f"{int(b) / d['wall_ms'] * 1e3:>8.0f}")
+        if hb.get("compile_cache_len"):
+            print(f"   transformers' compile step: a static cache of {hb['compile_cache_len']} positions, all read "
+                  f"each step")
         # A ratio target that the weights' reads alone rule out: one that
         # needs a step shorter than the floor.
         for b in map(str, steps):
@@ -110,19 +119,17 @@ def decode_tables(work, res):
     if api:
         dec = res.get("decode_llama1b", {})
         step = dec.get("batch_1_FULL_AND_PIECEWISE", {})
-        bench = {}
-        path = os.path.join(work, "llama1b.bench.json")
-        if os.path.exists(path):
-            with open(path) as f:
-                bench = json.load(f).get("decode_ms", {})
-        hc32 = bench.get("compile_32")
-        # transformers' batch-32 step on the bench's sequences (a static cache of
-        # their 320 positions; gpu-check.sh's hf_api_peer).
-        hca = None
-        path = os.path.join(work, "llama1b.bench-api.json")
-        if os.path.exists(path):
-            with open(path) as f:
-                hca = json.load(f).get("decode_ms", {}).get("compile_32")
+
+        def peer(name):
+            """transformers' compile step of batch 32 in work/name and the
+            length of its static cache."""
+            b = load_bench(work, name)
+            return b.get("decode_ms", {}).get("compile_32"), b.get("compile_cache_len")
+
+        hc32, c32 = peer("llama1b.bench.json")
+        # On the bench's sequences: a cache of the positions they reach
+        # (gpu-check.sh's hf_api_peer).
+        hca, ca = peer("llama1b.bench-api.json")
         print("-- tandemctl bench through the gRPC API (leader + one CUDA stage, llama1b checkpoint, 64-token prompts, 256 tokens);"
               " before: the baseline revision's tandemd, same run")
         for b in api:
@@ -136,9 +143,9 @@ def decode_tables(work, res):
                 line += (f" | ITL p50 / stage step {b['itl_p50_ms'] / step['wall_ms']:.3f} (wall {step['wall_ms']:.3f} ms), "
                          f"/ GPU step {b['itl_p50_ms'] / step['gpu_ms']:.3f}")
             if c > 1 and hc32:
-                line += f" | x{b['tokens_per_s'] / (32 / hc32 * 1e3):.2f} HF compile batch 32 (cache 144)"
+                line += f" | x{b['tokens_per_s'] / (32 / hc32 * 1e3):.2f} HF compile batch 32 (cache {c32})"
             if c > 1 and hca:
-                line += f", x{b['tokens_per_s'] / (32 / hca * 1e3):.2f} on the bench's sequences (cache 320: {hca:.3f} ms)"
+                line += f", x{b['tokens_per_s'] / (32 / hca * 1e3):.2f} on the bench's sequences (cache {ca}: {hca:.3f} ms)"
             print(line)
 
 
