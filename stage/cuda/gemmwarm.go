@@ -84,8 +84,9 @@ func warmRows(from, to, step int) []int {
 // eagerRowStep past maxKey (and the most rows an eager step gives it)
 // and, on the last stage, the LM head at every multiple of headRowStep up
 // to MaxLogitRows that gemvh does not take (each shape the keys did not
-// run already), so that linear's padding finds them warm. Their outputs go to the products' own buffers and are
-// never read. Device goroutine only, while Capture records.
+// run already), so that linear's padding finds them warm. Their outputs
+// go to the products' own buffers and are never read. Device goroutine
+// only, while Capture records.
 func (s *Stage) warmEager(maxKey int) error {
 	m := &s.m
 	H, I := m.HiddenSize, m.IntermediateSize

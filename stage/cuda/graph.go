@@ -244,11 +244,12 @@ func (pl *planner) captureOrder(keys []graphs.Step) ([]graphs.Step, error) {
 // of its shape, on the stage's own (non-default) stream: one graph per
 // Full key, and one per dense segment for a Piecewise key. Then it warms
 // up cuBLAS's products at the shapes eager steps past the largest key
-// are padded to (gemmwarm.go). Every buffer already exists, so capture allocates nothing but the graphs themselves;
-// the memory held back by Config.GraphMemory is released first, and
-// Capture fails when the graphs took more. Capture may be called once;
-// afterwards Forward replays the graphs of steps whose key was captured
-// and fails steps whose key was not (all of them when Capture failed).
+// are padded to (gemmwarm.go). Every buffer already exists, so capture
+// allocates nothing but the graphs themselves; the memory held back by
+// Config.GraphMemory is released first, and Capture fails when the graphs
+// took more. Capture may be called once; afterwards Forward replays the
+// graphs of steps whose key was captured and fails steps whose key was
+// not (all of them when Capture failed).
 func (s *Stage) Capture(keys []graphs.Step) error {
 	if s.closed {
 		return fmt.Errorf("cuda stage [%d,%d): capture after close", s.lo, s.hi)

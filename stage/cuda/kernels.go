@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io/fs"
 	"path"
+	"slices"
 	"sort"
 	"strings"
 
@@ -221,7 +222,7 @@ var kernelNames = func() []string {
 			n = append(n, gemvName(v, nt))
 		}
 	}
-	return append(append(append(append(append(n, gqaNames...), gemvfNames...), gemvsNames...), gemvgNames...), gemvhNames...)
+	return slices.Concat(n, gqaNames, gemvfNames, gemvsNames, gemvgNames, gemvhNames)
 }()
 
 // gqaNames lists the attention_gqa entry points.

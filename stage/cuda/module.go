@@ -209,7 +209,7 @@ func lookupKernels(mod gpu.Module, info gpu.DeviceInfo, optional bool) (map[stri
 	}
 	if info.MaxSharedPerBlockOptin > 48<<10 {
 		// gemvg and gemvh: as large as any k gemvgFits and gemvhFits admit.
-		for _, name := range append(append(slices.Clone(gemvfNames), gemvgNames...), gemvhNames...) {
+		for _, name := range slices.Concat(gemvfNames, gemvgNames, gemvhNames) {
 			if err := fn[name].SetMaxDynamicSharedMem(info.MaxSharedPerBlockOptin); err != nil {
 				return nil, err
 			}
@@ -221,7 +221,7 @@ func lookupKernels(mod gpu.Module, info gpu.DeviceInfo, optional bool) (map[stri
 	// a multiprocessor: kernels of different carveouts cannot share one.
 	// Measured on one H200: the 8B shape's batch-1 step 4.371 -> 4.323 ms
 	// (1B 0.890 -> 0.881); all kernels so, batch 32 was slower (NOTES.md).
-	for _, name := range append(slices.Clone(gemvfNames), gqaNames...) {
+	for _, name := range slices.Concat(gemvfNames, gqaNames) {
 		if err := fn[name].SetSharedCarveout(100); err != nil {
 			return nil, err
 		}
