@@ -79,7 +79,9 @@
 // second pass and stores whole lines. The last stage's LM head is a norm of its rows and a GEMM,
 // then logit_stats writes the softmax partials the skinny LM head would
 // (blocks of 8,192 logits, one partial a warp), so the sampler again makes
-// no pass over the logits of a greedy row. cuBLAS's products cannot start
+// no pass over the logits of a greedy row; steps of up to 32 logits rows
+// take the GEMM and the partials in one dependent launch instead
+// (gemvh.cu). cuBLAS's products cannot start
 // before the kernel ahead of them ends, and at a few tokens they are bound
 // by that latency, not by their weights; so decode steps of 2-32 tokens
 // (2 where New found the cuBLAS path faster than the fp32 kernels there)

@@ -420,8 +420,9 @@ func (s *Stage) attention(i int, sh shape) error {
 // head computes the logits rows of the step (the final norm of the
 // selected rows, the LM head in fp32) and samples: with the skinny LM head
 // when the rows are few (the norm folded in, its blocks' softmax partials
-// handed to the sampler), else a norm kernel and gemvh (up to 16 rows, the
-// partials in its epilogue) or cuBLAS and logit_stats for the partials.
+// handed to the sampler), else a norm kernel and gemvh (up to
+// gemvhMaxRows rows, the partials in its epilogue) or cuBLAS and
+// logit_stats for the partials.
 func (s *Stage) head(sh shape) error {
 	m := &s.m
 	lay := s.pl.lay

@@ -13,11 +13,13 @@ const gemvhThreads = 256 // GEMVH_THREADS
 
 func gemvhName(nt int) string { return fmt.Sprintf("gemvh_nt%d", nt) }
 
-// gemvhNT are gemvh's n-tiles of 8 staged rows: up to 16 rows. At 32
-// (n-tile 4) every warp reads the staged rows from shared memory twice
-// over for each byte of weights, and the head took 151 us against
-// cuBLAS's 134 plus logit_stats (1B, one H200, NOTES.md phase 25).
-var gemvhNT = []int{1, 2}
+// gemvhNT are gemvh's n-tiles of 8 staged rows: up to 32 rows. At 17-32
+// rows (n-tile 4) its loop without divisions made the head level with
+// cuBLAS plus logit_stats (1B batch 32, eager: 149 us against 137 + 12)
+// and the step a little faster (1B GPU ms, two rounds: batch 24
+// 1.003/1.002 -> 0.998/1.000, 32 1.033/1.029 -> 1.028/1.027; one H200,
+// NOTES.md phase 28).
+var gemvhNT = []int{1, 2, 4}
 
 // gemvhNames lists the gemvh_* entry points.
 var gemvhNames = ntNames(gemvhNT, gemvhName)

@@ -25,7 +25,7 @@ func TestGemvhKernel(t *testing.T) {
 		name     string
 		vocab, k int
 		rows     []int
-	}{{"1B head", 128256, 2048, []int{2, 16}}, {"small", 32000 + 48, 512, []int{1, 2, 5, 8, 13, 16}}} {
+	}{{"1B head", 128256, 2048, []int{2, 16, 32}}, {"small", 32000 + 48, 512, []int{1, 2, 5, 8, 13, 16}}} {
 		w, wv := r.randBF16(t, p.vocab*p.k, 0.05, 0)
 		for _, rows := range p.rows {
 			for _, nan := range []bool{false, true} {

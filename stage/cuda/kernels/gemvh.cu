@@ -1,4 +1,4 @@
-// gemvh_nt<NT>: the LM head of the cuBLAS path's steps of 1-16 logits
+// gemvh_nt<NT>: the LM head of the cuBLAS path's steps of 1-32 logits
 // rows (gemvh.go says which), with the softmax partials the sampler reads
 // in its epilogue, a dependent launch: no logit_stats kernel follows it,
 // and its first weights load before griddepcontrol.wait, beside the final
@@ -12,7 +12,9 @@
 // blocks: a block's share differs from another's by at most one unit. The
 // warp streams all of its units' weights through its ring (gemv.cu:
 // wring_*) as one run of stages, so the next unit's first stages load
-// while a unit ends. The block stages x once (NT * 8 rows of k, as
+// while a unit ends; it walks the run by counters (unit, k-stage, slot),
+// never dividing by the run's stages a unit, which at 32 rows the loop's
+// issue slots cannot spare (NOTES.md phase 28). The block stages x once (NT * 8 rows of k, as
 // gemvs.cu; in two parts as gemvg.cu) after the wait.
 //
 // Each lane keeps, for each of its rows, a running softmax partial over
@@ -38,20 +40,31 @@ __device__ __forceinline__ void gemvh_body(const bf16* __restrict__ w, const bf1
     const int total = (n / 16 - gw + warps - 1) / warps * nst;  // the warp's stages
     const unsigned sbase = smem_addr(gemvh_sm);
     const unsigned ring = sbase + (unsigned)(NT * 8 * stride * 2 + wid * WRING_BYTES);
-    // issue starts stage st of the warp's run (unit st / nst of its own,
-    // k-stage st % nst) into its slot, and commits a group either way.
-    auto issue = [&](int st) {
-        if (st < total) {
-            const bf16* r0 = w + (size_t)(gw + st / nst * warps) * 16 * k;
-            wring_copy(ring, r0, r0 + (size_t)8 * k, k, st % nst, st % WRING_STAGES, lane);
+    // The issuing side walks the warp's run by counters, never dividing:
+    // left stages still to issue, the k-stage ik of the unit whose first
+    // row is at iw, and the slot is.
+    const size_t ustep = (size_t)warps * 16 * k;  // from a warp's unit to its next
+    const bf16* iw = w + (size_t)gw * 16 * k;
+    int left = total, ik = 0, is = 0;
+    // issue starts the next stage into its slot, and commits a group
+    // either way.
+    auto issue = [&]() {
+        if (left > 0) {
+            wring_copy(ring, iw, iw + (size_t)8 * k, k, ik, is, lane);
         }
         cp_async_commit();
+        left--;
+        if (++ik == nst) {
+            ik = 0;
+            iw += ustep;
+        }
+        if (++is == WRING_STAGES) is = 0;
     };
     TL_BEGIN
     pdl_trigger();
 #pragma unroll
     for (int st = 0; st < WRING_STAGES - 1; st++) {
-        issue(st);
+        issue();
     }
     pdl_wait();
     TL_WAIT
@@ -75,9 +88,11 @@ __device__ __forceinline__ void gemvh_body(const bf16* __restrict__ w, const bf1
     }
     const unsigned blane = sbase + (unsigned)((g * stride + 8 * c) * 2);
     const unsigned arow = ring + (unsigned)(g * 128);
+    // The multiplying side's counters: k-stage kst, slot rs, and the lane's
+    // first feature f of the unit being multiplied.
+    int kst = 0, rs = 0, f = gw * 16 + g;
 #pragma unroll 1
     for (int st = 0; st < total; st++) {
-        const int kst = st % nst;
         cp_async_wait<WRING_STAGES - 2>();
         if (st == sync && sync < nst) {
             // Every thread's rest of the staged rows is in (in every
@@ -87,13 +102,14 @@ __device__ __forceinline__ void gemvh_body(const bf16* __restrict__ w, const bf1
             __syncwarp();
         }
         u32x4 a[WRING_KS / 32][2];
-        wring_frags(a, arow, st % WRING_STAGES, g, c);
-        issue(st + WRING_STAGES - 1);
+        wring_frags(a, arow, rs, g, c);
+        issue();
         mma_staged<NT, WRING_KS / 32>(acc, a, blane, stride, kst * WRING_KS);
-        if (kst == nst - 1) {
+        if (++rs == WRING_STAGES) rs = 0;
+        if (++kst == nst) {
+            kst = 0;
             // The unit's logits: features f and f + 8 of rows 2c, 2c + 1
             // of each n-tile, in increasing feature order per lane.
-            const int f = (gw + st / nst * warps) * 16 + g;
 #pragma unroll
             for (int nt = 0; nt < NT; nt++)
 #pragma unroll
@@ -113,6 +129,7 @@ __device__ __forceinline__ void gemvh_body(const bf16* __restrict__ w, const bf1
             for (int nt = 0; nt < NT; nt++)
 #pragma unroll
                 for (int i = 0; i < 4; i++) acc[nt][i] = 0.f;
+            f += warps * 16;
         }
     }
     // The 8 lanes of each row (lanes c, c + 4, ..., c + 28) merge their
@@ -147,3 +164,4 @@ __device__ __forceinline__ void gemvh_body(const bf16* __restrict__ w, const bf1
 
 GEMVH_ENTRY(gemvh_nt1, 1)
 GEMVH_ENTRY(gemvh_nt2, 2)
+GEMVH_ENTRY(gemvh_nt4, 4)
