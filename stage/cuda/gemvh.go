@@ -14,11 +14,11 @@ const gemvhThreads = 256 // GEMVH_THREADS
 func gemvhName(nt int) string { return fmt.Sprintf("gemvh_nt%d", nt) }
 
 // gemvhNT are gemvh's n-tiles of 8 staged rows: up to 32 rows. At 17-32
-// rows (n-tile 4) its loop without divisions made the head level with
-// cuBLAS plus logit_stats (1B batch 32, eager: 149 us against 137 + 12)
-// and the step a little faster (1B GPU ms, two rounds: batch 24
-// 1.003/1.002 -> 0.998/1.000, 32 1.033/1.029 -> 1.028/1.027; one H200,
-// NOTES.md phase 28).
+// rows (n-tile 4) its loop without divisions takes the head in 145 us
+// against cuBLAS's 140 plus logit_stats's 13 (1B batch 32, eager), and the
+// step is a little faster (1B GPU ms, three rounds: batch 24
+// 0.998/0.995/1.002 -> 0.999/0.994/0.991, 32 1.031/1.033/1.031 ->
+// 1.027/1.025/1.023; one H200, NOTES.md phase 28).
 var gemvhNT = []int{1, 2, 4}
 
 // gemvhNames lists the gemvh_* entry points.
