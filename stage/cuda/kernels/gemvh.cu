@@ -12,10 +12,11 @@
 // blocks: a block's share differs from another's by at most one unit. The
 // warp streams all of its units' weights through its ring (gemv.cu:
 // wring_*) as one run of stages, so the next unit's first stages load
-// while a unit ends; it walks the run by counters (unit, k-stage, slot),
-// never dividing by the run's stages a unit, which at 32 rows the loop's
-// issue slots cannot spare (NOTES.md phase 28). The block stages x once (NT * 8 rows of k, as
-// gemvs.cu; in two parts as gemvg.cu) after the wait.
+// while a unit ends. It walks the run by counters (unit, k-stage, slot):
+// at 32 rows the kernel runs at its warps' issue rate, and two divisions a
+// stage took more issue slots than its 16 mma (NOTES.md phase 28). The block
+// stages x once (NT * 8 rows of k, as gemvs.cu; in two parts as gemvg.cu)
+// after the wait.
 //
 // Each lane keeps, for each of its rows, a running softmax partial over
 // the logits it computes (its 2 features of every unit of its warp:
