@@ -17,7 +17,8 @@ import (
 // 1e-5, no value flagged); with a NaN weight, every row's partials flag it.
 // The shapes: the 1B shape's head (128,256 x 2,048: 8,016 units of 16
 // rows over 1,056 warps on 132 multiprocessors) and a small one whose
-// units do not divide among the warps either.
+// units do not divide among the warps either; rows of every n-tile, and
+// n-tiles partly filled (5, 13, 17, 27 rows).
 func TestGemvhKernel(t *testing.T) {
 	r := newKernelRig(t)
 	info := r.dev.Info()
@@ -25,7 +26,7 @@ func TestGemvhKernel(t *testing.T) {
 		name     string
 		vocab, k int
 		rows     []int
-	}{{"1B head", 128256, 2048, []int{2, 16, 32}}, {"small", 32000 + 48, 512, []int{1, 2, 5, 8, 13, 16}}} {
+	}{{"1B head", 128256, 2048, []int{2, 16, 27, 32}}, {"small", 32000 + 48, 512, []int{1, 2, 5, 8, 13, 16, 17, 27, 32}}} {
 		w, wv := r.randBF16(t, p.vocab*p.k, 0.05, 0)
 		for _, rows := range p.rows {
 			for _, nan := range []bool{false, true} {
