@@ -9,7 +9,27 @@ import (
 
 // The cuBLAS path's LM head of few rows, with the sampler's softmax
 // partials in its epilogue, a dependent launch (kernels/gemvh.cu).
-const gemvhThreads = 256 // GEMVH_THREADS
+const (
+	gemvhThreads = 256 // GEMVH_THREADS
+	gemvhWarps4  = 16  // GEMVH_WARPS4
+	gemvhStages4 = 3   // GEMVH_STAGES4
+)
+
+// gemvhWarps is the warps of a gemvh_nt<nt> block, gemvhStages those of
+// each warp's ring (GemvhGeom).
+func gemvhWarps(nt int) int {
+	if nt == 4 {
+		return gemvhWarps4
+	}
+	return gemvhThreads / 32
+}
+
+func gemvhStages(nt int) int {
+	if nt == 4 {
+		return gemvhStages4
+	}
+	return wringStages
+}
 
 func gemvhName(nt int) string { return fmt.Sprintf("gemvh_nt%d", nt) }
 
@@ -18,7 +38,9 @@ func gemvhName(nt int) string { return fmt.Sprintf("gemvh_nt%d", nt) }
 // against cuBLAS's 140 plus logit_stats's 13 (1B batch 32, eager), and the
 // step is a little faster (1B GPU ms, three rounds: batch 24
 // 0.998/0.995/1.002 -> 0.999/0.994/0.991, 32 1.031/1.033/1.031 ->
-// 1.027/1.025/1.023; one H200, NOTES.md phase 28).
+// 1.027/1.025/1.023; one H200, NOTES.md phase 28). On 16 warps of 3-stage
+// rings it took 140-141 us, and batch 32 1.021-1.023 -> 1.015-1.018 ms
+// (phase 29).
 var gemvhNT = []int{1, 2, 4}
 
 // gemvhNames lists the gemvh_* entry points.
@@ -26,16 +48,25 @@ var gemvhNames = ntNames(gemvhNT, gemvhName)
 
 // gemvhSmem is the dynamic shared memory of gemvh_nt<nt> for inputs of k:
 // the staged rows, then the warps' weight rings.
-func gemvhSmem(nt, k int) int { return nt*8*k*2 + gemvhThreads/32*wringBytes }
+func gemvhSmem(nt, k int) int { return nt*8*k*2 + gemvhWarps(nt)*gemvhStages(nt)*16*wringKS*2 }
 
-// gemvhBlocks is gemvh's grid on a device of sms multiprocessors for a
-// vocabulary of vocab rows: a block a multiprocessor, and no more warps
-// than units of 16 rows.
-func gemvhBlocks(vocab, sms int) int { return max(1, min(sms, vocab/16/(gemvhThreads/32))) }
+// gemvhBlocks is gemvh_nt<nt>'s grid on a device of sms multiprocessors
+// for a vocabulary of vocab rows: a block a multiprocessor, and no more
+// warps than units of 16 rows.
+func gemvhBlocks(nt, vocab, sms int) int { return max(1, min(sms, vocab/16/gemvhWarps(nt))) }
 
-// gemvhPartials is the softmax partials gemvh writes per logits row: one
-// per warp of its grid.
-func gemvhPartials(vocab, sms int) int { return gemvhBlocks(vocab, sms) * gemvhThreads / 32 }
+// gemvhPartials is the softmax partials gemvh_nt<nt> writes per logits
+// row: one per warp of its grid.
+func gemvhPartials(nt, vocab, sms int) int { return gemvhBlocks(nt, vocab, sms) * gemvhWarps(nt) }
+
+// gemvhMostPartials is the most partials a row of any gemvh n-tile.
+func gemvhMostPartials(vocab, sms int) int {
+	n := 0
+	for _, nt := range gemvhNT {
+		n = max(n, gemvhPartials(nt, vocab, sms))
+	}
+	return n
+}
 
 // gemvhMaxRows is the most logits rows gemvh takes.
 var gemvhMaxRows = 8 * slices.Max(gemvhNT)
@@ -68,7 +99,7 @@ func (s *Stage) lmHeadStats(logits, x, w, stats gpu.DevicePtr, rows int) (int, e
 	info := s.dev.Info()
 	nt := gemvsNTFor(rows, 0)
 	a := s.args.Reset().Ptr(w).Ptr(x).Ptr(logits).Int32(int32(V)).Int32(int32(H)).Int32(int32(rows)).Ptr(stats)
-	grid := gpu.Dim3{X: uint32(gemvhBlocks(V, info.SMs))}
-	err := s.launchDep("gemvh lm_head+stats", gemvhName(nt), grid, gpu.Dim3{X: gemvhThreads}, gemvhSmem(nt, H), a)
-	return gemvhPartials(V, info.SMs), err
+	grid := gpu.Dim3{X: uint32(gemvhBlocks(nt, V, info.SMs))}
+	err := s.launchDep("gemvh lm_head+stats", gemvhName(nt), grid, gpu.Dim3{X: uint32(gemvhWarps(nt) * 32)}, gemvhSmem(nt, H), a)
+	return gemvhPartials(nt, V, info.SMs), err
 }

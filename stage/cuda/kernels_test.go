@@ -77,6 +77,8 @@ func TestKernelSource(t *testing.T) {
 		fmt.Sprintf("#define GEMVS_THREADS %d\n", gemvsThreads),
 		fmt.Sprintf("#define GEMVG_THREADS %d\n", gemvgThreads),
 		fmt.Sprintf("#define GEMVH_THREADS %d\n", gemvhThreads),
+		fmt.Sprintf("#define GEMVH_WARPS4 %d\n", gemvhWarps4),
+		fmt.Sprintf("#define GEMVH_STAGES4 %d\n", gemvhStages4),
 		fmt.Sprintf("#define WRING_STAGES %d\n", wringStages),
 		fmt.Sprintf("#define WRING_KS %d\n", wringKS),
 		fmt.Sprintf("#define MAX_PLANES %d\n", maxPlanes),

@@ -82,7 +82,7 @@ func planWorkspace(m *model.Config, lay layout, first, last bool, sk *skinnyPlan
 		// Softmax partials: of logit_stats for every row the LM head may
 		// have on cuBLAS, of gemvh for up to gemvhMaxRows rows, else one
 		// per unit (gemv) or per warp, at most one per warp unit (gemvf).
-		n := max(lay.maxLogitRows*logitStatsPartials(m.VocabSize), min(lay.maxLogitRows, gemvhMaxRows)*gemvhPartials(m.VocabSize, at.sms))
+		n := max(lay.maxLogitRows*logitStatsPartials(m.VocabSize), min(lay.maxLogitRows, gemvhMaxRows)*gemvhMostPartials(m.VocabSize, at.sms))
 		if sk.maxTokens > 0 {
 			n = max(n, min(lay.maxLogitRows, sk.maxTokens)*sk.head.mma.grid, sk.fmaTokens*(sk.head.fma.grid+8))
 		}

@@ -22,14 +22,27 @@
 // the logits it computes (its 2 features of every unit of its warp:
 // stats_add, as logit_stats does); at the end the 8 lanes of a row merge
 // theirs (stats_merge) and write the warp's partial of the row to
-// stats[(r * gridDim.x * 8 + warp) * 4], the layout sample reads (nstat =
-// gridDim.x * 8). The partials depend on the grid alone, never on the
-// step's other rows.
+// stats[(r * gridDim.x * W + warp) * 4], the layout sample reads (nstat =
+// gridDim.x * W, W the block's warps: GemvhGeom). The partials depend on
+// the grid alone, never on the step's other rows.
 //
-// Grid: at most n / 16 / 8 blocks (every warp has a unit); block
-// GEMVH_THREADS; dynamic shared memory gemvhSmem(NT, k): the staged rows,
+// Grid: at most n / 16 / W blocks (every warp has a unit); block W * 32
+// threads; dynamic shared memory gemvhSmem(NT, k): the staged rows,
 // then the warps' rings. n a multiple of 16, k of WRING_KS.
 #define GEMVH_THREADS 256
+// At n-tile 4 the staged rows take 128 KB of k 2,048: a block of
+// GEMVH_WARPS4 warps with rings of GEMVH_STAGES4 stages (more warps to
+// issue, shallower rings: 16 x 3 took 3 us off the head at 32 rows, where
+// 12 x 4 added 3; NOTES.md phase 29), where the other n-tiles keep
+// GEMVH_THREADS and WRING_STAGES.
+#define GEMVH_WARPS4 16
+#define GEMVH_STAGES4 3
+
+template <int NT>
+struct GemvhGeom {
+    static constexpr int warps = NT == 4 ? GEMVH_WARPS4 : GEMVH_THREADS / 32;
+    static constexpr int stages = NT == 4 ? GEMVH_STAGES4 : WRING_STAGES;
+};
 
 template <int NT>
 __device__ __forceinline__ void gemvh_body(const bf16* __restrict__ w, const bf16* __restrict__ x,
@@ -37,10 +50,11 @@ __device__ __forceinline__ void gemvh_body(const bf16* __restrict__ w, const bf1
     extern __shared__ unsigned gemvh_sm[];
     const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5, g = lane >> 2, c = lane & 3;
     const int stride = k, nst = k / WRING_KS;
-    const int warps = gridDim.x * (GEMVH_THREADS / 32), gw = wid * gridDim.x + blockIdx.x;
+    constexpr int W = GemvhGeom<NT>::warps, S = GemvhGeom<NT>::stages;
+    const int warps = gridDim.x * W, gw = wid * gridDim.x + blockIdx.x;
     const int total = (n / 16 - gw + warps - 1) / warps * nst;  // the warp's stages
     const unsigned sbase = smem_addr(gemvh_sm);
-    const unsigned ring = sbase + (unsigned)(NT * 8 * stride * 2 + wid * WRING_BYTES);
+    const unsigned ring = sbase + (unsigned)(NT * 8 * stride * 2 + wid * S * (16 * WRING_KS * 2));
     // The issuing side walks the warp's run by counters, never dividing:
     // left stages still to issue, the k-stage ik of the unit whose first
     // row is at iw, and the slot is.
@@ -59,17 +73,17 @@ __device__ __forceinline__ void gemvh_body(const bf16* __restrict__ w, const bf1
             ik = 0;
             iw += ustep;
         }
-        if (++is == WRING_STAGES) is = 0;
+        if (++is == S) is = 0;
     };
     TL_BEGIN
     pdl_trigger();
 #pragma unroll
-    for (int st = 0; st < WRING_STAGES - 1; st++) {
+    for (int st = 0; st < S - 1; st++) {
         issue();
     }
     pdl_wait();
     TL_WAIT
-    const int sync = stage_rows<NT, GEMVH_THREADS, true>(sbase, x, k, 0, k, stride, t, 0);
+    const int sync = stage_rows<NT, W * 32, true>(sbase, x, k, 0, k, stride, t, 0);
     TL_MARK
     float acc[NT][4];
     // The lane's running partial of row nt * 8 + 2c + h: sm, si, ss, sb.
@@ -94,7 +108,7 @@ __device__ __forceinline__ void gemvh_body(const bf16* __restrict__ w, const bf1
     int kst = 0, rs = 0, f = gw * 16 + g;
 #pragma unroll 1
     for (int st = 0; st < total; st++) {
-        cp_async_wait<WRING_STAGES - 2>();
+        cp_async_wait<S - 2>();
         if (st == sync && sync < nst) {
             // Every thread's rest of the staged rows is in (in every
             // warp's first unit; with no rest, stage_rows met already).
@@ -106,7 +120,7 @@ __device__ __forceinline__ void gemvh_body(const bf16* __restrict__ w, const bf1
         wring_frags(a, arow, rs, g, c);
         issue();
         mma_staged<NT, WRING_KS / 32>(acc, a, blane, stride, kst * WRING_KS);
-        if (++rs == WRING_STAGES) rs = 0;
+        if (++rs == S) rs = 0;
         if (++kst == nst) {
             kst = 0;
             // The unit's logits: features f and f + 8 of rows 2c, 2c + 1
@@ -146,7 +160,7 @@ __device__ __forceinline__ void gemvh_body(const bf16* __restrict__ w, const bf1
             }
             const int r = nt * 8 + 2 * c + h;
             if (g == 0 && r < t) {
-                float* p = stats + ((size_t)r * warps + blockIdx.x * (GEMVH_THREADS / 32) + wid) * 4;
+                float* p = stats + ((size_t)r * warps + blockIdx.x * W + wid) * 4;
                 p[0] = m;
                 p[1] = __int_as_float(mi);
                 p[2] = s;
@@ -157,7 +171,7 @@ __device__ __forceinline__ void gemvh_body(const bf16* __restrict__ w, const bf1
 }
 
 #define GEMVH_ENTRY(name, nt)                                                                                  \
-    extern "C" __global__ void __launch_bounds__(GEMVH_THREADS, 1)                                             \
+    extern "C" __global__ void __launch_bounds__(GemvhGeom<nt>::warps * 32, 1)                                  \
         name(const bf16* __restrict__ w, const bf16* __restrict__ x, float* __restrict__ out, int n, int k, int t, \
              float* __restrict__ stats) {                                                                      \
         gemvh_body<nt>(w, x, out, n, k, t, stats);                                                             \
