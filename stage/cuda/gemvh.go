@@ -31,6 +31,9 @@ func gemvhStages(nt int) int {
 	return wringStages
 }
 
+// gemvhBlockThreads is the threads of a gemvh_nt<nt> block.
+func gemvhBlockThreads(nt int) int { return gemvhWarps(nt) * 32 }
+
 func gemvhName(nt int) string { return fmt.Sprintf("gemvh_nt%d", nt) }
 
 // gemvhNT are gemvh's n-tiles of 8 staged rows: up to 32 rows. At 17-32
@@ -48,7 +51,7 @@ var gemvhNames = ntNames(gemvhNT, gemvhName)
 
 // gemvhSmem is the dynamic shared memory of gemvh_nt<nt> for inputs of k:
 // the staged rows, then the warps' weight rings.
-func gemvhSmem(nt, k int) int { return nt*8*k*2 + gemvhWarps(nt)*gemvhStages(nt)*16*wringKS*2 }
+func gemvhSmem(nt, k int) int { return nt*8*k*2 + gemvhWarps(nt)*gemvhStages(nt)*wringStageBytes }
 
 // gemvhBlocks is gemvh_nt<nt>'s grid on a device of sms multiprocessors
 // for a vocabulary of vocab rows: a block a multiprocessor, and no more
@@ -100,6 +103,6 @@ func (s *Stage) lmHeadStats(logits, x, w, stats gpu.DevicePtr, rows int) (int, e
 	nt := gemvsNTFor(rows, 0)
 	a := s.args.Reset().Ptr(w).Ptr(x).Ptr(logits).Int32(int32(V)).Int32(int32(H)).Int32(int32(rows)).Ptr(stats)
 	grid := gpu.Dim3{X: uint32(gemvhBlocks(nt, V, info.SMs))}
-	err := s.launchDep("gemvh lm_head+stats", gemvhName(nt), grid, gpu.Dim3{X: uint32(gemvhWarps(nt) * 32)}, gemvhSmem(nt, H), a)
+	err := s.launchDep("gemvh lm_head+stats", gemvhName(nt), grid, gpu.Dim3{X: uint32(gemvhBlockThreads(nt))}, gemvhSmem(nt, H), a)
 	return gemvhPartials(nt, V, info.SMs), err
 }

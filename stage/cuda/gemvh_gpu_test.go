@@ -50,7 +50,7 @@ func TestGemvhKernel(t *testing.T) {
 					stats := r.alloc(t, rows*nstat*16)
 					r.poison(t, stats, rows*nstat*16)
 					a := r.args.Reset().Ptr(w).Ptr(x).Ptr(out).Int32(int32(p.vocab)).Int32(int32(p.k)).Int32(int32(rows)).Ptr(stats)
-					r.launch(t, gemvhName(nt), gpu.Dim3{X: uint32(gemvhBlocks(nt, p.vocab, info.SMs))}, gemvhWarps(nt)*32, gemvhSmem(nt, p.k), a)
+					r.launch(t, gemvhName(nt), gpu.Dim3{X: uint32(gemvhBlocks(nt, p.vocab, info.SMs))}, gemvhBlockThreads(nt), gemvhSmem(nt, p.k), a)
 					ov := r.f32s(t, out, rows*p.vocab)
 					sv := r.f32s(t, stats, rows*nstat*4)
 					worst := 0.0

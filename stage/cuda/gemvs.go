@@ -15,9 +15,10 @@ const (
 
 	// A warp's weight ring (kernels/gemv.cu): WRING_STAGES stages of
 	// WRING_KS k of its 16 weight rows, WRING_BYTES a warp.
-	wringStages = 6
-	wringKS     = 64
-	wringBytes  = wringStages * 16 * wringKS * 2
+	wringStages     = 6
+	wringKS         = 64
+	wringStageBytes = 16 * wringKS * 2
+	wringBytes      = wringStages * wringStageBytes
 )
 
 // gemvsNT are the gemvs entries' n-tiles of 8 staged rows.
