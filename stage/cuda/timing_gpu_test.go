@@ -120,7 +120,7 @@ func (w *randomBF16) Tensor(name string) (*safetensors.Tensor, error) {
 // captures the keys of FULL_AND_PIECEWISE for 512 tokens and 32 sequences
 // (full decode graphs of 1 to 32 requests, piecewise graphs of 1 to 512
 // tokens); capture time and graph memory are reported. Each batch's
-// sequences prefill 64 tokens, then decode 128 steps with the mode
+// sequences prefill 64 tokens (TANDEM_BENCH_PROMPT), then decode 128 steps with the mode
 // rotating step by step, so that every mode sees the same context lengths;
 // each figure is the median of the mode's last 24 steps: wall time of
 // Forward, and device time between events around the step's work.
@@ -142,7 +142,16 @@ const peakTFLOPS = 790
 
 func timeDecode(t *testing.T, dev *gpu.Device, bw float64, bm benchModel) {
 	cfg := bm.cfg
-	const maxTokens, captureTokens, maxSeqs, prompt, steps = 2048, 512, 32, 64, 128
+	const maxTokens, captureTokens, maxSeqs, steps = 2048, 512, 32, 128
+	// TANDEM_BENCH_PROMPT sets the decoded sequences' prompt (64 tokens
+	// unless set): 192 times the contexts an API bench's last half reaches.
+	prompt := 64
+	if v := os.Getenv("TANDEM_BENCH_PROMPT"); v != "" {
+		var err error
+		if prompt, err = strconv.Atoi(v); err != nil || prompt < 1 || prompt+steps > 4*512 {
+			t.Fatalf("TANDEM_BENCH_PROMPT: %q is not a prompt of 1 to %d tokens", v, 4*512-steps)
+		}
+	}
 	// TANDEM_BENCH_COMPENSATED sets Config.CompensatedTokens.
 	comp := 0
 	if v := os.Getenv("TANDEM_BENCH_COMPENSATED"); v != "" {
