@@ -120,8 +120,9 @@ func (w *randomBF16) Tensor(name string) (*safetensors.Tensor, error) {
 // captures the keys of FULL_AND_PIECEWISE for 512 tokens and 32 sequences
 // (full decode graphs of 1 to 32 requests, piecewise graphs of 1 to 512
 // tokens); capture time and graph memory are reported. Each batch's
-// sequences prefill 64 tokens (TANDEM_BENCH_PROMPT), then decode 128 steps with the mode
-// rotating step by step, so that every mode sees the same context lengths;
+// sequences prefill 64 tokens (or TANDEM_BENCH_PROMPT's), then decode 128
+// steps with the mode rotating step by step, so that every mode sees the
+// same context lengths;
 // each figure is the median of the mode's last 24 steps: wall time of
 // Forward, and device time between events around the step's work.
 func TestDecodeTiming(t *testing.T) {
@@ -142,14 +143,15 @@ const peakTFLOPS = 790
 
 func timeDecode(t *testing.T, dev *gpu.Device, bw float64, bm benchModel) {
 	cfg := bm.cfg
-	const maxTokens, captureTokens, maxSeqs, steps = 2048, 512, 32, 128
+	const maxTokens, captureTokens, maxSeqs, maxSeqLen, steps = 2048, 512, 32, 4 * 512, 128
 	// TANDEM_BENCH_PROMPT sets the decoded sequences' prompt (64 tokens
-	// unless set): 192 times the contexts an API bench's last half reaches.
+	// unless set); 192 decodes at the contexts of an API bench's last half
+	// (192-320 keys).
 	prompt := 64
 	if v := os.Getenv("TANDEM_BENCH_PROMPT"); v != "" {
 		var err error
-		if prompt, err = strconv.Atoi(v); err != nil || prompt < 1 || prompt+steps > 4*512 {
-			t.Fatalf("TANDEM_BENCH_PROMPT: %q is not a prompt of 1 to %d tokens", v, 4*512-steps)
+		if prompt, err = strconv.Atoi(v); err != nil || prompt < 1 || prompt+steps > maxSeqLen {
+			t.Fatalf("TANDEM_BENCH_PROMPT: %q is not a prompt of 1 to %d tokens", v, maxSeqLen-steps)
 		}
 	}
 	// TANDEM_BENCH_COMPENSATED sets Config.CompensatedTokens.
@@ -162,7 +164,7 @@ func timeDecode(t *testing.T, dev *gpu.Device, bw float64, bm benchModel) {
 	}
 	loadStart := time.Now()
 	st := openTestStage(t, Config{Model: cfg, Lo: 0, Hi: cfg.NumLayers, Weights: bm.weights, MaxTokens: maxTokens, MaxSeqs: maxSeqs,
-		MaxSeqLen: 4 * 512, MaxLogitRows: 256, CompensatedTokens: comp})
+		MaxSeqLen: maxSeqLen, MaxLogitRows: 256, CompensatedTokens: comp})
 	loadTime := time.Since(loadStart)
 	choice := st.Skinny()
 	var tried []map[string]any
